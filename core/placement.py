@@ -1,0 +1,57 @@
+"""Placement: which roles share a process (colocated) and which get their own pool (split).
+
+A role map in config names a pool for every role; roles naming the same pool are colocated in one
+``WorkerGroup`` (one process per rank, shared memory), roles on different pools run in separate groups
+with separate torch.distributed worlds:
+
+    placement:
+      pools: {main: {nnodes: 1, slots_per_node: 2}}
+      roles: {actor: main, rollout: main, ref: main}      # all colocated
+"""
+
+from __future__ import annotations
+
+from core.config.schema import PlacementConfig
+from core.worker import RoleSpec
+from core.worker_group import LocalWorkerGroup, ResourcePool, RoleGroup, WorkerGroup
+
+
+class Placement:
+    """The worker groups of a run, and each role's ``RoleGroup`` handle."""
+
+    def __init__(self, groups: list[WorkerGroup | LocalWorkerGroup], roles: dict[str, RoleGroup]):
+        self.groups, self.roles = groups, roles
+
+    def __getitem__(self, role: str) -> RoleGroup:
+        return self.roles[role]
+
+    def __contains__(self, role: str) -> bool:
+        return role in self.roles
+
+    def shutdown(self) -> None:
+        for g in self.groups:
+            g.shutdown()
+
+
+def place(cfg: PlacementConfig, specs: dict[str, RoleSpec], backend: str = "ray",
+          timeout_s: float | None = None) -> Placement:
+    """Start one worker group per pool that has roles on it (``backend='local'``: one in-process group)."""
+    missing = sorted(set(specs) - set(cfg.roles))
+    if missing:
+        raise KeyError(f"placement.roles has no pool for role(s) {missing}; it maps {dict(cfg.roles)}")
+    if backend == "local":
+        group = LocalWorkerGroup(specs)
+        return Placement([group], {name: group.role(name) for name in specs})
+    if backend != "ray":
+        raise ValueError(f"trainer.backend must be 'ray' or 'local', got {backend!r}")
+    groups, roles = [], {}
+    for pool_name, pool_cfg in cfg.pools.items():
+        hosted = {name: spec for name, spec in specs.items() if cfg.roles[name] == pool_name}
+        if not hosted:
+            continue
+        pool = ResourcePool(pool_cfg.nnodes, pool_cfg.slots_per_node, pool_cfg.device, pool_cfg.cpus_per_slot)
+        kw = {} if timeout_s is None else {"timeout_s": timeout_s}
+        group = WorkerGroup(pool, hosted, name=pool_name, **kw)
+        groups.append(group)
+        roles |= {name: group.role(name) for name in hosted}
+    return Placement(groups, roles)

@@ -1,0 +1,110 @@
+"""One process per rank: it initialises torch.distributed and hosts the roles placed on it.
+
+Roles (actor, rollout, reference, critic, ...) are plain classes built as ``cls(ctx, **kwargs)``. Roles that
+share a resource pool are *colocated*: they live in the same ``WorkerHost`` process, see each other through
+``ctx.colocated`` and share its memory (the rollout engine reads the actor's weights without a copy).
+
+``WorkerHost`` runs inside a Ray actor (``core.worker_group.WorkerGroup``) or directly in the driver
+(``LocalWorkerGroup``, world size 1, for stepping through with pdb).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """How to build one role on every rank of its pool.
+
+    ``mp_size``: ranks that share one data shard (tensor/sequence-parallel peers, consecutive ranks).
+    ``dp_split`` gives each such group one chunk and keeps the output of its first rank only.
+    """
+
+    cls: type
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    mp_size: int = 1
+
+
+@dataclass
+class WorkerContext:
+    """What a role knows about where it runs."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    # the role objects hosted by this same process, by role name (filled once all are built)
+    colocated: dict[str, Any] = field(default_factory=dict)
+
+    def dp_rank(self, mp_size: int) -> int:
+        return self.rank // mp_size
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def node_ip() -> str:
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:  # no Ray: this machine
+        return "127.0.0.1"
+
+
+class WorkerHost:
+    """Hosts the roles of one rank. All methods are called by the worker group, never by users."""
+
+    def __init__(self, rank: int, world_size: int, local_rank: int, device: str, num_threads: int | None):
+        self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        if device == "cuda":
+            torch.cuda.set_device(local_rank)
+            self.device = torch.device("cuda", local_rank)
+        else:
+            self.device = torch.device("cpu")
+        self.roles: dict[str, Any] = {}
+
+    def address(self) -> tuple[str, int]:
+        """Rank 0 hands out the rendezvous address: this node's IP and a free port on it."""
+        return node_ip(), free_port()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def setup(self, master_addr: str, master_port: int, specs: dict[str, RoleSpec], timeout_s: float) -> None:
+        """Join the group's torch.distributed world, then build every hosted role."""
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
+                          WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.local_rank))
+        if not dist.is_initialized():
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, rank=self.rank, world_size=self.world_size,
+                                    timeout=timedelta(seconds=timeout_s),
+                                    device_id=self.device if self.device.type == "cuda" else None)
+        ctx = WorkerContext(self.rank, self.world_size, self.local_rank, self.device)
+        for name, spec in specs.items():
+            self.roles[name] = spec.cls(ctx, **spec.kwargs)
+        ctx.colocated.update(self.roles)
+
+    def execute(self, role: str, method: str, /, *args, **kwargs) -> Any:
+        """Run ``role.method(*args, **kwargs)``; the group checked on the driver that the method exists.
+        Args travel unpacked so Ray resolves object-store refs among them (zero-copy) before the call."""
+        fn: Callable = getattr(self.roles[role], method)
+        return fn(*args, **kwargs)
+
+    def shutdown(self) -> None:
+        self.roles.clear()
+        if dist.is_initialized():
+            dist.destroy_process_group()

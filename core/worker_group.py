@@ -1,0 +1,241 @@
+"""Resource pools, worker groups and explicit dispatch: how the single controller drives many processes.
+
+    pool  = ResourcePool(nnodes=1, slots_per_node=2)                 # 2 ranks, one Ray actor each
+    group = WorkerGroup(pool, {"actor": RoleSpec(FSDPActor), "ref": RoleSpec(RefPolicy)})
+    actor = group.role("actor")
+    out   = actor.dp_split(FSDPActor.compute_logprobs, batch)        # split rows across DP ranks, concat back
+    stats = actor.call_all(FSDPActor.update, batch)                  # same args on every rank, list of results
+    cfg   = actor.call_rank0(FSDPActor.state_summary)                # rank 0 only
+
+Dispatch takes the worker *method itself* (``FSDPActor.compute_logprobs``), so jump-to-definition from the
+controller lands on the code that runs; the group checks that the method belongs to the role's class.
+``LocalWorkerGroup`` has the same API and runs everything in the driver process (world size 1, no Ray).
+
+Failures: a role raising on any rank surfaces at once as ``WorkerError`` naming role, rank, method and the
+remote traceback; a rank whose process dies surfaces as ``WorkerDiedError``; a call that does not finish
+within ``timeout_s`` raises ``WorkerTimeoutError``. The driver never waits on the other ranks first.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from core.protocol import Batch
+from core.worker import RoleSpec, WorkerHost, free_port
+
+DEFAULT_TIMEOUT_S = 1800.0
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours its traceback headers
+
+
+class WorkerError(RuntimeError):
+    """A role method raised on a worker. ``remote_traceback`` is the worker-side traceback."""
+
+    def __init__(self, role: str, rank: int, method: str, detail: str, remote_traceback: str = ""):
+        self.role, self.rank, self.method, self.remote_traceback = role, rank, method, remote_traceback
+        msg = f"role {role!r} rank {rank} failed in {method}: {detail}"
+        super().__init__(msg + (f"\n--- remote traceback (rank {rank}) ---\n{remote_traceback}" if remote_traceback else ""))
+
+
+class WorkerDiedError(WorkerError):
+    """The process hosting a rank died (killed, OOM, segfault) during a call."""
+
+
+class WorkerTimeoutError(WorkerError):
+    """A call did not finish in time (a hung collective, a stalled worker)."""
+
+
+@dataclass(frozen=True)
+class ResourcePool:
+    """``nnodes`` x ``slots_per_node`` ranks. A slot is ``cpus_per_slot`` CPUs, plus one GPU when device='cuda'."""
+
+    nnodes: int = 1
+    slots_per_node: int = 2
+    device: str = "cpu"
+    cpus_per_slot: float = 1.0
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.slots_per_node
+
+    def bundle(self) -> dict[str, float]:
+        return {"CPU": self.cpus_per_slot} | ({"GPU": 1.0} if self.device == "cuda" else {})
+
+
+def _method_name(role: str, role_cls: type, method: Callable) -> str:
+    """The name to call remotely, after checking that ``method`` really is ``role_cls``'s method."""
+    name = getattr(method, "__name__", None)
+    if name is None or getattr(role_cls, name, None) is not method:
+        raise TypeError(f"{method!r} is not a method of role {role!r} (class {role_cls.__qualname__}); "
+                        f"pass the function itself, e.g. {role_cls.__qualname__}.<method>")
+    return name
+
+
+def _merge(results: list[Any], pad: int) -> Any:
+    """Concatenate per-DP-rank outputs (Batch or Tensor) and drop padding rows; other outputs stay a list."""
+    if all(isinstance(r, Batch) for r in results):
+        return Batch.concat(results).unpad(pad)
+    if all(isinstance(r, torch.Tensor) for r in results):
+        out = torch.cat(results)
+        return out[: len(out) - pad]
+    if pad:
+        raise TypeError(f"dp_split padded the batch by {pad} rows, so outputs must be Batch or Tensor, "
+                        f"got {sorted({type(r).__name__ for r in results})}")
+    return results
+
+
+class RoleGroup:
+    """One role's view of a worker group: the three dispatch modes, for that role's methods."""
+
+    def __init__(self, group: "WorkerGroup | LocalWorkerGroup", name: str, spec: RoleSpec):
+        if group.world_size % spec.mp_size:
+            raise ValueError(f"role {name!r}: world size {group.world_size} is not a multiple of mp_size {spec.mp_size}")
+        self.group, self.name, self.spec = group, name, spec
+        self.world_size, self.mp_size = group.world_size, spec.mp_size
+        self.dp_size = group.world_size // spec.mp_size
+
+    def call_all(self, method: Callable, *args, **kwargs) -> list[Any]:
+        """Every rank runs ``method(*args, **kwargs)``; returns the results in rank order."""
+        name = _method_name(self.name, self.spec.cls, method)
+        ranks = list(range(self.world_size))
+        return self.group.run(self.name, name, ranks, [(args, kwargs)] * len(ranks))
+
+    def call_rank0(self, method: Callable, *args, **kwargs) -> Any:
+        """Only rank 0 runs it (no collectives inside: the other ranks are not called)."""
+        name = _method_name(self.name, self.spec.cls, method)
+        return self.group.run(self.name, name, [0], [(args, kwargs)])[0]
+
+    def dp_split(self, method: Callable, batch: Batch, *args, **kwargs) -> Any:
+        """Split ``batch`` rows into ``dp_size`` equal chunks (padding by repeating rows), run ``method(chunk, ...)``
+        on every rank (the ``mp_size`` peers of one DP rank get the same chunk), keep the output of each DP group's
+        first rank, and concatenate them back in row order with the padding removed."""
+        name = _method_name(self.name, self.spec.cls, method)
+        padded, pad = batch.pad_to_multiple(self.dp_size)
+        chunks = self.group.share(padded.chunk(self.dp_size))
+        ranks = list(range(self.world_size))
+        calls = [((chunks[r // self.mp_size], *args), kwargs) for r in ranks]
+        results = self.group.run(self.name, name, ranks, calls)
+        return _merge(results[:: self.mp_size], pad)
+
+
+class WorkerGroup:
+    """One Ray actor (a ``WorkerHost``) per rank of a pool, in one torch.distributed world, hosting ``specs``."""
+
+    def __init__(self, pool: ResourcePool, specs: dict[str, RoleSpec], name: str = "group",
+                 timeout_s: float = DEFAULT_TIMEOUT_S, ready_timeout_s: float = 300.0):
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if not ray.is_initialized():
+            raise RuntimeError("WorkerGroup needs Ray: call ray.init() first (or use trainer.backend=local)")
+        self.pool, self.specs, self.name, self.timeout_s = pool, dict(specs), name, timeout_s
+        self.world_size = pool.world_size
+        self._pgs = [placement_group([pool.bundle()] * pool.slots_per_node, strategy="STRICT_PACK")
+                     for _ in range(pool.nnodes)]
+        try:
+            ray.get([pg.ready() for pg in self._pgs], timeout=ready_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"worker group {name!r}: pool of {pool.nnodes} node(s) x {pool.slots_per_node} "
+                               f"slots of {pool.bundle()} not placed in {ready_timeout_s:.0f}s; cluster has "
+                               f"{ray.cluster_resources()}") from None
+        threads = max(1, int(pool.cpus_per_slot))
+        host_cls = ray.remote(WorkerHost)
+        self._hosts = []
+        for rank in range(self.world_size):
+            node, local_rank = divmod(rank, pool.slots_per_node)
+            strategy = PlacementGroupSchedulingStrategy(self._pgs[node], placement_group_bundle_index=local_rank)
+            opts = dict(num_cpus=pool.cpus_per_slot, num_gpus=1 if pool.device == "cuda" else 0,
+                        scheduling_strategy=strategy, max_restarts=0)
+            self._hosts.append(host_cls.options(**opts).remote(rank, self.world_size, local_rank, pool.device, threads))
+        ranks, roles, t = list(range(self.world_size)), ",".join(self.specs), ready_timeout_s
+        addr, port = self._wait([self._hosts[0].address.remote()], [0], roles, "WorkerHost.address", t)[0]
+        self._wait([h.setup.remote(addr, port, self.specs, timeout_s) for h in self._hosts], ranks, roles,
+                   "WorkerHost.setup", t)
+        self.pids = self._wait([h.pid.remote() for h in self._hosts], ranks, roles, "WorkerHost.pid", t)
+
+    def role(self, name: str) -> RoleGroup:
+        if name not in self.specs:
+            raise KeyError(f"worker group {self.name!r} hosts roles {list(self.specs)}, not {name!r}")
+        return RoleGroup(self, name, self.specs[name])
+
+    def share(self, items: list[Any]) -> list[Any]:
+        """Put each item in the object store once, so every rank that needs it maps the same bytes."""
+        import ray
+
+        return [ray.put(x) for x in items]
+
+    def run(self, role: str, method: str, ranks: list[int], calls: list[tuple[tuple, dict]]) -> list[Any]:
+        refs = [self._hosts[r].execute.remote(role, method, *a, **kw) for r, (a, kw) in zip(ranks, calls)]
+        return self._wait(refs, ranks, role, f"{self.specs[role].cls.__qualname__}.{method}", self.timeout_s)
+
+    def _wait(self, refs: list, ranks: list[int], role: str, method: str, timeout_s: float) -> list[Any]:
+        """Results in order; the first failing rank raises at once, without waiting for its peers."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+        pending = dict(zip(refs, ranks))
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise WorkerTimeoutError(role, min(pending.values()), method,
+                                         f"no result after {timeout_s:.0f}s from ranks {sorted(pending.values())}")
+            rank = pending.pop(ready[0])
+            try:
+                ray.get(ready[0])
+            except RayTaskError as e:
+                cause = e.cause if getattr(e, "cause", None) is not None else e
+                tb = _ANSI.sub("", getattr(e, "traceback_str", "") or str(e))
+                raise WorkerError(role, rank, method, f"{type(cause).__name__}: {cause}".splitlines()[0], tb) from None
+            except RayActorError as e:
+                pid = self.pids[rank] if hasattr(self, "pids") else "?"
+                raise WorkerDiedError(role, rank, method, f"worker process (pid {pid}) died: "
+                                      f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+            except GetTimeoutError:
+                raise WorkerTimeoutError(role, rank, method, "result not retrievable") from None
+        return ray.get(refs)
+
+    def shutdown(self) -> None:
+        """Kill every rank's process and release the pool (safe after a failure, with ranks still hung)."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for h in self._hosts:
+            ray.kill(h, no_restart=True)
+        for pg in self._pgs:
+            remove_placement_group(pg)
+        self._hosts = []
+
+
+class LocalWorkerGroup:
+    """The same API in the driver process: world size 1, no Ray, so ``pdb`` steps straight into role code."""
+
+    def __init__(self, specs: dict[str, RoleSpec], name: str = "local", device: str = "cpu"):
+        self.specs, self.name, self.world_size = dict(specs), name, 1
+        self._host = WorkerHost(0, 1, 0, device, num_threads=None)
+        self._host.setup("127.0.0.1", free_port(), self.specs, DEFAULT_TIMEOUT_S)
+        self.pids = [self._host.pid()]
+
+    role = WorkerGroup.role
+
+    def share(self, items: list[Any]) -> list[Any]:
+        return items
+
+    def run(self, role: str, method: str, ranks: list[int], calls: list[tuple[tuple, dict]]) -> list[Any]:
+        out = []
+        for rank, (args, kwargs) in zip(ranks, calls):
+            try:
+                out.append(self._host.execute(role, method, *args, **kwargs))
+            except Exception as e:
+                raise WorkerError(role, rank, f"{self.specs[role].cls.__qualname__}.{method}",
+                                  f"{type(e).__name__}: {e}", traceback.format_exc()) from e
+        return out
+
+    def shutdown(self) -> None:
+        self._host.shutdown()

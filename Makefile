@@ -1,0 +1,43 @@
+# hybridrl: `make demo` and `make test` set everything up on a fresh machine (Python >= 3.10 on PATH).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: setup demo test test-slow bench selfcheck lock clean
+
+setup: $(STAMP)
+
+# torch first and alone: `torch==2.13.0` takes the CPU wheel on this kind of machine; any looser spec would
+# pull several GB of CUDA packages. Then the project, pinned to the versions CI tested (constraints.txt).
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	touch $@
+
+# The main job on the embedded defaults. Until the GRPO recipe lands (issue 5) it is the runtime self-check.
+demo: $(STAMP)
+	$(PY) -m core.cli selfcheck
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+bench: $(STAMP)
+	$(PY) -m pytest bench/ --benchmark -q -s
+
+selfcheck: $(STAMP)
+	$(PY) -m core.cli selfcheck
+
+# Re-pin constraints.txt from a clean environment (run after changing dependencies; commit the result).
+lock:
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/pip install -q torch==2.13.0 && .lock-venv/bin/pip install -q -e ".[dev]"
+	.lock-venv/bin/pip freeze --exclude-editable | sed 's/+cpu$$//' > constraints.txt
+	rm -rf .lock-venv
+
+clean:
+	rm -rf $(VENV) bench/results outputs

@@ -71,8 +71,10 @@ class WorkerHost:
         if num_threads:
             torch.set_num_threads(num_threads)
         if device == "cuda":
-            torch.cuda.set_device(local_rank)
-            self.device = torch.device("cuda", local_rank)
+            # Ray gives each GPU actor only its own device (CUDA_VISIBLE_DEVICES), which is then index 0
+            index = 0 if torch.cuda.device_count() == 1 else local_rank
+            torch.cuda.set_device(index)
+            self.device = torch.device("cuda", index)
         else:
             self.device = torch.device("cpu")
         self.roles: dict[str, Any] = {}

@@ -1,0 +1,224 @@
+"""Policy losses. Signature: ``fn(logprobs, batch, cfg: PolicyLossConfig, norm: LossNorm) -> (loss, metrics)``.
+
+``logprobs`` (B, T) are the current policy's log-probs of the response tokens (with grad). From the batch:
+``old_logprobs``, ``advantages``, ``response_mask`` (all (B, T)). The loss is aggregated with ``norm`` (see
+``core.algos.aggregate``) unless the objective fixes its own aggregation (said in its docstring). Ratios are
+formed in log space and clamped to [-20, 20] before ``exp``. Metrics are detached masked means over this call.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from core.algos.aggregate import AGGREGATIONS, LossNorm, aggregate, seq_mean
+from core.algos.config import PolicyLossConfig
+from core.algos.ops import masked_mean
+from core.algos.registry import Registry
+from core.protocol import Batch
+
+LossFn = Callable[[torch.Tensor, Batch, PolicyLossConfig, LossNorm], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+POLICY_LOSSES: Registry[LossFn] = Registry("policy loss", ("logprobs", "batch", "cfg", "norm"))
+LOG_RATIO_CLAMP = 20.0
+
+
+def _inputs(logprobs: torch.Tensor, batch: Batch):
+    batch.require("old_logprobs", "advantages", "response_mask")
+    mask = batch["response_mask"].to(logprobs.dtype)
+    log_ratio = (logprobs - batch["old_logprobs"]).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return log_ratio, batch["advantages"], mask
+
+
+def _clipped_surrogate(ratio, adv, cfg):
+    pg1 = -adv * ratio
+    pg2 = -adv * ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
+    return pg1, pg2, torch.maximum(pg1, pg2)
+
+
+@POLICY_LOSSES.register("vanilla")
+def vanilla(logprobs, batch, cfg, norm):
+    """PPO clipped surrogate with asymmetric clip (clip-higher) and dual clip.
+
+    r = exp(logp - logp_old);  l = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high));  for A < 0 additionally
+    l = min(l, -c A) (dual clip, c = dual_clip_c > 1). Metrics: pg_clipfrac (clip active), pg_clipfrac_lower
+    (dual clip active), ppo_kl = mean(logp_old - logp). Shapes (B, T).
+    Papers: PPO, Schulman et al. 2017 (arXiv:1707.06347); dual clip, Ye et al. 2020 (arXiv:1912.09729);
+    clip-higher, DAPO (arXiv:2503.14476).
+    Example (eps = 0.2, c = 3): A = 1, r = 1.5 -> max(-1.5, -1.2) = -1.2;  A = -1, r = 5 -> max(5, 1.2) = 5,
+    dual clip -> min(5, 3) = 3;  A = 1, r = 1 -> -1.
+    """
+    if cfg.dual_clip_c <= 1:
+        raise ValueError(f"dual_clip_c must be > 1, got {cfg.dual_clip_c}")
+    log_ratio, adv, mask = _inputs(logprobs, batch)
+    pg1, pg2, clipped = _clipped_surrogate(log_ratio.exp(), adv, cfg)
+    pg3 = -adv * cfg.dual_clip_c
+    losses = torch.where(adv < 0, torch.minimum(pg3, clipped), clipped)
+    metrics = {"pg_clipfrac": masked_mean((pg2 > pg1).float(), mask),
+               "pg_clipfrac_lower": masked_mean(((clipped > pg3) & (adv < 0)).float(), mask),
+               "ppo_kl": masked_mean(-log_ratio, mask)}
+    return aggregate(losses, mask, norm), {k: v.detach() for k, v in metrics.items()}
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo(logprobs, batch, cfg, norm):
+    """GSPO: one importance ratio per sequence (geometric mean of token ratios), token-level surrogate.
+
+    s_i = exp( mean_t (logp - logp_old) );  per token r_it = sg(s_i) * exp(logp_it - sg(logp_it)) (value s_i,
+    gradient of a token ratio); l = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)). The log ratio is clamped
+    to <= 10 (verl). Aggregation is fixed to seq-mean-token-mean. Shapes (B, T).
+    Paper: Zheng et al. 2025, "Group Sequence Policy Optimization" (arXiv:2507.18071).
+    Example: token log-ratios [0.1, 0.3] -> s = exp(0.2) = 1.2214; with A = 1, eps = 0.2: both tokens -1.2 (clipped).
+    """
+    log_ratio, adv, mask = _inputs(logprobs, batch)
+    seq_log_ratio = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    tok = logprobs - logprobs.detach() + seq_log_ratio.detach()[:, None]
+    pg1, pg2, losses = _clipped_surrogate(tok.clamp(max=10.0).exp(), adv, cfg)
+    metrics = {"pg_clipfrac": masked_mean((pg2 > pg1).float(), mask), "ppo_kl": masked_mean(-log_ratio, mask)}
+    return AGGREGATIONS["seq-mean-token-mean"](losses, mask, norm), {k: v.detach() for k, v in metrics.items()}
+
+
+@POLICY_LOSSES.register("clip_cov")
+def clip_cov(logprobs, batch, cfg, norm):
+    """Clip-Cov: PPO clip, plus the gradient cut on a few random tokens of high covariance(A, logp).
+
+    cov_it = (A_it - mean A)(logp_it - mean logp) over valid tokens; among tokens not already clipped with
+    cov in (clip_cov_lb, clip_cov_ub), pick max(1, floor(clip_cov_ratio * N_valid)) at random (seeded by
+    ``cfg.seed``) and zero their loss. Selection is per call, so the loss depends on the micro-batch split.
+    Paper: Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs" (arXiv:2505.22617).
+    Example: covs [0.5, 2.0, 7.0], window (1, 5), ratio -> 1 token: only the token with cov 2.0 can be cut.
+    """
+    log_ratio, adv, mask = _inputs(logprobs, batch)
+    pg1, pg2, losses = _clipped_surrogate(log_ratio.exp(), adv, cfg)
+    valid = mask > 0
+    lp = logprobs.detach()
+    cov = (adv - masked_mean(adv, mask)) * (lp - masked_mean(lp, mask))
+    window = valid & ~(pg2 > pg1) & (cov > cfg.clip_cov_lb) & (cov < cfg.clip_cov_ub)
+    cand = torch.nonzero(window)
+    n_cut = min(max(int(cfg.clip_cov_ratio * float(mask.sum())), 1), len(cand))
+    keep = torch.ones_like(losses)
+    if n_cut:
+        pick = cand[torch.randperm(len(cand), generator=torch.Generator().manual_seed(cfg.seed))[:n_cut]]
+        keep[pick[:, 0], pick[:, 1]] = 0.0
+    metrics = {"pg_clipfrac": masked_mean((keep == 0).float(), mask), "ppo_kl": masked_mean(-log_ratio, mask)}
+    return aggregate(losses * keep, mask, norm), {k: v.detach() for k, v in metrics.items()}
+
+
+@POLICY_LOSSES.register("kl_cov")
+def kl_cov(logprobs, batch, cfg, norm):
+    """KL-Cov: vanilla policy gradient -A r, plus a KL penalty k |log r| on the top tokens by covariance.
+
+    cov_it = (A_it - mean A)(logp_it - mean logp) over valid tokens; the top max(1, floor(kl_cov_ratio * N))
+    tokens get l = -A r + kl_cov_coef |log r|, the rest l = -A r (no clipping). The selection is per call.
+    Paper: Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs" (arXiv:2505.22617).
+    Example: A = [2, 1, -1], logp = [-0.5, -2, -2] -> cov = [1.333, -0.167, 0.833], top-1 is token 1; with
+    log-ratios [0.5, 0, 0] and coef 1: l = [-2 e^0.5 + 0.5, -1, 1] = [-2.7974, -1, 1].
+    """
+    log_ratio, adv, mask = _inputs(logprobs, batch)
+    ratio = log_ratio.exp()
+    losses = -adv * ratio
+    valid = torch.nonzero(mask.reshape(-1) > 0)[:, 0]
+    if len(valid):
+        a, lp = adv.reshape(-1)[valid].detach(), logprobs.reshape(-1)[valid].detach()
+        cov = (a - a.mean()) * (lp - lp.mean())
+        top = valid[torch.topk(cov, max(1, int(len(valid) * cfg.kl_cov_ratio))).indices]
+        penalty = torch.zeros_like(losses).reshape(-1)
+        penalty[top] = 1.0
+        losses = losses + penalty.view_as(losses) * cfg.kl_cov_coef * log_ratio.abs()
+    metrics = {"ppo_kl": masked_mean(log_ratio.abs(), mask)}
+    return aggregate(losses, mask, norm), {k: v.detach() for k, v in metrics.items()}
+
+
+@POLICY_LOSSES.register("gpg")
+def gpg(logprobs, batch, cfg, norm):
+    """GPG: the plain policy gradient, no ratio and no clip.  l = -A * logp.  Shapes (B, T).
+    Paper: Chu et al. 2025, "GPG: A Simple and Strong RL Baseline" (arXiv:2504.02546).
+    Example: A = [2, -1], logp = [-0.5, -1.0] -> l = [1.0, -1.0]; token-mean = 0.
+    """
+    _, adv, mask = _inputs(logprobs, batch)
+    return aggregate(-adv * logprobs, mask, norm), {}
+
+
+@POLICY_LOSSES.register("geo_mean")
+def geo_mean(logprobs, batch, cfg, norm):
+    """GMPO: geometric mean of token ratios per sequence, each clipped in log space before averaging.
+
+    d_t = logp - logp_old; d'_t = sgn(A) min(sgn(A) d_t, sgn(A) clip(d_t, -eps_low, eps_high));
+    R_i = exp(mean_t d'_t);  l_i = -mean_t(A_it) R_i;  aggregation fixed to the mean over sequences.
+    Paper: Zhao et al. 2025, "Geometric-Mean Policy Optimization" (arXiv:2507.20673).
+    Example: A = 1, d = [0.1, 0.5], eps = 0.2 -> d' = [0.1, 0.2] -> R = exp(0.15) = 1.1618 -> l = -1.1618.
+    """
+    log_ratio, adv, mask = _inputs(logprobs, batch)
+    sgn = torch.sign(adv)
+    clamped = log_ratio.clamp(-cfg.clip_low, cfg.clip_high)
+    d = sgn * torch.minimum(sgn * log_ratio, sgn * clamped)
+    length = mask.sum(-1) + 1e-8
+    seq_ratio = ((d * mask).sum(-1) / length).exp()
+    seq_adv = (adv * mask).sum(-1) / length
+    metrics = {"pg_clipfrac": masked_mean((log_ratio != clamped).float(), mask), "ppo_kl": masked_mean(-log_ratio, mask)}
+    return seq_mean(-seq_adv * seq_ratio, norm), {k: v.detach() for k, v in metrics.items()}
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo(logprobs, batch, cfg, norm):
+    """CISPO: REINFORCE weighted by a clipped, stop-gradient importance ratio (no token is dropped).
+
+    l = -sg(clip(r, 1 - cispo_clip_low, 1 + cispo_clip_high)) * A * logp.   Shapes (B, T).
+    Paper: MiniMax-M1, MiniMax 2025 (arXiv:2506.13585), Eq. 4.
+    Example: r = 1.5, clip high 0.28, A = 1, logp = -0.5 -> l = -1.28 * 1 * (-0.5) = 0.64.
+    """
+    log_ratio, adv, mask = _inputs(logprobs, batch)
+    ratio = log_ratio.exp()
+    weight = ratio.clamp(1 - cfg.cispo_clip_low, 1 + cfg.cispo_clip_high).detach()
+    metrics = {"pg_clipfrac": masked_mean((weight != ratio).float(), mask), "ppo_kl": masked_mean(-log_ratio, mask)}
+    return aggregate(-weight * adv * logprobs, mask, norm), {k: v.detach() for k, v in metrics.items()}
+
+
+@POLICY_LOSSES.register("sppo")
+def sppo(logprobs, batch, cfg, norm):
+    """SPPO: squared regression of the sequence log-ratio onto eta times the (SPPO) advantage.
+
+    l_i = ( sum_t (logp - logp_old) - eta * A_i )^2 with A_i the sequence's advantage (``advantages`` is A_i on
+    each valid token); aggregation fixed to the mean over sequences.
+    Paper: Wu et al. 2024, "Self-Play Preference Optimization" (arXiv:2405.00675).
+    Example: log-ratios [0.1, 0.2], A = 0.5, eta = 1 -> (0.3 - 0.5)^2 = 0.04.
+    """
+    log_ratio, adv, mask = _inputs(logprobs, batch)
+    length = mask.sum(-1).clamp(min=1)
+    seq_adv = (adv * mask).sum(-1) / length
+    losses = ((log_ratio * mask).sum(-1) - cfg.sppo_eta * seq_adv) ** 2
+    return seq_mean(losses, norm), {"ppo_kl": masked_mean(-log_ratio, mask).detach()}
+
+
+def value_loss(vpreds: torch.Tensor, batch: Batch, clip: float, norm: LossNorm) -> tuple[torch.Tensor, dict]:
+    """Clipped value loss: 0.5 * agg( max((V - G)^2, (clip(V, V_old - c, V_old + c) - G)^2) ).
+
+    vpreds (B, T) new values; batch keys ``values`` (old), ``returns``, ``response_mask``.
+    Paper: PPO2 baselines (Dhariwal et al. 2017); as in verl's ``compute_value_loss``.
+    Example: V_old = 0, V = 1, G = 2, c = 0.5 -> max((1-2)^2, (0.5-2)^2) = 2.25 -> 1.125.
+    """
+    batch.require("values", "returns", "response_mask")
+    mask = batch["response_mask"].to(vpreds.dtype)
+    clipped = batch["values"] + (vpreds - batch["values"]).clamp(-clip, clip)
+    l1, l2 = (vpreds - batch["returns"]) ** 2, (clipped - batch["returns"]) ** 2
+    loss = 0.5 * aggregate(torch.maximum(l1, l2), mask, norm)
+    return loss, {"vf_clipfrac": masked_mean((l2 > l1).float(), mask).detach()}
+
+
+def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, norm: LossNorm) -> torch.Tensor:
+    """The aggregated entropy H = agg(entropy); the actor minimises pg_loss - entropy_coef * H.
+    Example (token-mean): entropy [[1, 3]] -> 2.0."""
+    return aggregate(entropy, mask.to(entropy.dtype), norm)
+
+
+def positive_nll_loss(logprobs: torch.Tensor, batch: Batch, norm: LossNorm) -> torch.Tensor:
+    """VAPO's positive-example LM loss: -agg(logp) over samples with ``scores`` > 0 only.
+
+    L = -(1 / sum_{i in T} |o_i|) sum_{i in T} sum_t logp_it, T = correct samples; build ``norm`` with
+    ``LossNorm.of(mask * positive[:, None])`` so the count covers positive tokens only. Added as mu * L.
+    Paper: VAPO, Yue et al. 2025 (arXiv:2504.05118), Sec. 3.3.
+    Example: scores [1, 0], logp [[-1, -3], [-5, -5]] -> -(-1 - 3) / 2 = 2.0.
+    """
+    batch.require("scores", "response_mask")
+    pos = (batch["scores"] > 0).to(logprobs.dtype)[:, None] * batch["response_mask"].to(logprobs.dtype)
+    return aggregate(-logprobs, pos, norm)

@@ -1,0 +1,152 @@
+"""Every advantage estimator against values computed by hand (the same numbers as its docstring example)."""
+
+import math
+
+import pytest
+import torch
+
+from core.algos import ADVANTAGES, AdvantageConfig, gae_scan
+from core.protocol import Batch
+from tests.algos.helpers import mask_of, outcome_batch
+
+C = AdvantageConfig()
+close = lambda a, b: torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64), atol=1e-4, rtol=0)
+
+
+def test_gae_hand_computed():
+    b = Batch({"token_rewards": torch.tensor([[0.0, 1.0]], dtype=torch.float64),
+               "values": torch.tensor([[0.5, 0.25]], dtype=torch.float64),
+               "response_mask": torch.ones(1, 2, dtype=torch.float64)})
+    adv, ret = ADVANTAGES["gae"](b, AdvantageConfig(gamma=1.0, lam=1.0))
+    close(ret, [[1.0, 1.0]])
+    close(adv, [[-0.7071, 0.7071]])
+
+
+def test_gae_scan_with_discount_and_padding():
+    # gamma = 0.5, lam = 0.5, one valid token then padding: A_0 = r_0 - V_0 (nothing after the last valid token)
+    raw = gae_scan(torch.tensor([[2.0, 9.0]]), torch.tensor([[0.5, 7.0]]), torch.tensor([[1.0, 0.0]]), 0.5, 0.5)
+    assert raw[0, 0].item() == pytest.approx(1.5)
+    # two valid tokens: delta_1 = 1 - 0.5 = 0.5; delta_0 = 0 + 0.5*0.5 - 1 = -0.75; A_0 = -0.75 + 0.25*0.5
+    raw = gae_scan(torch.tensor([[0.0, 1.0]]), torch.tensor([[1.0, 0.5]]), torch.ones(1, 2), 0.5, 0.5)
+    close(raw, [[-0.625, 0.5]])
+
+
+def test_gae_skips_masked_observation_tokens():
+    # a masked token in the middle (tool output) passes value and advantage through
+    r, v = torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 123.0, 0.25]])
+    with_gap = gae_scan(r, v, torch.tensor([[1.0, 0.0, 1.0]]), 1.0, 1.0)
+    without = gae_scan(torch.tensor([[0.0, 1.0]]), torch.tensor([[0.5, 0.25]]), torch.ones(1, 2), 1.0, 1.0)
+    close(with_gap[:, [0, 2]], without)
+
+
+def test_decoupled_gae():
+    b = Batch({"token_rewards": torch.tensor([[0.0, 1.0]], dtype=torch.float64),
+               "values": torch.tensor([[0.5, 0.25]], dtype=torch.float64),
+               "response_mask": torch.ones(1, 2, dtype=torch.float64)})
+    adv, ret = ADVANTAGES["decoupled_gae"](b, AdvantageConfig(lam=0.0, lam_critic=1.0))
+    close(ret, [[1.0, 1.0]])
+    close(adv, [[-0.7071, 0.7071]])
+
+
+def test_length_adaptive_gae_uses_per_sequence_lambda():
+    T = 200
+    mask = mask_of([40, 200], T)
+    rewards = torch.zeros(2, T, dtype=torch.float64)
+    rewards[0, 39], rewards[1, 199] = 1.0, 1.0
+    values = torch.zeros(2, T, dtype=torch.float64)
+    b = Batch({"token_rewards": rewards, "values": values, "response_mask": mask})
+    cfg = AdvantageConfig(length_alpha=0.05)
+    _, ret = ADVANTAGES["length_adaptive_gae"](b, cfg)
+    close(ret[0, :40], torch.ones(40))  # lam_critic = 1: undecayed value targets
+    raw0 = gae_scan(rewards, values, mask, 1.0, torch.tensor([0.5, 0.9], dtype=torch.float64))
+    # with V = 0, A_t = lam^(L-1-t): first token of each sequence
+    assert raw0[0, 0].item() == pytest.approx(0.5 ** 39) and raw0[1, 0].item() == pytest.approx(0.9 ** 199)
+    adv, _ = ADVANTAGES["length_adaptive_gae"](b, cfg)
+    ref = (raw0 - (raw0 * mask).sum() / mask.sum())
+    var = ((ref * mask) ** 2).sum() / (mask.sum() - 1)
+    close(adv, ref / torch.sqrt(var + 1e-8) * mask)
+
+
+def test_grpo_and_dr_grpo():
+    b = outcome_batch([1, 0, 0, 5], uid=["a", "a", "a", "lone"])
+    adv, ret = ADVANTAGES["grpo"](b, C)
+    close(adv[:, 0], [2 / 3 / (0.57735 + 1e-6), -1 / 3 / (0.57735 + 1e-6), -1 / 3 / (0.57735 + 1e-6), 5.0])
+    assert adv[0, 0].item() == pytest.approx(1.1547, abs=1e-4)
+    assert torch.equal(adv, ret)
+    dr, _ = ADVANTAGES["grpo"](b, AdvantageConfig(norm_by_std=False))
+    close(dr[:, 0], [2 / 3, -1 / 3, -1 / 3, 5.0])
+
+
+def test_grpo_broadcasts_over_valid_tokens_only():
+    b = outcome_batch([1, 0], uid=["a", "a"], lengths=[3, 1])
+    adv, _ = ADVANTAGES["grpo"](b, C)
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)
+    close(adv, [[a, a, a], [-a, 0, 0]])
+
+
+def test_rloo():
+    adv, _ = ADVANTAGES["rloo"](outcome_batch([1, 0, 0, 0.3], uid=["a", "a", "a", "b"]), C)
+    close(adv[:, 0], [1.0, -0.5, -0.5, 0.3])
+
+
+def test_reinforce_plus_plus():
+    b = Batch({"token_rewards": torch.tensor([[0.0, 1.0], [0.0, 0.0]], dtype=torch.float64),
+               "response_mask": torch.ones(2, 2, dtype=torch.float64)})
+    adv, ret = ADVANTAGES["reinforce_plus_plus"](b, C)
+    close(ret, [[1, 1], [0, 0]])
+    close(adv, [[0.8660, 0.8660], [-0.8660, -0.8660]])
+    _, ret = ADVANTAGES["reinforce_plus_plus"](b, AdvantageConfig(gamma=0.5))
+    close(ret, [[0.5, 1], [0, 0]])
+
+
+def test_reinforce_plus_plus_baseline():
+    adv, _ = ADVANTAGES["reinforce_plus_plus_baseline"](outcome_batch([1, 0, 1, 1], uid=["a", "a", "b", "b"]), C)
+    close(adv[:, 0], [1.2247, -1.2247, 0, 0])
+
+
+def test_remax():
+    b = Batch({"token_rewards": torch.tensor([[0.0, 1.0]], dtype=torch.float64),
+               "response_mask": torch.ones(1, 2, dtype=torch.float64),
+               "reward_baselines": torch.tensor([0.25], dtype=torch.float64)})
+    adv, ret = ADVANTAGES["remax"](b, C)
+    close(ret, [[1, 1]])
+    close(adv, [[0.75, 0.75]])
+
+
+def test_opo_length_weighted_baseline():
+    adv, _ = ADVANTAGES["opo"](outcome_batch([1, 0, 0.7], uid=["a", "a", "b"], lengths=[1, 3, 2]), C)
+    close(adv[:, 0], [0.75, -0.25, 0.7])
+
+
+def test_gpg():
+    adv, _ = ADVANTAGES["gpg"](outcome_batch([1, 0, 0, 0], uid=["a"] * 4), C)
+    close(adv[:, 0], [3, -1, -1, -1])
+
+
+def test_grpo_passk():
+    adv, _ = ADVANTAGES["grpo_passk"](outcome_batch([0, 1, 0, 1, 1], uid=["a", "a", "a", "b", "b"]), C)
+    close(adv[:, 0], [0, 1 / (0.57735 + 1e-6), 0, 0, 0])  # group b: best - second = 0
+    with pytest.raises(ValueError, match="uid='z'"):
+        ADVANTAGES["grpo_passk"](outcome_batch([1, 1, 0], uid=["a", "a", "z"]), C)
+
+
+def test_sppo_softmean_baseline():
+    adv, _ = ADVANTAGES["sppo"](outcome_batch([1, 0]), C)
+    close(adv[:, 0], [1 - math.log((math.e + 1) / 2), -math.log((math.e + 1) / 2)])
+    assert adv[0, 0].item() == pytest.approx(0.3799, abs=1e-4)
+    plain, _ = ADVANTAGES["sppo"](outcome_batch([1, 0]), AdvantageConfig(sppo_beta=0.0))
+    close(plain[:, 0], [0.5, -0.5])
+
+
+@pytest.mark.parametrize("name", sorted(set(ADVANTAGES.names()) - {"remax"}))
+def test_outputs_vanish_on_masked_tokens(name):
+    b = outcome_batch([1, 0, 0.5, 1], uid=["a", "a", "b", "b"], lengths=[3, 1, 2, 3],
+                      values=torch.rand(4, 3, generator=torch.Generator().manual_seed(0)))
+    adv, ret = ADVANTAGES[name](b, C)
+    assert adv.shape == ret.shape == (4, 3)
+    assert torch.all(adv[b["response_mask"] == 0] == 0) and torch.all(ret[b["response_mask"] == 0] == 0)
+
+
+def test_unknown_estimator_lists_the_known_ones():
+    with pytest.raises(KeyError, match="unknown advantage estimator 'grpoo'; known: .*'grpo'"):
+        ADVANTAGES["grpoo"]

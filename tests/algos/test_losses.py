@@ -1,0 +1,142 @@
+"""Every policy loss, the value loss, entropy bonus and NLL term against values computed by hand."""
+
+import math
+
+import pytest
+import torch
+
+from core.algos import (AGGREGATIONS, POLICY_LOSSES, LossNorm, PolicyLossConfig, entropy_bonus,
+                        positive_nll_loss, value_loss)
+from core.protocol import Batch
+
+C = PolicyLossConfig()
+
+
+def run(name, log_ratio, adv, mask=None, cfg=C, logp=None, mode="token-mean"):
+    log_ratio = torch.as_tensor(log_ratio, dtype=torch.float64)
+    logp = torch.as_tensor(logp, dtype=torch.float64) if logp is not None else torch.full_like(log_ratio, -1.0)
+    mask = torch.ones_like(log_ratio) if mask is None else torch.as_tensor(mask, dtype=torch.float64)
+    b = Batch({"old_logprobs": logp - log_ratio, "advantages": torch.as_tensor(adv, dtype=torch.float64).expand_as(log_ratio),
+               "response_mask": mask})
+    return POLICY_LOSSES[name](logp.clone().requires_grad_(True), b, cfg, LossNorm.of(mask, mode))
+
+
+def test_vanilla_clip_and_dual_clip():
+    # per token (eps 0.2, c 3): A=1,r=1.5 -> -1.2 | A=-1,r=5 -> 3 (dual clip) | A=1,r=1 -> -1 | A=-1,r=0.5 -> 0.8
+    loss, m = run("vanilla", [[math.log(1.5), math.log(5.0), 0.0, math.log(0.5)]], [[1.0, -1.0, 1.0, -1.0]])
+    assert loss.item() == pytest.approx((-1.2 + 3 - 1 + 0.8) / 4)
+    # clipfrac counts tokens where the clipped term wins (tokens 1 and 4); token 2 is the dual clip's
+    assert m["pg_clipfrac"].item() == pytest.approx(2 / 4)
+    assert m["pg_clipfrac_lower"].item() == pytest.approx(1 / 4)
+    with pytest.raises(ValueError, match="dual_clip_c"):
+        run("vanilla", [[0.0]], [[1.0]], cfg=PolicyLossConfig(dual_clip_c=1.0))
+
+
+def test_vanilla_clip_higher_is_asymmetric():
+    cfg = PolicyLossConfig(clip_low=0.2, clip_high=0.28)
+    loss, _ = run("vanilla", [[math.log(1.5)]], [[1.0]], cfg=cfg)
+    assert loss.item() == pytest.approx(-1.28)
+    loss, _ = run("vanilla", [[math.log(0.5)]], [[-1.0]], cfg=cfg)
+    assert loss.item() == pytest.approx(0.8)
+
+
+def test_log_ratio_is_clamped_at_20():
+    loss, _ = run("vanilla", [[50.0]], [[-1e-3]], cfg=PolicyLossConfig(dual_clip_c=1e12))
+    assert loss.item() == pytest.approx(1e-3 * math.exp(20), rel=1e-9)
+
+
+def test_gspo_sequence_ratio():
+    loss, m = run("gspo", [[0.1, 0.3]], [[1.0, 1.0]])
+    assert loss.item() == pytest.approx(-1.2)  # exp(0.2) = 1.2214 clipped to 1.2 on both tokens
+    loss, _ = run("gspo", [[0.1, 0.05]], [[1.0, 1.0]])
+    assert loss.item() == pytest.approx(-math.exp(0.075))
+
+
+def test_clip_cov_cuts_one_token_in_the_covariance_window():
+    # 4 tokens; cov uses A and logp: A = [2, -2, 0, 0], logp = [-1, -3, -2, -2] -> means 0, -2
+    # cov = [2*1, -2*-1, 0, 0] = [2, 2, 0, 0]: tokens 0 and 1 are in the (1, 5) window; ratio 1 cuts exactly 1
+    cfg = PolicyLossConfig(clip_cov_ratio=0.25)
+    loss, m = run("clip_cov", [[0.0] * 4], [[2.0, -2.0, 0.0, 0.0]], cfg=cfg, logp=[[-1.0, -3.0, -2.0, -2.0]])
+    assert m["pg_clipfrac"].item() == pytest.approx(0.25)
+    assert loss.item() in (pytest.approx(2 / 4), pytest.approx(-2 / 4))  # one of -A*1 = [-2, 2] survives
+    none, m0 = run("clip_cov", [[0.0] * 4], [[2.0, -2.0, 0.0, 0.0]], logp=[[-1.0, -3.0, -2.0, -2.0]],
+                   cfg=PolicyLossConfig(clip_cov_lb=5.0, clip_cov_ub=6.0))
+    assert m0["pg_clipfrac"].item() == 0 and none.item() == pytest.approx(0.0)
+
+
+def test_kl_cov_penalises_the_top_covariance_token():
+    cfg = PolicyLossConfig(kl_cov_ratio=0.34, kl_cov_coef=1.0)  # floor(3 * 0.34) = 1 token
+    loss, _ = run("kl_cov", [[0.5, 0.0, 0.0]], [[2.0, 1.0, -1.0]], cfg=cfg, logp=[[-0.5, -2.0, -2.0]])
+    assert loss.item() == pytest.approx((-2 * math.exp(0.5) + 0.5 - 1 + 1) / 3)
+
+
+def test_gpg():
+    loss, _ = run("gpg", [[0.3, -0.2]], [[2.0, -1.0]], logp=[[-0.5, -1.0]])
+    assert loss.item() == pytest.approx(0.0)
+    loss, _ = run("gpg", [[0.0]], [[2.0]], logp=[[-0.5]])
+    assert loss.item() == pytest.approx(1.0)
+
+
+def test_geo_mean():
+    loss, m = run("geo_mean", [[0.1, 0.5]], [[1.0, 1.0]])
+    assert loss.item() == pytest.approx(-math.exp(0.15), abs=1e-6)
+    assert m["pg_clipfrac"].item() == pytest.approx(0.5)
+    # negative advantage: the lower side is clipped at -0.2 (the max of sgn*d and sgn*clip(d))
+    loss, _ = run("geo_mean", [[-0.5, 0.1]], [[-1.0, -1.0]])
+    assert loss.item() == pytest.approx(math.exp((-0.2 + 0.1) / 2), abs=1e-6)
+
+
+def test_cispo():
+    loss, m = run("cispo", [[math.log(1.5)]], [[1.0]], logp=[[-0.5]])
+    assert loss.item() == pytest.approx(0.64)
+    assert m["pg_clipfrac"].item() == 1.0
+
+
+def test_sppo_squared_loss():
+    loss, _ = run("sppo", [[0.1, 0.2]], [[0.5, 0.5]])
+    assert loss.item() == pytest.approx(0.04)
+    loss, _ = run("sppo", [[0.1, 0.2], [0.0, 0.0]], [[0.5, 0.5], [-1.0, -1.0]], cfg=PolicyLossConfig(sppo_eta=2.0))
+    assert loss.item() == pytest.approx(((0.3 - 1.0) ** 2 + (0 + 2.0) ** 2) / 2)
+
+
+def test_value_loss_clipped():
+    mask = torch.ones(1, 2, dtype=torch.float64)
+    b = Batch({"values": torch.zeros(1, 2, dtype=torch.float64), "returns": torch.tensor([[2.0, 0.2]], dtype=torch.float64),
+               "response_mask": mask})
+    loss, m = value_loss(torch.tensor([[1.0, 0.1]], dtype=torch.float64), b, 0.5, LossNorm.of(mask))
+    # token 1: max(1, 2.25) = 2.25; token 2: max(0.01, 0.01) = 0.01 -> 0.5 * mean = 0.565
+    assert loss.item() == pytest.approx(0.5 * (2.25 + 0.01) / 2)
+    assert m["vf_clipfrac"].item() == pytest.approx(0.5)
+
+
+def test_entropy_bonus_and_positive_nll():
+    mask = torch.ones(1, 2)
+    assert entropy_bonus(torch.tensor([[1.0, 3.0]]), mask, LossNorm.of(mask)).item() == pytest.approx(2.0)
+    logp = torch.tensor([[-1.0, -3.0], [-5.0, -5.0]])
+    b = Batch({"scores": torch.tensor([1.0, 0.0]), "response_mask": torch.ones(2, 2)})
+    pos_mask = b["response_mask"] * (b["scores"] > 0)[:, None]
+    assert positive_nll_loss(logp, b, LossNorm.of(pos_mask)).item() == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("mode,expected", [("token-mean", 2.0), ("seq-mean-token-mean", 2.25),
+                                           ("seq-mean-token-sum", 3.0), ("seq-mean-token-sum-norm", 1.5)])
+def test_aggregations_hand_computed(mode, expected):
+    loss, mask = torch.tensor([[1.0, 2.0], [3.0, 0.0]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    assert AGGREGATIONS[mode](loss, mask, LossNorm.of(mask, mode)).item() == pytest.approx(expected)
+
+
+def test_missing_batch_key_is_named():
+    b = Batch({"old_logprobs": torch.zeros(1, 2), "response_mask": torch.ones(1, 2)})
+    with pytest.raises(KeyError, match=r"missing key\(s\) \['advantages'\]"):
+        POLICY_LOSSES["vanilla"](torch.zeros(1, 2), b, C, LossNorm())
+
+
+def test_registry_enforces_one_signature_and_docstrings():
+    with pytest.raises(TypeError, match="takes exactly"):
+        @POLICY_LOSSES.register("bad")
+        def bad(logprobs, batch, cfg):
+            """doc"""
+    with pytest.raises(TypeError, match="docstring"):
+        @POLICY_LOSSES.register("bad2")
+        def bad2(logprobs, batch, cfg, norm):
+            pass

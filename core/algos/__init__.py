@@ -6,7 +6,8 @@
     AGGREGATIONS[name](loss_mat, mask, norm) -> scalar
 """
 
-from core.algos.advantages import ADVANTAGES, compute_advantages, gae_scan, value_targets_explained_variance
+from core.algos.advantages import (ADVANTAGES, compute_advantages, gae_scan, reverse_linear_scan,
+                                   value_targets_explained_variance)
 from core.algos.aggregate import AGGREGATIONS, LossNorm, aggregate, seq_mean
 from core.algos.config import AdvantageConfig, PolicyLossConfig
 from core.algos.filters import groups_with_variance, overlong_penalty, pf_ppo_resample
@@ -21,5 +22,5 @@ __all__ = [
     "FixedKLController", "LossNorm", "PolicyLossConfig", "aggregate", "apply_kl_reward_penalty",
     "compute_advantages", "entropy_bonus", "gae_scan", "group_ids", "group_stats", "groups_with_variance",
     "kl_penalty", "masked_mean", "masked_var", "masked_whiten", "overlong_penalty", "pf_ppo_resample",
-    "positive_nll_loss", "scores_to_token_rewards", "seq_mean", "value_loss", "value_targets_explained_variance",
+    "positive_nll_loss", "reverse_linear_scan", "scores_to_token_rewards", "seq_mean", "value_loss", "value_targets_explained_variance",
 ]

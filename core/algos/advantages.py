@@ -30,26 +30,42 @@ def _outcome(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     return (batch["token_rewards"] * mask).sum(-1), mask
 
 
+def _scan_time_major(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """y_t = a_t + b_t * y_{t+1}, y_T = 0, on contiguous (T, B): one fused multiply-add per time step."""
+    y = torch.empty_like(a)
+    nxt = torch.zeros_like(a[0])
+    for t in range(a.shape[0] - 1, -1, -1):
+        nxt = torch.addcmul(a[t], b[t], nxt, out=y[t])
+    return y
+
+
+def _next(x: torch.Tensor) -> torch.Tensor:
+    """Time-major x[t + 1] at row t; the last row is 0."""
+    return torch.cat([x[1:], torch.zeros_like(x[:1])])
+
+
+def reverse_linear_scan(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """y_t = a_t + b_t * y_{t+1} with y_T = 0 for (B, T) inputs: returns, GAE and pass-through are all this.
+
+    Vectorised over the batch; the loop is over time only, on time-major contiguous copies (a column of a
+    row-major (B, T) tensor is strided, which is several times slower per step)."""
+    return _scan_time_major(a.T.contiguous(), b.T.contiguous()).T.contiguous()
+
+
 def gae_scan(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
              lam: float | torch.Tensor) -> torch.Tensor:
-    """Generalised advantage estimation by a reverse scan over time (vectorised over the batch).
+    """Generalised advantage estimation (vectorised over the batch, two reverse scans over time).
 
-    delta_t = r_t + gamma * V_{t+1} - V_t;  A_t = delta_t + gamma * lam * A_{t+1}. Masked positions (e.g. tool
-    output inside a multi-turn response) are skipped: they pass V and A through unchanged, as in verl.
-    ``lam`` may be a float or a (B,) tensor of per-sequence lambdas."""
-    B, T = rewards.shape
-    lam = torch.as_tensor(lam, dtype=rewards.dtype).expand(B)
-    adv = torch.zeros_like(rewards)
-    next_v = torch.zeros(B, dtype=rewards.dtype)
-    last = torch.zeros(B, dtype=rewards.dtype)
-    for t in range(T - 1, -1, -1):
-        m = mask[:, t]
-        delta = rewards[:, t] + gamma * next_v - values[:, t]
-        cand = delta + gamma * lam * last
-        last = torch.where(m > 0, cand, last)
-        next_v = torch.where(m > 0, values[:, t], next_v)
-        adv[:, t] = last
-    return adv
+    delta_t = r_t + gamma * V_next(t) - V_t with V_next(t) the value at the next *valid* position (0 after the
+    last); A_t = delta_t + gamma * lam * A_next. Masked positions (tool output inside a multi-turn response) are
+    skipped: they pass A and V through unchanged, as in verl. ``lam``: a float or a (B,) per-sequence tensor."""
+    r, v = rewards.T.contiguous(), values.T.contiguous()  # time-major (T, B)
+    m = (mask.T > 0).to(r.dtype).contiguous()
+    lam = torch.as_tensor(lam, dtype=r.dtype).reshape(1, -1)
+    next_v = _scan_time_major(_next(m * v), _next(1 - m))
+    delta = r + gamma * next_v - v
+    adv = _scan_time_major(m * delta, torch.where(m > 0, gamma * lam, torch.ones_like(m)))
+    return adv.T.contiguous()
 
 
 @ADVANTAGES.register("gae")
@@ -150,13 +166,9 @@ def reinforce_plus_plus(batch, cfg):
     Example (gamma = 1): r = [[0, 1], [0, 0]] -> G = [[1, 1], [0, 0]] -> A = [[0.866, 0.866], [-0.866, -0.866]].
     """
     _, mask = _outcome(batch)
-    rewards = batch["token_rewards"] * mask
-    ret = torch.zeros_like(rewards)
-    running = torch.zeros(rewards.shape[0], dtype=rewards.dtype)
-    for t in range(rewards.shape[1] - 1, -1, -1):
-        running = rewards[:, t] + cfg.gamma * running
-        ret[:, t] = running
-        running = running * mask[:, t]
+    # G_t = r_t + gamma * m_{t+1} * G_{t+1}: the running return resets after the last valid token
+    m = mask.T.contiguous()
+    ret = _scan_time_major(batch["token_rewards"].T * m, cfg.gamma * _next(m)).T.contiguous()
     return masked_whiten(ret, mask) * mask, ret
 
 

@@ -64,8 +64,11 @@ def _straight_through(kind: str) -> KLFn:
         return back - back.detach() + forward(logprobs, ref_logprobs).detach()
 
     fn.__name__ = f"{forward.__name__}_plus"
-    fn.__doc__ = (f"Straight-through {kind}+: forward value of {kind}, gradient of k2 = (logp - logp_ref).\n"
-                  f"    Example: logp = -1, logp_ref = -2 -> value as {kind}, d/dlogp = 1.0.")
+    fn.__doc__ = (f"Straight-through {kind}+: value = {kind}(logp, logp_ref), gradient = that of k2, i.e. "
+                  f"d/dlogp = logp - logp_ref.  Shapes (B, T).\n"
+                  f"    Reference: verl's kl_penalty('{kind}+'); k2's gradient is the unbiased KL gradient "
+                  f"(Schulman 2020, \"Approximating KL Divergence\").\n"
+                  f"    Example: logp = -1, logp_ref = -2 -> value {kind}(-1, -2), d/dlogp = 1.0.")
     return fn
 
 

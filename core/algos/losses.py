@@ -85,6 +85,7 @@ def clip_cov(logprobs, batch, cfg, norm):
     cov_it = (A_it - mean A)(logp_it - mean logp) over valid tokens; among tokens not already clipped with
     cov in (clip_cov_lb, clip_cov_ub), pick max(1, floor(clip_cov_ratio * N_valid)) at random (seeded by
     ``cfg.seed``) and zero their loss. Selection is per call, so the loss depends on the micro-batch split.
+    Shapes: logprobs, A, mask (B, T).
     Paper: Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs" (arXiv:2505.22617).
     Example: covs [0.5, 2.0, 7.0], window (1, 5), ratio -> 1 token: only the token with cov 2.0 can be cut.
     """
@@ -110,6 +111,7 @@ def kl_cov(logprobs, batch, cfg, norm):
 
     cov_it = (A_it - mean A)(logp_it - mean logp) over valid tokens; the top max(1, floor(kl_cov_ratio * N))
     tokens get l = -A r + kl_cov_coef |log r|, the rest l = -A r (no clipping). The selection is per call.
+    Shapes: logprobs, A, mask (B, T).
     Paper: Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs" (arXiv:2505.22617).
     Example: A = [2, 1, -1], logp = [-0.5, -2, -2] -> cov = [1.333, -0.167, 0.833], top-1 is token 1; with
     log-ratios [0.5, 0, 0] and coef 1: l = [-2 e^0.5 + 0.5, -1, 1] = [-2.7974, -1, 1].
@@ -145,6 +147,7 @@ def geo_mean(logprobs, batch, cfg, norm):
 
     d_t = logp - logp_old; d'_t = sgn(A) min(sgn(A) d_t, sgn(A) clip(d_t, -eps_low, eps_high));
     R_i = exp(mean_t d'_t);  l_i = -mean_t(A_it) R_i;  aggregation fixed to the mean over sequences.
+    Shapes: logprobs, A, mask (B, T) -> l (B,).
     Paper: Zhao et al. 2025, "Geometric-Mean Policy Optimization" (arXiv:2507.20673).
     Example: A = 1, d = [0.1, 0.5], eps = 0.2 -> d' = [0.1, 0.2] -> R = exp(0.15) = 1.1618 -> l = -1.1618.
     """
@@ -179,7 +182,7 @@ def sppo(logprobs, batch, cfg, norm):
     """SPPO: squared regression of the sequence log-ratio onto eta times the (SPPO) advantage.
 
     l_i = ( sum_t (logp - logp_old) - eta * A_i )^2 with A_i the sequence's advantage (``advantages`` is A_i on
-    each valid token); aggregation fixed to the mean over sequences.
+    each valid token); aggregation fixed to the mean over sequences. Shapes: (B, T) in, l (B,).
     Paper: Wu et al. 2024, "Self-Play Preference Optimization" (arXiv:2405.00675).
     Example: log-ratios [0.1, 0.2], A = 0.5, eta = 1 -> (0.3 - 0.5)^2 = 0.04.
     """

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from core.algos import ADVANTAGES, AdvantageConfig, gae_scan
+from core.algos import ADVANTAGES, AdvantageConfig, gae_scan, reverse_linear_scan
 from core.protocol import Batch
 from tests.algos.helpers import mask_of, outcome_batch
 
@@ -150,3 +150,29 @@ def test_outputs_vanish_on_masked_tokens(name):
 def test_unknown_estimator_lists_the_known_ones():
     with pytest.raises(KeyError, match="unknown advantage estimator 'grpoo'; known: .*'grpo'"):
         ADVANTAGES["grpoo"]
+
+
+def test_reverse_linear_scan_matches_a_plain_loop():
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(3, 7, generator=g, dtype=torch.float64), torch.rand(3, 7, generator=g, dtype=torch.float64)
+    y, nxt = torch.zeros_like(a), torch.zeros(3, dtype=torch.float64)
+    for t in range(6, -1, -1):
+        nxt = a[:, t] + b[:, t] * nxt
+        y[:, t] = nxt
+    close(reverse_linear_scan(a, b), y)
+
+
+def test_gae_scan_matches_a_reference_loop_on_random_masks_with_gaps():
+    g = torch.Generator().manual_seed(1)
+    B, T = 5, 9
+    r, v = torch.randn(B, T, generator=g, dtype=torch.float64), torch.randn(B, T, generator=g, dtype=torch.float64)
+    mask = (torch.rand(B, T, generator=g) > 0.3).double()
+    gamma, lam = 0.9, torch.tensor([0.5, 0.7, 0.9, 0.95, 1.0], dtype=torch.float64)
+    adv, next_v, last = torch.zeros(B, T, dtype=torch.float64), torch.zeros(B, dtype=torch.float64), torch.zeros(B, dtype=torch.float64)
+    for t in range(T - 1, -1, -1):  # verl's loop, observation tokens skipped
+        m = mask[:, t]
+        delta = r[:, t] + gamma * next_v - v[:, t]
+        last = m * (delta + gamma * lam * last) + (1 - m) * last
+        next_v = m * v[:, t] + (1 - m) * next_v
+        adv[:, t] = last
+    close(gae_scan(r, v, mask, gamma, lam), adv)

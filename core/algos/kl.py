@@ -80,6 +80,16 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) ->
     return KL_KINDS[kind](logprobs, ref_logprobs)
 
 
+def kl_loss(logprobs: torch.Tensor, batch: Batch, kind: str, norm) -> torch.Tensor:
+    """KL as a loss term: agg(KL_kind(logp, logp_ref)) with the run's aggregation; the actor adds coef * this.
+    Keys: ref_logprobs, response_mask (B, T). Example (k2, token-mean): d = [1, -1] -> (0.5 + 0.5) / 2 = 0.5."""
+    from core.algos.aggregate import aggregate
+
+    batch.require("ref_logprobs", "response_mask")
+    kl = kl_penalty(logprobs, batch["ref_logprobs"], kind)
+    return aggregate(kl, batch["response_mask"].to(kl.dtype), norm)
+
+
 @dataclass
 class FixedKLController:
     """A constant coefficient beta."""

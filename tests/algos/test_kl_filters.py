@@ -77,3 +77,15 @@ def test_pf_ppo_resampling():
     assert 0.65 < mr.mean().item() < 0.95  # expected 0.4 / (0.4 + 0.1) = 0.8
     with pytest.raises(ValueError, match="PF-PPO method"):
         pf_ppo_resample(b, "best")
+
+
+def test_kl_as_a_loss_is_aggregated_and_differentiable():
+    from core.algos import LossNorm, kl_loss
+
+    lp = torch.tensor([[-1.0, -3.0, -7.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    b = Batch({"ref_logprobs": torch.tensor([[-2.0, -2.0, 0.0]]), "response_mask": mask})
+    loss = kl_loss(lp, b, "k2", LossNorm.of(mask))
+    assert loss.item() == pytest.approx(0.5)  # (0.5 * 1 + 0.5 * 1) / 2 valid tokens
+    loss.backward()
+    assert lp.grad.tolist() == [[0.5, -0.5, 0.0]]

@@ -13,11 +13,15 @@ C = AdvantageConfig()
 close = lambda a, b: torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64), atol=1e-4, rtol=0)
 
 
+def two_token_batch() -> Batch:
+    """r = [[0, 1]], V = [[0.5, 0.25]]: the docstring examples of the GAE family."""
+    return Batch({"token_rewards": torch.tensor([[0.0, 1.0]], dtype=torch.float64),
+                  "values": torch.tensor([[0.5, 0.25]], dtype=torch.float64),
+                  "response_mask": torch.ones(1, 2, dtype=torch.float64)})
+
+
 def test_gae_hand_computed():
-    b = Batch({"token_rewards": torch.tensor([[0.0, 1.0]], dtype=torch.float64),
-               "values": torch.tensor([[0.5, 0.25]], dtype=torch.float64),
-               "response_mask": torch.ones(1, 2, dtype=torch.float64)})
-    adv, ret = ADVANTAGES["gae"](b, AdvantageConfig(gamma=1.0, lam=1.0))
+    adv, ret = ADVANTAGES["gae"](two_token_batch(), AdvantageConfig(gamma=1.0, lam=1.0))
     close(ret, [[1.0, 1.0]])
     close(adv, [[-0.7071, 0.7071]])
 
@@ -40,10 +44,7 @@ def test_gae_skips_masked_observation_tokens():
 
 
 def test_decoupled_gae():
-    b = Batch({"token_rewards": torch.tensor([[0.0, 1.0]], dtype=torch.float64),
-               "values": torch.tensor([[0.5, 0.25]], dtype=torch.float64),
-               "response_mask": torch.ones(1, 2, dtype=torch.float64)})
-    adv, ret = ADVANTAGES["decoupled_gae"](b, AdvantageConfig(lam=0.0, lam_critic=1.0))
+    adv, ret = ADVANTAGES["decoupled_gae"](two_token_batch(), AdvantageConfig(lam=0.0, lam_critic=1.0))
     close(ret, [[1.0, 1.0]])
     close(adv, [[-0.7071, 0.7071]])
 

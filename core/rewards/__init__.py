@@ -52,23 +52,31 @@ class _Registry:
 REWARDS = _Registry()
 
 
+def _result(score: float, pred: str | None) -> dict:
+    return {"score": score, "acc": score >= 1.0, "pred": pred if pred is not None else ""}
+
+
 @REWARDS.register("openai/gsm8k", "gsm8k")
 def gsm8k_strict(data_source, solution_str, ground_truth, extra_info=None):
-    """GSM8K, strict ``#### n`` format (verl's default for openai/gsm8k). Example: '... #### 72' vs '72' -> 1.0."""
-    return gsm8k.compute_score(solution_str, ground_truth, method="strict")
+    """GSM8K, strict ``#### n`` format (verl's default for openai/gsm8k).
+    Example: '... #### 72' vs '72' -> {'score': 1.0, 'acc': True, 'pred': '72'}."""
+    score = gsm8k.compute_score(solution_str, ground_truth, method="strict")
+    return _result(score, gsm8k.extract_answer(solution_str, "strict"))
 
 
 @REWARDS.register("gsm8k_flexible")
 def gsm8k_flexible(data_source, solution_str, ground_truth, extra_info=None):
-    """GSM8K, the last number in the response. Example: 'so 3 + 4 = 7' vs '7' -> 1.0."""
-    return gsm8k.compute_score(solution_str, ground_truth, method="flexible")
+    """GSM8K, the last number in the response. Example: 'so 3 + 4 = 7' vs '7' -> score 1.0."""
+    score = gsm8k.compute_score(solution_str, ground_truth, method="flexible")
+    return _result(score, gsm8k.extract_answer(solution_str, "flexible"))
 
 
 @REWARDS.register("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500",
                   "minerva_math", "aime24", "aime2024", "amc23", "math")
 def math_boxed(data_source, solution_str, ground_truth, extra_info=None):
-    """MATH-style: the last ``\\boxed{}`` answer, normalised. Example: '\\boxed{\\frac12}' vs '0.5' -> 1.0."""
-    return math_reward.compute_score(solution_str, str(ground_truth))
+    """MATH-style: the last ``\\boxed{}`` answer, normalised. Example: '\\boxed{\\frac12}' vs '0.5' -> score 1.0."""
+    pred = math_reward.last_boxed(solution_str)
+    return _result(1.0 if math_reward.is_equiv(pred, str(ground_truth)) else 0.0, pred)
 
 
 @REWARDS.register("math_dapo", "dapo")

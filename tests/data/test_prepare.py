@@ -76,7 +76,7 @@ def test_a_verl_made_gsm8k_parquet_loads_unchanged(tmp_path):
     pd.DataFrame(verl_rows).to_parquet(path)
     rows = load_rl_parquet(path)
     assert rows[0]["ground_truth"] == "72" and rows[0]["prompt"][0]["content"].endswith(instruction)
-    assert default_compute_score(rows[0]["data_source"], "... #### 72", rows[0]["ground_truth"]) == 1.0
+    assert default_compute_score(rows[0]["data_source"], "... #### 72", rows[0]["ground_truth"])["score"] == 1.0
 
 
 def test_schema_errors_name_file_row_and_key(tmp_path):

@@ -1,0 +1,104 @@
+"""The embedded rollout engine on a tiny real transformers model: equivalence with transformers, log-probs, masks."""
+
+import pytest
+import torch
+
+from core.engines.rollout import RolloutEngine, SamplingParams, filter_logits
+from core.models import load_causal_lm, load_tokenizer
+
+PROMPTS = ["hi", "a longer prompt here", "xyz 123, abc"]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    return RolloutEngine(load_causal_lm(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir)), max_batch_size=4)
+
+
+def ids_of(engine, texts):
+    return [engine.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def test_greedy_equals_transformers_generate_token_for_token(engine):
+    ids = ids_of(engine, PROMPTS)
+    out = engine.generate(ids, SamplingParams(temperature=0, max_new_tokens=12))
+    for i, p in enumerate(ids):
+        ref = engine.model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False,
+                                    pad_token_id=engine.pad_id)[0, len(p):]
+        ours = out["responses"][i][out["response_mask"][i] > 0]
+        assert torch.equal(ours, ref[: len(ours)]) and len(ours) == len(ref), (i, ours, ref)
+
+
+def teacher_forced_logprobs(model, batch, temperature):
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                   position_ids=batch["position_ids"]).logits.float()
+    Tp = batch["prompts"].shape[1]
+    logits = logits[:, Tp - 1:-1] / temperature
+    return logits.log_softmax(-1).gather(-1, batch["responses"][..., None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_logprobs_equal_a_teacher_forced_forward(engine, temperature):
+    out = engine.generate(ids_of(engine, PROMPTS), SamplingParams(n=3, temperature=temperature, max_new_tokens=10, seed=1))
+    with torch.no_grad():
+        ref = teacher_forced_logprobs(engine.model, out, temperature)
+    mask = out["response_mask"]
+    diff = ((ref - out["rollout_logprobs"]).abs() * mask).sum() / mask.sum()
+    assert diff < 1e-3 and ((ref - out["rollout_logprobs"]).abs() * mask).max() < 1e-3
+
+
+def test_n_samples_are_interleaved_and_seeded(engine):
+    ids = ids_of(engine, PROMPTS[:2])
+    p = SamplingParams(n=4, temperature=1.0, max_new_tokens=8, seed=7)
+    a, b = engine.generate(ids, p), engine.generate(ids, p)
+    assert len(a) == 8 and torch.equal(a["responses"], b["responses"])
+    assert torch.equal(a["prompts"][0], a["prompts"][3]) and not torch.equal(a["prompts"][3], a["prompts"][4])
+    c = engine.generate(ids, SamplingParams(n=4, temperature=1.0, max_new_tokens=8, seed=8))
+    assert not torch.equal(a["responses"], c["responses"])
+
+
+def test_top_k_one_is_greedy(engine):
+    ids = ids_of(engine, PROMPTS)
+    greedy = engine.generate(ids, SamplingParams(temperature=0, max_new_tokens=8))
+    topk1 = engine.generate(ids, SamplingParams(temperature=1.3, top_k=1, max_new_tokens=8, seed=3))
+    assert torch.equal(greedy["responses"], topk1["responses"])
+
+
+def test_filter_logits_top_p_and_top_k():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = filter_logits(logits, top_k=-1, top_p=0.7).isfinite()
+    assert kept.tolist() == [[True, True, False, False]]  # 0.5 + 0.3 reaches 0.7
+    assert filter_logits(logits, top_k=3, top_p=1.0).isfinite().tolist() == [[True, True, True, False]]
+
+
+def test_eos_ends_a_response_and_is_masked_after(engine):
+    ids = ids_of(engine, PROMPTS)
+    free = engine.generate(ids, SamplingParams(temperature=0, max_new_tokens=10))
+    stop_tok = int(free["responses"][0, 2])  # make the 3rd greedy token of row 0 an EOS
+    eos_before = engine.eos_ids
+    engine.eos_ids = sorted(set(eos_before + [stop_tok]))
+    try:
+        out = engine.generate(ids, SamplingParams(temperature=0, max_new_tokens=10))
+    finally:
+        engine.eos_ids = eos_before
+    first = (free["responses"][0] == stop_tok).nonzero()[0].item()
+    assert out["response_mask"][0].tolist() == [1.0] * (first + 1) + [0.0] * (out["responses"].shape[1] - first - 1)
+    assert torch.all(out["responses"][0, first + 1:] == engine.pad_id)
+    assert torch.all(out["rollout_logprobs"][out["response_mask"] == 0] == 0)
+    # attention mask and input_ids line up with prompts + responses
+    assert torch.equal(out["input_ids"], torch.cat([out["prompts"], out["responses"]], 1))
+    assert torch.equal(out["attention_mask"][:, out["prompts"].shape[1]:], out["response_mask"].long())
+
+
+def test_update_weights_changes_generation_and_checks_shapes(engine, tiny_model_dir):
+    fresh = load_causal_lm(str(tiny_model_dir))
+    ids = ids_of(engine, PROMPTS)
+    before = engine.generate(ids, SamplingParams(temperature=0, max_new_tokens=6))["responses"]
+    scaled = [(n, p.detach() * 1.5) for n, p in fresh.named_parameters()]
+    assert engine.update_weights(scaled) == sum(p.numel() * 4 for _, p in scaled)
+    after = engine.generate(ids, SamplingParams(temperature=0, max_new_tokens=6))["responses"]
+    engine.update_weights(fresh.named_parameters())  # restore
+    assert not torch.equal(before, after)
+    with pytest.raises(ValueError, match="weight model.norm.weight: engine shape"):
+        engine.update_weights([("model.norm.weight", torch.zeros(3))])
+    with pytest.raises(KeyError, match="no parameter 'nope'"):
+        engine.update_weights([("nope", torch.zeros(1))])

@@ -97,7 +97,7 @@ class RolloutEngine:
         gen = torch.Generator().manual_seed(params.seed)
         parts = [self._generate_chunk(rows[i:i + self.max_batch_size], params, gen)
                  for i in range(0, len(rows), self.max_batch_size)]
-        return _merge_padded(parts, self.pad_id)
+        return merge_padded(parts, self.pad_id)
 
     def _generate_chunk(self, rows: list[list[int]], params: SamplingParams, gen: torch.Generator) -> Batch:
         B, Tp = len(rows), max(len(r) for r in rows)
@@ -163,10 +163,17 @@ def _assemble(prompts, prompt_mask, responses, response_mask, logps) -> Batch:
                   "attention_mask": attention, "position_ids": position})
 
 
-def _merge_padded(parts: list[Batch], pad_id: int) -> Batch:
-    """Concatenate chunks whose prompt/response widths differ: prompts pad on the left, responses on the right."""
+def merge_padded(parts: list[Batch], pad_id: int, prompt_width: int | None = None,
+                 response_width: int | None = None) -> Batch:
+    """Concatenate generated chunks, padding prompts on the left and responses on the right to common widths
+    (the widest part, or the given widths -- fixed widths make outputs of different ranks concatenable)."""
     Tp = max(p["prompts"].shape[1] for p in parts)
     Tr = max(p["responses"].shape[1] for p in parts)
+    if prompt_width is not None:
+        if Tp > prompt_width:
+            raise ValueError(f"a prompt has {Tp} tokens, more than max_prompt_length={prompt_width}")
+        Tp = prompt_width
+    Tr = response_width if response_width is not None else Tr
 
     def left(x, width, value):
         return torch.nn.functional.pad(x, (width - x.shape[1], 0), value=value)

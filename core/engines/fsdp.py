@@ -1,0 +1,226 @@
+"""FSDP2 train engine: the actor (and, without an optimizer, the reference policy) as a worker role.
+
+Sharding: ``fully_shard`` on every decoder layer (the model's ``_no_split_modules`` classes) and on the root,
+over a 1-D mesh of the group's ranks (gloo on CPU, nccl on GPU). Parameters stay fp32 (the optimizer's master
+copy); ``dtype`` sets the compute dtype through FSDP2's mixed-precision policy.
+
+Batch sizes: ``ppo_mini_batch_size`` samples make one optimizer step across the whole DP group; each rank
+cuts its share into micro-batches of ``micro_batch_size`` samples, or -- with ``max_tokens_per_micro`` > 0 --
+into micro-batches of at most that many tokens (dynamic batching). Losses are normalised by the mini-batch's
+global token/sequence counts (all-reduced), so the split does not change the gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from core.algos import POLICY_LOSSES, LossNorm, PolicyLossConfig, entropy_bonus
+from core.algos.kl import kl_loss
+from core.algos.ops import masked_mean
+from core.engines.forward import response_logprobs
+from core.protocol import Batch
+from core.worker import WorkerContext
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    # peak learning rate
+    lr: float = 1e-6
+    # AdamW decoupled weight decay
+    weight_decay: float = 0.0
+    # AdamW betas
+    betas: tuple[float, float] = (0.9, 0.999)
+    # linear warmup from lr/warmup_steps to lr over this many optimizer steps (0 = none)
+    warmup_steps: int = 0
+    # clip the global gradient norm to this (0 = off)
+    grad_clip: float = 1.0
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    # HF id or local folder
+    model: str = "SmolLM2-135M-Instruct"
+    # compute dtype: auto (bf16 where the hardware has it), float32, bfloat16
+    dtype: str = "auto"
+    # optimizer (ignored when trainable is false)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    # false: a frozen policy (the reference), no optimizer state
+    trainable: bool = True
+    # samples per optimizer step, over all data-parallel ranks
+    ppo_mini_batch_size: int = 8
+    # samples per forward/backward on one rank
+    micro_batch_size: int = 4
+    # > 0: cut micro-batches by this token budget instead (dynamic batching)
+    max_tokens_per_micro: int = 0
+    # passes over the step's batch
+    ppo_epochs: int = 1
+    # policy loss and its knobs
+    loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    # loss aggregation mode (core.algos.AGGREGATIONS)
+    loss_agg_mode: str = "token-mean"
+    # KL-to-reference loss coefficient (0 = off) and estimator
+    kl_loss_coef: float = 0.0
+    kl_loss_type: str = "low_var_kl"
+    # entropy bonus coefficient (0 = off)
+    entropy_coef: float = 0.0
+    # sampling temperature: log-probs are taken under logits / temperature, as the rollout sampled them
+    temperature: float = 1.0
+    # recompute activations in backward to save memory
+    gradient_checkpointing: bool = False
+    # seed for model init order and mini-batch shuffles
+    seed: int = 0
+
+
+def micro_batches(batch: Batch, size: int, max_tokens: int) -> list[Batch]:
+    """Consecutive micro-batches: ``size`` rows each, or as many rows as fit ``max_tokens`` (padded length x rows)."""
+    if max_tokens <= 0:
+        return batch.split(size)
+    lengths = batch["attention_mask"].sum(-1).tolist()
+    groups, start, longest = [], 0, 0
+    for i, n in enumerate(lengths):
+        longest_if = max(longest, n)
+        if i > start and longest_if * (i - start + 1) > max_tokens:
+            groups.append(batch.index(slice(start, i)))
+            start, longest_if = i, n
+        longest = longest_if
+    groups.append(batch.index(slice(start, len(batch))))
+    return groups
+
+
+class FSDPActor:
+    """A policy on FSDP2: log-probs for any batch; PPO-style updates when trainable."""
+
+    def __init__(self, ctx: WorkerContext, cfg: ActorConfig):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        from core.models import load_causal_lm, resolve_dtype
+
+        self.ctx, self.cfg = ctx, cfg
+        torch.manual_seed(cfg.seed)
+        model = load_causal_lm(cfg.model, dtype=torch.float32, device=ctx.device)
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        compute = resolve_dtype(cfg.dtype, ctx.device)
+        mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
+        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+        layer_classes = set(getattr(model, "_no_split_modules", None) or [])
+        for module in model.modules():
+            if type(module).__name__ in layer_classes:
+                fully_shard(module, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        self.model, self.compute_dtype = model, compute
+        self.optim = self.sched = None
+        if cfg.trainable:
+            o = cfg.optim
+            self.optim = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+            warm = max(1, o.warmup_steps)
+            self.sched = torch.optim.lr_scheduler.LambdaLR(self.optim, lambda s: min(1.0, (s + 1) / warm))
+        self.updates = 0
+
+    # ------------------------------------------------------------------------------------ inference
+    @torch.no_grad()
+    def compute_logprobs(self, batch: Batch) -> Batch:
+        """``old_logprobs`` (and ``entropy``) of the responses, in micro-batches. Returns a Batch of those keys."""
+        self.model.eval()
+        logps, ents = [], []
+        for mb in micro_batches(batch, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro):
+            lp, ent = response_logprobs(self.model, mb.to(self.ctx.device), self.cfg.temperature, with_entropy=True)
+            logps.append(lp.cpu())
+            ents.append(ent.cpu())
+        return Batch({"old_logprobs": torch.cat(logps), "entropy": torch.cat(ents)})
+
+    # ------------------------------------------------------------------------------------ training
+    def _global_counts(self, mask: torch.Tensor) -> tuple[float, float]:
+        t = torch.tensor([float(mask.sum()), float(mask.shape[0])], device=self.ctx.device)
+        dist.all_reduce(t)
+        return float(t[0]), float(t[1])
+
+    def _equalise(self, micros: list[Batch]) -> list[Batch | None]:
+        """Every rank must run as many forward/backward passes as the others (FSDP collectives inside)."""
+        n = torch.tensor([len(micros)], device=self.ctx.device)
+        dist.all_reduce(n, op=dist.ReduceOp.MAX)
+        return micros + [None] * (int(n) - len(micros))
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """PPO epochs over this rank's share of the step batch; one optimizer step per mini-batch."""
+        if self.optim is None:
+            raise RuntimeError("update() on a frozen policy (trainable=false)")
+        cfg, dp = self.cfg, self.ctx.world_size
+        if cfg.ppo_mini_batch_size % dp:
+            raise ValueError(f"ppo_mini_batch_size {cfg.ppo_mini_batch_size} is not divisible by {dp} DP ranks")
+        self.model.train()
+        loss_fn = POLICY_LOSSES[cfg.loss.name]
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+
+        def add(key, value, n=1):
+            sums[key] = sums.get(key, 0.0) + float(value)
+            counts[key] = counts.get(key, 0) + n
+
+        for epoch in range(cfg.ppo_epochs):
+            for mini in batch.minibatches(cfg.ppo_mini_batch_size // dp, seed=cfg.seed + epoch, shuffle=epoch > 0):
+                tokens, seqs = self._global_counts(mini["response_mask"])
+                norm = LossNorm(cfg.loss_agg_mode, tokens, seqs, dp, float(mini["response_mask"].shape[-1]))
+                for mb in self._equalise(micro_batches(mini, cfg.micro_batch_size, cfg.max_tokens_per_micro)):
+                    dummy = mb is None
+                    mb = (mini.index(slice(0, 1)) if dummy else mb).to(self.ctx.device)
+                    logp, ent = response_logprobs(self.model, mb, cfg.temperature, with_entropy=cfg.entropy_coef > 0)
+                    pg, m = loss_fn(logp, mb, cfg.loss, norm)
+                    loss = pg
+                    if cfg.kl_loss_coef > 0:
+                        kl = kl_loss(logp, mb, cfg.kl_loss_type, norm)
+                        loss = loss + cfg.kl_loss_coef * kl
+                        add("actor/kl_loss", kl.item() / dp)
+                    if cfg.entropy_coef > 0:
+                        loss = loss - cfg.entropy_coef * entropy_bonus(ent, mb["response_mask"], norm)
+                    (loss * 0.0 if dummy else loss).backward()
+                    if not dummy:
+                        add("actor/pg_loss", pg.item() / dp)
+                        for k, v in m.items():
+                            add(f"actor/{k}", v.item())
+                        add("actor/entropy", masked_mean(ent.detach() if ent is not None else logp.detach().neg(),
+                                                         mb["response_mask"]).item())
+                add("actor/grad_norm", self._step())
+        self.updates += 1
+        out = {k: sums[k] / counts[k] for k in sums if not k.endswith("_loss")}
+        # loss values are sums over micro-batches of parts of one mini-batch's loss: average per mini-batch
+        n_mini = counts.get("actor/grad_norm", 1)
+        out |= {k: sums[k] / n_mini for k in sums if k.endswith("_loss")}
+        out["actor/lr"] = self.optim.param_groups[0]["lr"]
+        return out
+
+    def _step(self) -> float:
+        clip = self.cfg.optim.grad_clip
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        if math.isfinite(norm):
+            self.optim.step()
+        self.optim.zero_grad(set_to_none=True)
+        self.sched.step()
+        return norm
+
+    # ------------------------------------------------------------------------------------ weight export
+    @torch.no_grad()
+    def weight_buckets(self, bucket_bytes: int = 64 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Full (unsharded) parameters, gathered one bucket at a time. Collective: every rank must iterate."""
+        bucket, size = [], 0
+        for name, p in self.model.named_parameters():
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
+            bucket.append((name, full))
+            size += full.numel() * full.element_size()
+            if size >= bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+        if bucket:
+            yield bucket
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """All full parameters on CPU (tests and export; a whole-model copy, unlike ``weight_buckets``)."""
+        return {n: t.cpu().clone() for bucket in self.weight_buckets() for n, t in bucket}

@@ -1,0 +1,48 @@
+"""Weight sync: the actor's FSDP2 shards -> the colocated rollout engine's full weights, one bucket at a time.
+
+Each bucket is all-gathered (every rank iterates the same buckets in the same order), checked against the
+engine's parameters (names, shapes; dtypes are cast), copied in, and dropped before the next one is gathered,
+so at most one bucket of full tensors exists beside the engine's own weights. ``debug=True`` also compares a
+checksum of every tensor after the copy.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from core.engines.fsdp import FSDPActor
+from core.engines.rollout import RolloutEngine
+
+
+class WeightSyncError(RuntimeError):
+    pass
+
+
+def sync_weights(actor: FSDPActor, engine: RolloutEngine, bucket_bytes: int = 64 << 20, debug: bool = False) -> dict:
+    """Copy the actor's current weights into ``engine``; returns timing, size and peak-bucket metrics."""
+    t0 = time.perf_counter()
+    targets = dict(engine.model.named_parameters())
+    sent, buckets, peak, seen = 0, 0, 0, set()
+    for bucket in actor.weight_buckets(bucket_bytes):
+        size = 0
+        for name, full in bucket:
+            if name not in targets:
+                raise WeightSyncError(f"bucket {buckets}: actor weight {name!r} has no rollout counterpart")
+            if tuple(full.shape) != tuple(targets[name].shape):
+                raise WeightSyncError(f"bucket {buckets}: {name} shape {tuple(full.shape)} != engine {tuple(targets[name].shape)}")
+            size += full.numel() * full.element_size()
+        engine.update_weights((n, t.to(targets[n].dtype)) for n, t in bucket)
+        if debug:
+            for name, full in bucket:
+                if not torch.equal(targets[name], full.to(targets[name].dtype)):
+                    raise WeightSyncError(f"bucket {buckets}: checksum mismatch on {name} after copy")
+        seen.update(n for n, _ in bucket)
+        sent, buckets, peak = sent + size, buckets + 1, max(peak, size)
+        del bucket
+    missing = sorted(set(targets) - seen)
+    if missing:
+        raise WeightSyncError(f"rollout weights not sent by the actor: {missing[:5]}{'...' if len(missing) > 5 else ''}")
+    return {"sync/seconds": time.perf_counter() - t0, "sync/megabytes": sent / 2**20, "sync/buckets": buckets,
+            "sync/peak_bucket_megabytes": peak / 2**20}

@@ -1,0 +1,65 @@
+"""Worker roles placed on resource pools: the rollout (generation) role beside the FSDP actor/reference.
+
+The controller reaches each through explicit dispatch, e.g. ``rollout.dp_split(RolloutWorker.generate, prompts)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from core.engines.fsdp import ActorConfig, FSDPActor
+from core.engines.rollout import RolloutEngine, SamplingParams, merge_padded
+from core.protocol import Batch
+from core.reshard import sync_weights
+from core.worker import WorkerContext
+
+__all__ = ["ActorConfig", "FSDPActor", "RolloutConfig", "RolloutWorker"]
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    # HF id or local folder (normally the actor's model)
+    model: str = "SmolLM2-135M-Instruct"
+    # engine dtype: auto (bf16 where the hardware has it), float32, bfloat16
+    dtype: str = "auto"
+    # sequences decoded together
+    max_batch_size: int = 64
+    # prompts are left-padded to this many tokens (a longer prompt is an error naming its length)
+    max_prompt_length: int = 512
+    # bytes per weight-sync bucket
+    sync_bucket_megabytes: int = 64
+    # verify every synced tensor after the copy (slower)
+    debug_sync: bool = False
+
+
+class RolloutWorker:
+    """The embedded rollout engine as a role; colocated with the actor it syncs weights from."""
+
+    def __init__(self, ctx: WorkerContext, cfg: RolloutConfig):
+        from core.models import load_causal_lm, load_tokenizer, resolve_dtype
+
+        self.ctx, self.cfg = ctx, cfg
+        model = load_causal_lm(cfg.model, dtype=resolve_dtype(cfg.dtype, ctx.device), device=ctx.device)
+        self.engine = RolloutEngine(model, load_tokenizer(cfg.model), cfg.max_batch_size)
+
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """n samples for each prompt row (key ``prompt``: chat lists); every non-tensor column is repeated."""
+        prompts.require("prompt")
+        out = self.engine.generate(self.engine.chat_prompt_ids(list(prompts["prompt"])), params)
+        out = merge_padded([out], self.engine.pad_id, self.cfg.max_prompt_length, params.max_new_tokens)
+        repeated = prompts.repeat(params.n)
+        return Batch(out.tensors, repeated.non_tensors, prompts.meta)
+
+    def engine_state_dict(self) -> dict[str, torch.Tensor]:
+        """The engine's current weights on CPU (tests, debugging)."""
+        return {n: p.detach().cpu().clone() for n, p in self.engine.model.named_parameters()}
+
+    @torch.no_grad()
+    def sync_weights(self) -> dict:
+        """Pull the colocated actor's weights into the engine (collective over the actor's ranks)."""
+        actor = self.ctx.colocated.get("actor")
+        if actor is None:
+            raise RuntimeError("sync_weights needs the actor colocated in this process (placement: same pool)")
+        return sync_weights(actor, self.engine, self.cfg.sync_bucket_megabytes << 20, self.cfg.debug_sync)

@@ -1,0 +1,119 @@
+"""The RL dataflow: one ``step()`` that reads top to bottom, and ``fit()`` that runs it over the data.
+
+Core branches on which roles exist (reference? critic?), never on an algorithm's name. An algorithm whose
+loop differs (DAPO's dynamic sampling, VAPO's value warm-up, SPPO, agents) copies ``step`` into its recipe.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from core.algos import AdvantageConfig, compute_advantages, scores_to_token_rewards
+from core.engines.fsdp import FSDPActor
+from core.engines.rollout import SamplingParams
+from core.protocol import Batch
+from core.rewards import default_compute_score, score_batch
+from core.roles import RolloutWorker
+from core.worker_group import RoleGroup
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    # generation: n samples per prompt, temperature, lengths
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    # advantage estimator and its knobs
+    adv: AdvantageConfig = field(default_factory=AdvantageConfig)
+    # processes scoring rewards in parallel (0 = in the driver) and the per-call limit
+    reward_workers: int = 0
+    reward_timeout_s: float = 10.0
+    # score given to a sample whose reward raises / times out / is NaN (None = fail the step)
+    reward_fallback: float | None = None
+
+
+@dataclass
+class Roles:
+    """Handles of the roles of a run; ``ref`` and ``critic`` exist only when the algorithm needs them."""
+
+    actor: RoleGroup
+    rollout: RoleGroup
+    ref: RoleGroup | None = None
+
+
+class Timer:
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str):
+        t = time.perf_counter()
+        yield
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t
+
+
+def mean_over_ranks(per_rank: list[dict]) -> dict[str, float]:
+    return {k: float(np.mean([m[k] for m in per_rank])) for k in per_rank[0]}
+
+
+def step(roles: Roles, prompts: Batch, cfg: StepConfig, reward_fn: Callable = default_compute_score
+         ) -> tuple[Batch, dict[str, float]]:
+    """One RL step on a batch of prompts (non-tensor keys: prompt, data_source, ground_truth, extra_info, uid)."""
+    timer, t0 = Timer(), time.perf_counter()
+    # 1. generate n responses per prompt, with the rollout engine's log-probs of the sampled tokens
+    with timer("gen"):
+        batch = roles.rollout.dp_split(RolloutWorker.generate, prompts, cfg.sampling)
+    # 2. score each response with the verifiable reward; the outcome goes on its last valid token
+    with timer("reward"):
+        texts = list(roles.rollout.dp_split(RolloutWorker.decode, batch)["response_text"])
+        scored = score_batch(reward_fn, batch["data_source"], texts, batch["ground_truth"], batch["extra_info"],
+                             cfg.reward_workers, cfg.reward_timeout_s, cfg.reward_fallback)
+        batch["scores"] = scored.scores
+        batch["token_rewards"] = scores_to_token_rewards(scored.scores, batch["response_mask"])
+    # 3. log-probs of the same tokens under the actor before the update (the PPO ratio's denominator)
+    with timer("old_logprob"):
+        batch = batch.union(roles.actor.dp_split(FSDPActor.compute_logprobs, batch))
+    # 4. log-probs under the frozen reference policy (for the KL loss), when there is one
+    if roles.ref is not None:
+        with timer("ref"):
+            batch["ref_logprobs"] = roles.ref.dp_split(FSDPActor.compute_logprobs, batch)["old_logprobs"]
+    # 5. advantages (and returns) from the token rewards, by the configured estimator
+    with timer("adv"):
+        batch["advantages"], batch["returns"] = compute_advantages(batch, cfg.adv)
+    # 6. policy update: PPO epochs of mini-batches on every DP rank
+    with timer("update_actor"):
+        actor = mean_over_ranks(roles.actor.dp_split(FSDPActor.update, batch))
+    # 7. send the new weights to the rollout engine, bucket by bucket
+    with timer("sync_weights"):
+        sync = roles.rollout.call_all(RolloutWorker.sync_weights)[0]
+    timer.seconds["step"] = time.perf_counter() - t0
+    return batch, _metrics(batch, actor, sync, timer, scored.num_failed, cfg)
+
+
+def _metrics(batch: Batch, actor: dict, sync: dict, timer: Timer, failed: int, cfg: StepConfig) -> dict[str, float]:
+    mask, scores = batch["response_mask"], batch["scores"]
+    lengths = mask.sum(-1)
+    diff = (batch["rollout_logprobs"] - batch["old_logprobs"]).abs() * mask
+    tokens = float(lengths.sum() + batch["attention_mask"][:, :batch["prompts"].shape[1]].sum())
+    return {"reward/mean": float(scores.mean()), "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
+            "reward/num_failed": float(failed),
+            "response_length/mean": float(lengths.mean()),
+            "response_length/clip_ratio": float((lengths >= cfg.sampling.max_new_tokens).float().mean()),
+            "rollout/logprob_diff_mean": float(diff.sum() / mask.sum().clamp(min=1)),
+            "rollout/logprob_diff_max": float(diff.max()),
+            "actor/kl_loss": 0.0, **actor, **sync,
+            **{f"timing_s/{k}": v for k, v in timer.seconds.items()},
+            "perf/throughput_tokens_per_s": tokens / timer.seconds["step"]}
+
+
+def prompts_from_rows(rows: list[dict], seed_uid: bool = True) -> Batch:
+    """A prompt batch from verl-schema rows (``core.data.dataset.load_rl_parquet``), one fresh uid per prompt."""
+    return Batch(non_tensors={"prompt": [r["prompt"] for r in rows], "data_source": [r["data_source"] for r in rows],
+                              "ground_truth": [r["ground_truth"] for r in rows],
+                              "extra_info": [r["extra_info"] for r in rows],
+                              "uid": [str(uuid.uuid4()) for _ in rows]})
+

@@ -43,6 +43,12 @@ class PlacementConfig:
 class TrainerConfig:
     # ray: worker groups on Ray; local: everything in this process (world size 1, for pdb)
     backend: str = "ray"
+    # RL steps to run
+    total_steps: int = 10
+    # where config.json and metrics.jsonl (and later checkpoints) go
+    output_dir: str = "outputs/run"
+    # seed of the prompt order
+    seed: int = 0
     # seconds a worker call may take before the driver raises WorkerTimeoutError
     call_timeout_s: float = 1800.0
 

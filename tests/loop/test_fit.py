@@ -1,0 +1,39 @@
+"""fit(): a config tree validated into RunConfig, 2 steps on the local backend, one metrics line per step."""
+
+import json
+
+import pytest
+
+from core.config import validate
+from core.trainer import RunConfig, effective_sizes, fit
+from tests.loop.test_step import KEYS, verl_parquet
+
+
+def tree(model_dir, data, out):
+    return {"trainer": {"backend": "local", "total_steps": 2, "output_dir": str(out)},
+            "data": {"train_files": [str(data)], "prompts_per_step": 2},
+            "actor": {"model": str(model_dir), "dtype": "float32", "ppo_mini_batch_size": 4, "micro_batch_size": 2,
+                      "kl_loss_coef": 0.01, "optim": {"lr": 1e-3}},
+            "rollout": {"model": str(model_dir), "dtype": "float32", "max_prompt_length": 128},
+            "algo": {"sampling": {"n": 2, "temperature": 1.0, "max_new_tokens": 6}, "adv": {"estimator": "grpo"}}}
+
+
+def test_fit_writes_one_metrics_line_per_step(tiny_model_dir, tmp_path):
+    cfg = validate(RunConfig, tree(tiny_model_dir, verl_parquet(tmp_path / "train.parquet"), tmp_path / "run"))
+    history = fit(cfg)
+    lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [l["step"] for l in lines] == [1, 2] and lines == history
+    assert set(KEYS) <= set(lines[0])
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["actor"]["optim"]["lr"] == 1e-3
+
+
+def test_config_errors_name_the_key_and_sizes_are_checked(tiny_model_dir, tmp_path):
+    bad = tree(tiny_model_dir, "x.parquet", tmp_path)
+    bad["actor"]["micro_batch_sise"] = 2
+    with pytest.raises(ValueError, match=r"config.actor: unknown key\(s\) \['micro_batch_sise'\]"):
+        validate(RunConfig, bad)
+    cfg = validate(RunConfig, {**tree(tiny_model_dir, "x.parquet", tmp_path), "data": {"prompts_per_step": 3}})
+    with pytest.raises(ValueError, match=r"3 prompts x n=2 = 6\) must be a multiple of actor.ppo_mini_batch_size=4"):
+        effective_sizes(cfg, 2)
+    text = effective_sizes(validate(RunConfig, tree(tiny_model_dir, "x.parquet", tmp_path)), 2)
+    assert "samples per step           4  (= prompts x n=2)" in text and "2 samples of each mini-batch per rank" in text

@@ -37,3 +37,18 @@ def test_config_errors_name_the_key_and_sizes_are_checked(tiny_model_dir, tmp_pa
         effective_sizes(cfg, 2)
     text = effective_sizes(validate(RunConfig, tree(tiny_model_dir, "x.parquet", tmp_path)), 2)
     assert "samples per step           4  (= prompts x n=2)" in text and "2 samples of each mini-batch per rank" in text
+
+
+def test_hydra_config_with_overrides_is_validated(tmp_path):
+    import yaml
+
+    from core.train import load_run_config
+
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"trainer": {"total_steps": 3}, "actor": {"optim": {"lr": 1e-6}},
+                                                         "algo": {"sampling": {"n": 2}}}))
+    cfg = load_run_config(tmp_path, overrides=["trainer.total_steps=7", "actor.optim.lr=2e-5", "algo.sampling.n=4"])
+    assert (cfg.trainer.total_steps, cfg.actor.optim.lr, cfg.algo.sampling.n) == (7, 2e-5, 4)
+    with pytest.raises(ValueError, match=r"config.yaml.trainer.total_steps: expected int, got 'many'"):
+        load_run_config(tmp_path, overrides=["trainer.total_steps=many"])
+    with pytest.raises(Exception, match="actor.optim.lrr"):
+        load_run_config(tmp_path, overrides=["actor.optim.lrr=1"])

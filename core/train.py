@@ -1,0 +1,40 @@
+"""``python -m core.train --config-dir recipes/grpo [--config-name config] [key=value ...]``.
+
+The recipe's Hydra config, with any Hydra overrides from the command line, is validated once into
+``core.trainer.RunConfig`` (unknown keys and wrong types fail naming the key) and handed to ``fit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from core.config import validate
+from core.trainer import RunConfig, fit
+
+
+def load_run_config(config_dir: str | Path, config_name: str = "config", overrides: list[str] | None = None) -> RunConfig:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    config_dir = Path(config_dir).resolve()
+    if not (config_dir / f"{config_name}.yaml").is_file():
+        raise FileNotFoundError(f"no {config_name}.yaml in {config_dir}")
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        tree = compose(config_name=config_name, overrides=list(overrides or []))
+    return validate(RunConfig, OmegaConf.to_container(tree, resolve=True), where=str(config_dir / f"{config_name}.yaml"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m core.train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config-dir", required=True, help="the recipe folder holding config.yaml")
+    p.add_argument("--config-name", default="config")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.total_steps=5 actor.optim.lr=1e-5")
+    a = p.parse_args(argv)
+    fit(load_run_config(a.config_dir, a.config_name, a.overrides))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

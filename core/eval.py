@@ -78,7 +78,7 @@ def evaluate_rows(engine: RolloutEngine, rows: list[dict], params: SamplingParam
     prompt_ids = engine.chat_prompt_ids([r["prompt"] for r in rows])
     out = engine.generate(prompt_ids, params)
     mask = out["response_mask"]
-    texts = engine.tokenizer.batch_decode([r[m > 0] for r, m in zip(out["responses"], mask)], skip_special_tokens=True)
+    texts = engine.decode(out)
     owners = [rows[i // params.n] for i in range(len(texts))]
     scored = score_batch(reward_fn, [reward_source or r["data_source"] for r in owners], texts,
                          [r["ground_truth"] for r in owners], [r["extra_info"] for r in owners], num_workers=num_workers)

@@ -54,9 +54,7 @@ class RolloutWorker:
 
     def decode(self, batch: Batch) -> Batch:
         """The response texts (special tokens dropped), as a ``response_text`` column."""
-        texts = self.engine.tokenizer.batch_decode(
-            [r[m > 0] for r, m in zip(batch["responses"], batch["response_mask"])], skip_special_tokens=True)
-        return Batch(non_tensors={"response_text": texts})
+        return Batch(non_tensors={"response_text": self.engine.decode(batch)})
 
     def engine_state_dict(self) -> dict[str, torch.Tensor]:
         """The engine's current weights on CPU (tests, debugging)."""

@@ -86,6 +86,11 @@ class RolloutEngine:
         return copied
 
     # ----------------------------------------------------------------------------------------- generation
+    def decode(self, batch: Batch) -> list[str]:
+        """Response texts of a generated batch (valid tokens only, special tokens dropped)."""
+        return self.tokenizer.batch_decode([r[m > 0] for r, m in zip(batch["responses"], batch["response_mask"])],
+                                           skip_special_tokens=True)
+
     def chat_prompt_ids(self, prompts: Sequence[list[dict]]) -> list[list[int]]:
         """Token ids of chat prompts with the generation prompt appended (the model's chat template)."""
         return [self.tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)

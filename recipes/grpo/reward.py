@@ -2,18 +2,10 @@
 number, 0 without ``####``. A 135M model starts near 0 on strict GSM8K (see README), so the format term gives
 GRPO groups with varied rewards from the first step."""
 
-import re
-
-_STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
+from core.rewards.gsm8k import compute_score as gsm8k_score, extract_answer
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    found = _STRICT.findall(solution_str[-300:])
-    if not found:
-        return {"score": 0.0, "acc": False, "pred": ""}
-    pred = found[-1].replace(",", "").rstrip(".")
-    try:
-        ok = abs(float(pred) - float(str(ground_truth).replace(",", ""))) < 1e-6
-    except ValueError:
-        ok = False
-    return {"score": 1.0 if ok else 0.1, "acc": ok, "pred": pred}
+    pred = extract_answer(solution_str, "strict")
+    score = gsm8k_score(solution_str, ground_truth, method="strict", format_score=0.1)
+    return {"score": score, "acc": score == 1.0, "pred": pred or ""}

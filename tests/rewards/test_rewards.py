@@ -129,3 +129,12 @@ def test_batch_scoring_fallback_counts_failures_and_survives_a_hang():
     assert time.monotonic() - t < 25  # the hung call was abandoned, not waited for (it sleeps 30 s)
     with pytest.raises(RewardError, match="sample 1 .* timed out"):
         score_batch(flaky, ["ds"] * 2, ["ok", "hang"], ["1"] * 2, num_workers=1, timeout_s=0.5)
+
+
+def test_grpo_recipe_reward_is_format_aware():
+    from pathlib import Path
+
+    fn = load_reward_fn(Path(__file__).parents[2] / "recipes" / "grpo" / "reward.py")
+    assert fn("openai/gsm8k", "so #### 72", "72") == {"score": 1.0, "acc": True, "pred": "72"}
+    assert fn("openai/gsm8k", "so #### 71", "72")["score"] == 0.1
+    assert fn("openai/gsm8k", "so 72", "72")["score"] == 0.0

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="folder for results.json and samples.jsonl")
     a = p.parse_args(argv)
 
-    from core.data.dataset import load_rl_parquet
+    from core.data.dataset import load_rl_parquet, validate_row
     from core.data.prepare import DEFAULT_SRC, make_rows, read_records
     from core.models import load_causal_lm, load_tokenizer, resolve_dtype
 
@@ -124,8 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             records, where = read_records(data, a.split, a.src or DEFAULT_SRC)
             made, _ = make_rows(data, a.split, records[:a.limit] if a.limit else records, where, template)
-            rows += [{"data_source": r["data_source"], "prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"],
-                      "extra_info": r["extra_info"]} for r in made]
+            rows += [validate_row(r, f"{where}: row {i + 1}") for i, r in enumerate(made)]
     torch.manual_seed(a.seed)
     dtype = resolve_dtype(a.dtype)
     engine = RolloutEngine(load_causal_lm(a.model, dtype=dtype), load_tokenizer(a.model), a.batch_size)

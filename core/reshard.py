@@ -1,7 +1,7 @@
 """Weight sync: the actor's FSDP2 shards -> the colocated rollout engine's full weights, one bucket at a time.
 
-Each bucket is all-gathered (every rank iterates the same buckets in the same order), checked against the
-engine's parameters (names, shapes; dtypes are cast), copied in, and dropped before the next one is gathered,
+Each bucket is all-gathered (every rank iterates the same buckets in the same order), copied in by the engine
+(which checks names and shapes; dtypes are cast to the engine's), and dropped before the next one is gathered,
 so at most one bucket of full tensors exists beside the engine's own weights. ``debug=True`` also compares a
 checksum of every tensor after the copy.
 """
@@ -26,14 +26,8 @@ def sync_weights(actor: FSDPActor, engine: RolloutEngine, bucket_bytes: int = 64
     targets = dict(engine.model.named_parameters())
     sent, buckets, peak, seen = 0, 0, 0, set()
     for bucket in actor.weight_buckets(bucket_bytes):
-        size = 0
-        for name, full in bucket:
-            if name not in targets:
-                raise WeightSyncError(f"bucket {buckets}: actor weight {name!r} has no rollout counterpart")
-            if tuple(full.shape) != tuple(targets[name].shape):
-                raise WeightSyncError(f"bucket {buckets}: {name} shape {tuple(full.shape)} != engine {tuple(targets[name].shape)}")
-            size += full.numel() * full.element_size()
-        engine.update_weights((n, t.to(targets[n].dtype)) for n, t in bucket)
+        # the engine checks every name and shape as it copies (KeyError / ValueError naming the weight)
+        size = engine.update_weights((n, t.to(targets[n].dtype) if n in targets else t) for n, t in bucket)
         if debug:
             for name, full in bucket:
                 if not torch.equal(targets[name], full.to(targets[name].dtype)):

@@ -121,19 +121,20 @@ class FSDPActor:
             self.optim = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
             warm = max(1, o.warmup_steps)
             self.sched = torch.optim.lr_scheduler.LambdaLR(self.optim, lambda s: min(1.0, (s + 1) / warm))
-        self.updates = 0
 
     # ------------------------------------------------------------------------------------ inference
     @torch.no_grad()
-    def compute_logprobs(self, batch: Batch) -> Batch:
-        """``old_logprobs`` (and ``entropy``) of the responses, in micro-batches. Returns a Batch of those keys."""
+    def compute_logprobs(self, batch: Batch, with_entropy: bool = False) -> Batch:
+        """``old_logprobs`` of the responses, in micro-batches (plus ``entropy`` when asked: a full-vocabulary
+        softmax per token, so only on request). Returns a Batch of those keys."""
         self.model.eval()
         logps, ents = [], []
         for mb in micro_batches(batch, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro):
-            lp, ent = response_logprobs(self.model, mb.to(self.ctx.device), self.cfg.temperature, with_entropy=True)
+            lp, ent = response_logprobs(self.model, mb.to(self.ctx.device), self.cfg.temperature, with_entropy)
             logps.append(lp.cpu())
-            ents.append(ent.cpu())
-        return Batch({"old_logprobs": torch.cat(logps), "entropy": torch.cat(ents)})
+            if with_entropy:
+                ents.append(ent.cpu())
+        return Batch({"old_logprobs": torch.cat(logps)} | ({"entropy": torch.cat(ents)} if with_entropy else {}))
 
     # ------------------------------------------------------------------------------------ training
     def _global_counts(self, mask: torch.Tensor) -> tuple[float, float]:
@@ -187,7 +188,6 @@ class FSDPActor:
                         add("actor/entropy", masked_mean(ent.detach() if ent is not None else logp.detach().neg(),
                                                          mb["response_mask"]).item())
                 add("actor/grad_norm", self._step())
-        self.updates += 1
         out = {k: sums[k] / counts[k] for k in sums if not k.endswith("_loss")}
         # loss values are sums over micro-batches of parts of one mini-batch's loss: average per mini-batch
         n_mini = counts.get("actor/grad_norm", 1)

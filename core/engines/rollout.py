@@ -12,11 +12,14 @@ the same distribution the trainer recomputes, so the two can be compared token b
 
 from __future__ import annotations
 
+import inspect
+from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import torch
 
+from core.engines.kv_cache import SlotKVCache
 from core.protocol import Batch
 
 
@@ -36,6 +39,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     # seed of the sampling generator
     seed: int = 0
+    # keep generating past EOS up to max_new_tokens (benchmarks: every sequence has the same length)
+    ignore_eos: bool = False
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -58,6 +63,8 @@ class RolloutEngine:
         self.model, self.tokenizer, self.max_batch_size = model.eval(), tokenizer, max_batch_size
         self.eos_ids = self._eos_ids()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.cache: SlotKVCache | None = None
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     def _eos_ids(self) -> list[int]:
         ids = self.model.generation_config.eos_token_id if self.model.generation_config else None
@@ -69,6 +76,10 @@ class RolloutEngine:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
 
     # ----------------------------------------------------------------------------------------- weights
     @torch.no_grad()
@@ -96,68 +107,170 @@ class RolloutEngine:
         return [self.tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)
                 for p in prompts]
 
+    # ----------------------------------------------------------------------------------------- memory
+    def sleep(self) -> int:
+        """Free the KV cache (between rollouts, so the colocated trainer gets the memory); returns bytes freed.
+        The next ``generate`` (or ``wake``) allocates it again."""
+        freed = self.cache.nbytes if self.cache is not None else 0
+        self.cache = None
+        return freed
+
+    def wake(self, max_len: int) -> int:
+        """Allocate the KV cache for sequences of up to ``max_len`` tokens now; returns its bytes."""
+        if self.cache is None or self.cache.max_len < max_len:
+            self.cache = None  # free the old one before allocating the new one
+            self.cache = SlotKVCache.for_model(self.model, self.max_batch_size, max_len)
+        return self.cache.nbytes
+
+    # ----------------------------------------------------------------------------------------- generation
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> Batch:
-        rows = [list(p) for p in prompt_ids for _ in range(params.n)]
-        gen = torch.Generator().manual_seed(params.seed)
-        parts = [self._generate_chunk(rows[i:i + self.max_batch_size], params, gen)
-                 for i in range(0, len(rows), self.max_batch_size)]
-        return merge_padded(parts, self.pad_id)
+        """n samples of every prompt by continuous batching over ``max_batch_size`` slots of a preallocated KV
+        cache. A prompt is admitted when n slots are free: it is prefilled once (with the other admitted prompts)
+        and its KV copied to its n slots; a finished sequence frees its slot at once for the queue."""
+        prompts = [list(p) for p in prompt_ids]
+        n, S = params.n, self.max_batch_size
+        if n > S:
+            raise ValueError(f"n={n} samples per prompt exceed the engine's max_batch_size={S} slots")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError(f"prompt {next(i for i, p in enumerate(prompts) if not p)} is empty")
+        self.wake(max(map(len, prompts)) + params.max_new_tokens)
+        run = _Run(self, prompts, params)
+        while run.queue or run.live:
+            run.admit()
+            run.decode_step()
+        return run.result()
 
-    def _generate_chunk(self, rows: list[list[int]], params: SamplingParams, gen: torch.Generator) -> Batch:
-        B, Tp = len(rows), max(len(r) for r in rows)
-        dev = self.device
-        prompts = torch.full((B, Tp), self.pad_id, dtype=torch.long)
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Last-position logits (B, V) in fp32; the cache already knows where this forward writes."""
+        keep = {"logits_to_keep": 1} if self._keeps_logits else {}
+        out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=self.cache,
+                         use_cache=True, **keep)
+        return out.logits[:, -1].float()
+
+    def _sample(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next tokens (B,) and their log-probs under logits / temperature (raw logits when greedy)."""
+        if params.temperature > 0:
+            logits = logits / params.temperature
+            probs = filter_logits(logits, params.top_k, params.top_p).softmax(-1)
+            tok = torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(logits.device)
+        else:
+            tok = logits.argmax(-1)
+        return tok, logits.log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1)
+
+
+class _Run:
+    """The state of one ``generate`` call: a queue of prompts and per-slot sequences; live slots are [0, live)."""
+
+    def __init__(self, engine: RolloutEngine, prompts: list[list[int]], params: SamplingParams):
+        self.e, self.prompts, self.p = engine, prompts, params
+        self.queue = deque(range(len(prompts)))
+        self.gen = torch.Generator().manual_seed(params.seed)
+        S, dev = engine.max_batch_size, engine.device
+        self.live = 0
+        self.sample = [-1] * S                                       # output row of each slot
+        self.start = torch.zeros(S, dtype=torch.long, device=dev)   # first real prompt position in the slot
+        self.pos = torch.zeros(S, dtype=torch.long, device=dev)     # where the slot's next token is written
+        self.last = torch.zeros(S, dtype=torch.long, device=dev)    # the slot's last sampled token
+        self.tokens: list[list[int]] = [[] for _ in range(len(prompts) * params.n)]
+        self.logps: list[list[float]] = [[] for _ in range(len(prompts) * params.n)]
+        self.eos = set() if params.ignore_eos else set(engine.eos_ids)
+
+    def admit(self) -> None:
+        """Prefill as many whole prompt groups as free slots allow, one forward for all of them."""
+        n, S = self.p.n, self.e.max_batch_size
+        take = []
+        while self.queue and self.live + (len(take) + 1) * n <= S:
+            take.append(self.queue.popleft())
+        if not take:
+            return
+        dev, m = self.e.device, len(take)
+        q = max(len(self.prompts[i]) for i in take)
+        ids = torch.full((m, q), self.e.pad_id, dtype=torch.long)
+        start = torch.tensor([q - len(self.prompts[i]) for i in take])
+        for r, i in enumerate(take):
+            ids[r, start[r]:] = torch.tensor(self.prompts[i])
+        ar = torch.arange(q)
+        pos = (ar[None, :] - start[:, None]).clamp(min=0)
+        allowed = (ar[None, None, :] <= ar[None, :, None]) & (ar[None, None, :] >= start[:, None, None])
+        first = self.live + torch.arange(m) * n                     # the slot that holds each prompt's prefill
+        self.e.cache.prefill_into(first.to(dev))
+        logits = self.e._forward(ids.to(dev), pos.to(dev), _additive(allowed[:, None], self.e.dtype).to(dev))
+        for r in range(m):
+            self.e.cache.copy(int(first[r]), slice(int(first[r]) + 1, int(first[r]) + n), q)
+        slots = slice(self.live, self.live + m * n)
+        self.start[slots] = start.repeat_interleave(n).to(dev)
+        self.pos[slots] = q
+        self.sample[slots] = [i * n + j for i in take for j in range(n)]
+        self.live += m * n
+        tok, logp = self.e._sample(logits.repeat_interleave(n, 0), self.p, self.gen)
+        self._record(range(slots.start, slots.stop), tok, logp)
+
+    def decode_step(self) -> None:
+        """One token for every live slot."""
+        L = self.live
+        if L == 0:
+            return
+        pos, start = self.pos[:L], self.start[:L]
+        kv_len = int(pos.max()) + 1
+        ar = torch.arange(kv_len, device=pos.device)
+        allowed = (ar[None, :] >= start[:, None]) & (ar[None, :] <= pos[:, None])
+        self.e.cache.decode_at(pos, kv_len)
+        logits = self.e._forward(self.last[:L, None], (pos - start)[:, None],
+                                 _additive(allowed[:, None, None], self.e.dtype))
+        self.pos[:L] += 1
+        tok, logp = self.e._sample(logits, self.p, self.gen)
+        self._record(range(L), tok, logp)
+
+    def _record(self, slots: range, tok: torch.Tensor, logp: torch.Tensor) -> None:
+        """Append each slot's token; retire finished slots (EOS, length, stop string), moving the last live slot
+        into each hole so that live slots stay [0, live)."""
+        self.last[slots.start:slots.stop] = tok
+        finished = []
+        for k, (t, lp) in enumerate(zip(tok.tolist(), logp.tolist())):
+            s = slots.start + k
+            out = self.tokens[self.sample[s]]
+            out.append(t)
+            self.logps[self.sample[s]].append(lp)
+            if t in self.eos or len(out) >= self.p.max_new_tokens or (self.p.stop and self._hit_stop(out)):
+                finished.append(s)
+        for s in sorted(finished, reverse=True):
+            last = self.live - 1
+            if s != last:
+                self.e.cache.copy(last, s, int(self.pos[last]))
+                for t in (self.start, self.pos, self.last):
+                    t[s] = t[last]
+                self.sample[s] = self.sample[last]
+            self.live -= 1
+
+    def _hit_stop(self, out: list[int]) -> bool:
+        text = self.e.tokenizer.decode(out[-16:], skip_special_tokens=True)
+        return any(stop in text for stop in self.p.stop)
+
+    def result(self) -> Batch:
+        n, pad = self.p.n, self.e.pad_id
+        Tp = max(map(len, self.prompts))
+        Tr = max(map(len, self.tokens))
+        B = len(self.tokens)
+        prompts = torch.full((B, Tp), pad, dtype=torch.long)
         prompt_mask = torch.zeros(B, Tp, dtype=torch.long)
-        for i, r in enumerate(rows):
-            prompts[i, Tp - len(r):] = torch.tensor(r)
-            prompt_mask[i, Tp - len(r):] = 1
-        attn = prompt_mask.to(dev)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        eos = torch.tensor(self.eos_ids, device=dev)
-        out_tokens, out_logps = [], []
-        done = torch.zeros(B, dtype=torch.bool, device=dev)
-        cache, step_ids, step_pos = None, prompts.to(dev), pos
-        for _ in range(params.max_new_tokens):
-            out = self.model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
-                             past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
-            logits = out.logits[:, -1].float()
-            if params.temperature > 0:
-                logits = logits / params.temperature
-            logp_all = logits.log_softmax(-1)
-            if params.temperature > 0:
-                probs = filter_logits(logits, params.top_k, params.top_p).softmax(-1)
-                tok = torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(dev)
-            else:
-                tok = logits.argmax(-1)
-            tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
-            out_tokens.append(tok)
-            out_logps.append(torch.where(done, 0.0, logp_all.gather(-1, tok[:, None]).squeeze(-1)))
-            done = done | torch.isin(tok, eos)
-            if params.stop:
-                done = done | self._hit_stop(out_tokens, params.stop)
-            if bool(done.all()):
-                break
-            step_ids, step_pos = tok[:, None], step_pos[:, -1:] + 1
-            attn = torch.cat([attn, torch.ones(B, 1, dtype=attn.dtype, device=dev)], dim=1)
-        responses = torch.stack(out_tokens, 1).cpu()
-        logps = torch.stack(out_logps, 1).cpu()
-        mask = _response_mask(responses, torch.tensor(self.eos_ids), self.pad_id)
-        responses = responses.masked_fill(mask == 0, self.pad_id)
-        return _assemble(prompts, prompt_mask, responses, mask, logps * mask)
-
-    def _hit_stop(self, out_tokens: list[torch.Tensor], stop: tuple[str, ...]) -> torch.Tensor:
-        tail = torch.stack(out_tokens[-16:], 1).cpu()
-        texts = self.tokenizer.batch_decode(tail, skip_special_tokens=True)
-        return torch.tensor([any(s in t for s in stop) for t in texts], device=self.device)
+        responses = torch.full((B, Tr), pad, dtype=torch.long)
+        mask = torch.zeros(B, Tr)
+        logps = torch.zeros(B, Tr)
+        for b in range(B):
+            p, r = self.prompts[b // n], self.tokens[b]
+            prompts[b, Tp - len(p):] = torch.tensor(p)
+            prompt_mask[b, Tp - len(p):] = 1
+            responses[b, :len(r)] = torch.tensor(r)
+            mask[b, :len(r)] = 1.0
+            logps[b, :len(r)] = torch.tensor(self.logps[b])
+        return _assemble(prompts, prompt_mask, responses, mask, logps)
 
 
-def _response_mask(responses: torch.Tensor, eos: torch.Tensor, pad_id: int) -> torch.Tensor:
-    """1 up to and including the first EOS of each row, 0 after it (pad written after a stop string too)."""
-    is_eos = torch.isin(responses, eos)
-    after_eos = (is_eos.cumsum(-1) - is_eos.long()) > 0
-    return (~after_eos).float()
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean attention mask as the additive float mask every attention implementation accepts."""
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed.cpu(), torch.finfo(dtype).min)
 
 
 def _assemble(prompts, prompt_mask, responses, response_mask, logps) -> Batch:

@@ -102,3 +102,60 @@ def test_update_weights_changes_generation_and_checks_shapes(engine, tiny_model_
         engine.update_weights([("model.norm.weight", torch.zeros(3))])
     with pytest.raises(KeyError, match="no parameter 'nope'"):
         engine.update_weights([("nope", torch.zeros(1))])
+
+
+def test_continuous_batching_gives_the_same_sequences_with_fewer_slots(engine, tiny_model_dir):
+    # 3 prompts x n=3 = 9 sequences through 3 slots (queueing, slot refills, slot moves) vs 9 slots at once
+    ids = ids_of(engine, PROMPTS)
+    p = SamplingParams(n=3, temperature=0, max_new_tokens=10)
+    wide = RolloutEngine(engine.model, engine.tokenizer, max_batch_size=9).generate(ids, p)
+    narrow = RolloutEngine(engine.model, engine.tokenizer, max_batch_size=3).generate(ids, p)
+    assert torch.equal(wide["responses"], narrow["responses"])
+    torch.testing.assert_close(wide["rollout_logprobs"], narrow["rollout_logprobs"], atol=1e-5, rtol=0)
+    # shared prefill: the n greedy samples of one prompt are identical
+    assert torch.equal(wide["responses"][0], wide["responses"][2]) and torch.equal(wide["prompts"][3], wide["prompts"][5])
+
+
+def test_sequences_of_uneven_lengths_retire_and_refill(engine):
+    # EOS at a token that appears early in some rows only: rows finish at different steps and slots get refilled
+    ids = ids_of(engine, PROMPTS * 3)
+    free = engine.generate(ids, SamplingParams(temperature=0, max_new_tokens=10))
+    stop_tok = int(free["responses"][1, 1])
+    eos_before = engine.eos_ids
+    engine.eos_ids = sorted(set(eos_before + [stop_tok]))
+    try:
+        small = RolloutEngine(engine.model, engine.tokenizer, max_batch_size=2)
+        small.eos_ids = engine.eos_ids
+        out = small.generate(ids, SamplingParams(temperature=0, max_new_tokens=10))
+    finally:
+        engine.eos_ids = eos_before
+    lengths = out["response_mask"].sum(-1).long().tolist()
+    for b, row in enumerate(free["responses"]):
+        hits = (row == stop_tok).nonzero()
+        expect = int(hits[0]) + 1 if len(hits) else 10
+        assert lengths[b] == expect
+        assert torch.equal(out["responses"][b, :expect], row[:expect])
+    assert len(set(lengths)) > 1
+
+
+def test_stop_strings_end_a_response(engine):
+    ids = ids_of(engine, PROMPTS)
+    free = engine.generate(ids, SamplingParams(temperature=0, max_new_tokens=12))
+    text = engine.decode(free)[0]
+    stop = text[3:5]
+    out = engine.generate(ids, SamplingParams(temperature=0, max_new_tokens=12, stop=(stop,)))
+    got = engine.decode(out)[0]
+    assert stop in got and len(got) < len(text) and text.startswith(got)
+
+
+def test_sleep_frees_the_kv_cache_and_generate_wakes_it(engine):
+    from core.memory import rss_bytes
+
+    big = RolloutEngine(engine.model, engine.tokenizer, max_batch_size=256)
+    size = big.wake(max_len=4096)  # 256 slots x 4096 positions
+    assert size == big.cache.nbytes and size > 50 << 20
+    before = rss_bytes()
+    assert big.sleep() == size and big.cache is None
+    assert before - rss_bytes() > size // 2  # the pages went back to the OS
+    out = big.generate(ids_of(engine, PROMPTS), SamplingParams(temperature=0, max_new_tokens=4))
+    assert big.cache is not None and out["responses"].shape == (3, 4)

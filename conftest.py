@@ -1,3 +1,5 @@
+"""Fixtures shared by tests/ and bench/."""
+
 import pytest
 
 

@@ -1,0 +1,119 @@
+"""Rollout throughput: our embedded engine vs transformers ``generate``, and vs the hardware roofline, in one run.
+
+Full size (``--benchmark``): SmolLM2-135M-Instruct, 64 chat prompts, 64 new tokens each (EOS ignored, so both
+produce exactly the same number of tokens), sampling at temperature 1; then 256 sequences through 256 slots.
+Smoke size: a tiny random model, 8 prompts, 8 tokens.
+
+The roofline is measured on this machine in the same run: the matmul peak (2048^3) in each dtype, and the copy
+bandwidth (bytes read + written by a 256 MB clone). Per decode step it is the larger of streaming the weights
+once at that bandwidth and the step's FLOPs (2 x matmul params x batch, plus attention) at the matmul peak.
+``generate`` runs in its best configuration here: the dtype whose measured matmul peak is higher (bf16 on AMX or
+CUDA; on an AVX2-only CPU bf16 matmul is two orders of magnitude slower, so fp32), same batch, KV cache on.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from core.engines.rollout import RolloutEngine, SamplingParams
+from core.memory import peak_memory
+from core.models import load_causal_lm, load_tokenizer, resolve_model
+
+
+def matmul_flops_per_s(dtype: torch.dtype, size: int = 2048, repeat: int = 3) -> float:
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    (a[:256] @ b[:, :256])  # warm
+    t = time.perf_counter()
+    for _ in range(repeat):
+        a @ b
+    return 2 * size**3 * repeat / (time.perf_counter() - t)
+
+
+def copy_bytes_per_s(megabytes: int = 256, repeat: int = 3) -> float:
+    x = torch.empty(megabytes << 18)  # fp32
+    x.fill_(1.0)
+    y = x.clone()
+    t = time.perf_counter()
+    for _ in range(repeat):
+        y.copy_(x)
+    return 2 * x.numel() * 4 * repeat / (time.perf_counter() - t)  # read + write
+
+
+def decode_roofline(model, batch: int, context: int, flops: float, bandwidth: float) -> dict:
+    """Tokens/s bound of one decode step over ``batch`` sequences at mean ``context`` tokens."""
+    c = model.config
+    params = sum(p.numel() for p in model.parameters())
+    embed = model.get_input_embeddings().weight.numel()
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    matmul_params = params - embed + (embed if tied else 0)  # the embedding lookup is no matmul; a tied lm_head is
+    weight_bytes = params * next(model.parameters()).element_size()
+    attn = 4 * c.num_hidden_layers * c.hidden_size * context  # q.k and p.v per token
+    t_mem = weight_bytes / bandwidth
+    t_flop = batch * (2 * matmul_params + attn) / flops
+    return {"t_weights_s": t_mem, "t_flops_s": t_flop, "roofline_tok_s": batch / max(t_mem, t_flop)}
+
+
+def prompts(tok, count: int) -> list[list[int]]:
+    qs = [f"What is {a} * {b}? Explain briefly." for a, b in zip(range(3, 3 + count), range(7, 7 + count))]
+    return [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
+                                    return_dict=False) for q in qs]
+
+
+def ours(model, tok, ids, new, slots):
+    engine = RolloutEngine(model, tok, max_batch_size=slots)
+    p = SamplingParams(n=1, temperature=1.0, max_new_tokens=new, ignore_eos=True, seed=0)
+    engine.generate(ids[:2], SamplingParams(n=1, max_new_tokens=2))  # warm
+    with peak_memory() as mem:
+        t = time.perf_counter()
+        out = engine.generate(ids, p)
+        seconds = time.perf_counter() - t
+    assert out["response_mask"].sum() == len(ids) * new
+    return len(ids) * new / seconds, mem.peak_bytes
+
+
+def hf_generate(model, tok, ids, new):
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    width = max(map(len, ids))
+    x = torch.tensor([[pad] * (width - len(r)) + r for r in ids])
+    mask = (torch.arange(width)[None] >= torch.tensor([width - len(r) for r in ids])[:, None]).long()
+    kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new, min_new_tokens=new,
+              pad_token_id=pad)
+    model.generate(x[:2], attention_mask=mask[:2], **(kw | {"max_new_tokens": 2, "min_new_tokens": 2}))  # warm
+    with peak_memory() as mem:
+        t = time.perf_counter()
+        out = model.generate(x, attention_mask=mask, **kw)
+        seconds = time.perf_counter() - t
+    assert out.shape[1] == width + new
+    return len(ids) * new / seconds, mem.peak_bytes
+
+
+@torch.no_grad()
+def test_rollout_engine_vs_generate_and_roofline(full_size, report, tiny_model_dir):
+    torch.manual_seed(0)
+    path = resolve_model("SmolLM2-135M-Instruct") if full_size else str(tiny_model_dir)
+    batch, new, big = (64, 64, 256) if full_size else (8, 8, 16)
+    peaks = {d: matmul_flops_per_s(d) for d in (torch.float32, torch.bfloat16)}
+    best = max(peaks, key=peaks.get)
+    bandwidth = copy_bytes_per_s()
+    tok = load_tokenizer(path)
+    model = load_causal_lm(path, dtype=best)
+    ids = prompts(tok, batch)
+    ctx = sum(map(len, ids)) / len(ids) + new / 2
+    roof = decode_roofline(model, batch, ctx, peaks[best], bandwidth)
+    our_tps, our_mem = ours(model, tok, ids, new, slots=batch)
+    hf_tps, hf_mem = hf_generate(model, tok, ids, new)
+    ids_big = prompts(tok, big)
+    roof_big = decode_roofline(model, big, ctx, peaks[best], bandwidth)
+    big_tps, big_mem = ours(model, tok, ids_big, new, slots=big)
+    r = report("rollout", model=path.split("/")[-1], dtype=str(best).replace("torch.", ""), batch=batch,
+               new_tokens=new, fp32_gflops=peaks[torch.float32] / 1e9, bf16_gflops=peaks[torch.bfloat16] / 1e9,
+               copy_gb_s=bandwidth / 1e9, t_weights_ms=roof["t_weights_s"] * 1e3, t_flops_ms=roof["t_flops_s"] * 1e3,
+               roofline_tok_s=roof["roofline_tok_s"], ours_tok_s=our_tps, generate_tok_s=hf_tps,
+               fraction_of_roofline=our_tps / roof["roofline_tok_s"], speedup_vs_generate=our_tps / hf_tps,
+               ours_peak_mb=our_mem / 2**20, generate_peak_mb=hf_mem / 2**20,
+               big_batch=big, big_roofline_tok_s=roof_big["roofline_tok_s"], big_ours_tok_s=big_tps,
+               big_fraction_of_roofline=big_tps / roof_big["roofline_tok_s"], big_peak_mb=big_mem / 2**20)
+    assert r["ours_tok_s"] > 0 and r["generate_tok_s"] > 0

@@ -1,0 +1,82 @@
+"""A preallocated, slot-based KV cache that a transformers model writes through its own attention modules.
+
+Layout per layer: keys/values ``(slots, kv_heads, max_len, head_dim)``. Each running sequence owns one slot.
+A prompt sits left-padded at ``[start, prefill_len)``; its generated tokens follow at ``start + length``.
+Live sequences always occupy slots ``[0, n)`` (a finished one is replaced by the last), so every forward reads
+plain views ``keys[:n, :, :kv_len]``: no gather, no concatenation, no per-step allocation.
+
+The engine tells the cache where this forward writes (``prefill_rows`` / ``decode_positions``) and builds the
+4D attention mask itself (transformers passes a 4D mask through unchanged), so the model's own attention code
+runs unmodified: ``past_key_values.update(k, v, layer_idx)`` lands here.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache
+
+
+class SlotKVCache(Cache):
+    def __init__(self, num_layers: int, slots: int, max_len: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        super().__init__(layers=[])  # no transformers layer objects: update() below is the whole contract
+        shape = (slots, kv_heads, max_len, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.slots, self.max_len = slots, max_len
+        self._rows: torch.Tensor | None = None   # prefill: slot of each batch row
+        self._pos: torch.Tensor | None = None    # decode: write position of each of slots [0, n)
+        self._kv_len = 0
+
+    @staticmethod
+    def for_model(model, slots: int, max_len: int) -> "SlotKVCache":
+        c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        heads = c.num_attention_heads
+        kv_heads = getattr(c, "num_key_value_heads", None) or heads
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+        p = next(model.parameters())
+        return SlotKVCache(c.num_hidden_layers, slots, max_len, kv_heads, head_dim, p.dtype, p.device)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    # ------------------------------------------------------------------ where the next forward writes
+    def prefill_into(self, rows: torch.Tensor) -> None:
+        """The next forward is a prefill of ``len(rows)`` left-padded prompts, written to those slots at [0, q)."""
+        self._rows, self._pos = rows, None
+
+    def decode_at(self, positions: torch.Tensor, kv_len: int) -> None:
+        """The next forward decodes one token for each of slots [0, n), written at ``positions`` (n,)."""
+        self._rows, self._pos, self._kv_len = None, positions, kv_len
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = self.keys[layer_idx], self.values[layer_idx]
+        if self._rows is not None:  # prefill: attention needs only this forward's own keys
+            q = key_states.shape[2]
+            k[self._rows, :, :q] = key_states
+            v[self._rows, :, :q] = value_states
+            return key_states, value_states
+        n = key_states.shape[0]
+        idx = torch.arange(n, device=k.device)
+        k[idx, :, self._pos] = key_states[:, :, 0]
+        v[idx, :, self._pos] = value_states[:, :, 0]
+        return k[:n, :, :self._kv_len], v[:n, :, :self._kv_len]
+
+    # ------------------------------------------------------------------ slot moves
+    def copy(self, src: int, dst: int | slice, length: int) -> None:
+        """Slot ``src``'s first ``length`` positions into slot(s) ``dst``: a prompt's KV to its other n - 1
+        samples (shared prefill), or the last live slot into a finished one (live slots stay contiguous)."""
+        for t in self.keys + self.values:
+            t[dst, :, :length] = t[src, :, :length]
+
+    # transformers asks for these in some code paths; the engine always passes positions and a 4D mask
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self._kv_len
+
+    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
+        return self.max_len

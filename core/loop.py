@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from core.algos import AdvantageConfig, compute_advantages, scores_to_token_rewards
+from core.algos import AdvantageConfig, compute_advantages, scores_to_token_rewards, truncated_is_weights
 from core.engines.fsdp import FSDPActor
 from core.engines.rollout import SamplingParams
 from core.protocol import Batch
@@ -34,6 +34,10 @@ class StepConfig:
     reward_timeout_s: float = 10.0
     # score given to a sample whose reward raises / times out / is NaN (None = fail the step)
     reward_fallback: float | None = None
+    # a weight sync that takes longer fails the step (WorkerTimeoutError) instead of hanging on a stalled peer
+    sync_timeout_s: float = 300.0
+    # truncated importance sampling (Yao et al. 2025): scale advantages by min(pi_old / pi_rollout, cap); 0 = off
+    tis_cap: float = 0.0
 
 
 @dataclass
@@ -84,12 +88,15 @@ def step(roles: Roles, prompts: Batch, cfg: StepConfig, reward_fn: Callable = de
     # 5. advantages (and returns) from the token rewards, by the configured estimator
     with timer("adv"):
         batch["advantages"], batch["returns"] = compute_advantages(batch, cfg.adv)
+        if cfg.tis_cap > 0:  # correct for the rollout engine sampling from a slightly different policy
+            batch["advantages"] = batch["advantages"] * truncated_is_weights(
+                batch["old_logprobs"], batch["rollout_logprobs"], batch["response_mask"], cfg.tis_cap)
     # 6. policy update: PPO epochs of mini-batches on every DP rank
     with timer("update_actor"):
         actor = mean_over_ranks(roles.actor.dp_split(FSDPActor.update, batch))
     # 7. send the new weights to the rollout engine, bucket by bucket
     with timer("sync_weights"):
-        sync = roles.rollout.call_all(RolloutWorker.sync_weights)[0]
+        sync = roles.rollout.call_all(RolloutWorker.sync_weights, timeout_s=cfg.sync_timeout_s)[0]
     timer.seconds["step"] = time.perf_counter() - t0
     return batch, _metrics(batch, actor, sync, timer, scored.num_failed, cfg)
 

@@ -3,7 +3,9 @@
 Each bucket is all-gathered (every rank iterates the same buckets in the same order), copied in by the engine
 (which checks names and shapes; dtypes are cast to the engine's), and dropped before the next one is gathered,
 so at most one bucket of full tensors exists beside the engine's own weights. ``debug=True`` also compares a
-checksum of every tensor after the copy.
+checksum of every tensor after the copy. The metrics include the peak memory above the level before the sync
+(device memory on CUDA, RSS on CPU) and what is left after it. A peer that never joins a gather stalls the
+collective: the controller bounds the call (``StepConfig.sync_timeout_s``) and raises ``WorkerTimeoutError``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 
 from core.engines.fsdp import FSDPActor
 from core.engines.rollout import RolloutEngine
+from core.memory import peak_memory
 
 
 class WeightSyncError(RuntimeError):
@@ -22,6 +25,13 @@ class WeightSyncError(RuntimeError):
 
 def sync_weights(actor: FSDPActor, engine: RolloutEngine, bucket_bytes: int = 64 << 20, debug: bool = False) -> dict:
     """Copy the actor's current weights into ``engine``; returns timing, size and peak-bucket metrics."""
+    with peak_memory(engine.device) as mem:
+        metrics = _sync(actor, engine, bucket_bytes, debug)
+    return metrics | {"sync/peak_memory_megabytes": mem.peak_bytes / 2**20,
+                      "sync/retained_memory_megabytes": mem.end_bytes / 2**20}
+
+
+def _sync(actor: FSDPActor, engine: RolloutEngine, bucket_bytes: int, debug: bool) -> dict:
     t0 = time.perf_counter()
     targets = dict(engine.model.named_parameters())
     sent, buckets, peak, seen = 0, 0, 0, set()

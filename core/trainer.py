@@ -2,7 +2,7 @@
 
 Every step appends one JSON line to ``<output_dir>/metrics.jsonl``; the console gets a progress bar and a
 one-line summary per step. At start it prints the effective batch sizes in their units -- the most asked
-question about verl's config.
+question about verl's config; at the end, ``core.report``'s summary and ``<output_dir>/curves.png``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from core.config.schema import PlacementConfig, TrainerConfig
 from core.engines.fsdp import ActorConfig, FSDPActor
 from core.loop import Roles, StepConfig, prompts_from_rows, step
+from core.report import report
 from core.roles import RolloutConfig, RolloutWorker
 from core.worker import RoleSpec
 
@@ -137,4 +138,5 @@ def fit(cfg: RunConfig) -> list[dict]:
                           f" | {metrics['timing_s/step']:.1f}s")
     finally:
         placement.shutdown()
+    print("summary:\n" + report(history, out / "curves.png"), flush=True)
     return history

@@ -99,16 +99,17 @@ class RoleGroup:
         self.world_size, self.mp_size = group.world_size, spec.mp_size
         self.dp_size = group.world_size // spec.mp_size
 
-    def call_all(self, method: Callable, *args, **kwargs) -> list[Any]:
-        """Every rank runs ``method(*args, **kwargs)``; returns the results in rank order."""
+    def call_all(self, method: Callable, *args, timeout_s: float | None = None, **kwargs) -> list[Any]:
+        """Every rank runs ``method(*args, **kwargs)``; returns the results in rank order. ``timeout_s`` (not
+        passed on) bounds this call instead of the group's limit, e.g. a weight sync that must fail fast."""
         name = _method_name(self.name, self.spec.cls, method)
         ranks = list(range(self.world_size))
-        return self.group.run(self.name, name, ranks, [(args, kwargs)] * len(ranks))
+        return self.group.run(self.name, name, ranks, [(args, kwargs)] * len(ranks), timeout_s)
 
-    def call_rank0(self, method: Callable, *args, **kwargs) -> Any:
+    def call_rank0(self, method: Callable, *args, timeout_s: float | None = None, **kwargs) -> Any:
         """Only rank 0 runs it (no collectives inside: the other ranks are not called)."""
         name = _method_name(self.name, self.spec.cls, method)
-        return self.group.run(self.name, name, [0], [(args, kwargs)])[0]
+        return self.group.run(self.name, name, [0], [(args, kwargs)], timeout_s)[0]
 
     def dp_split(self, method: Callable, batch: Batch, *args, **kwargs) -> Any:
         """Split ``batch`` rows into ``dp_size`` equal chunks (padding by repeating rows), run ``method(chunk, ...)``
@@ -170,9 +171,11 @@ class WorkerGroup:
 
         return [ray.put(x) for x in items]
 
-    def run(self, role: str, method: str, ranks: list[int], calls: list[tuple[tuple, dict]]) -> list[Any]:
+    def run(self, role: str, method: str, ranks: list[int], calls: list[tuple[tuple, dict]],
+            timeout_s: float | None = None) -> list[Any]:
         refs = [self._hosts[r].execute.remote(role, method, *a, **kw) for r, (a, kw) in zip(ranks, calls)]
-        return self._wait(refs, ranks, role, f"{self.specs[role].cls.__qualname__}.{method}", self.timeout_s)
+        return self._wait(refs, ranks, role, f"{self.specs[role].cls.__qualname__}.{method}",
+                          self.timeout_s if timeout_s is None else timeout_s)
 
     def _wait(self, refs: list, ranks: list[int], role: str, method: str, timeout_s: float) -> list[Any]:
         """Results in order; the first failing rank raises at once, without waiting for its peers."""
@@ -227,8 +230,9 @@ class LocalWorkerGroup:
     def share(self, items: list[Any]) -> list[Any]:
         return items
 
-    def run(self, role: str, method: str, ranks: list[int], calls: list[tuple[tuple, dict]]) -> list[Any]:
-        out = []
+    def run(self, role: str, method: str, ranks: list[int], calls: list[tuple[tuple, dict]],
+            timeout_s: float | None = None) -> list[Any]:
+        out = []  # in-process: a call cannot be abandoned, so there is no timeout
         for rank, (args, kwargs) in zip(ranks, calls):
             try:
                 out.append(self._host.execute(role, method, *args, **kwargs))

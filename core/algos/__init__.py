@@ -15,12 +15,12 @@ from core.algos.kl import (KL_KINDS, AdaptiveKLController, FixedKLController, ap
                            kl_loss, kl_penalty)
 from core.algos.losses import POLICY_LOSSES, entropy_bonus, positive_nll_loss, value_loss
 from core.algos.ops import (group_ids, group_stats, masked_mean, masked_var, masked_whiten,
-                            scores_to_token_rewards)
+                            scores_to_token_rewards, truncated_is_weights)
 
 __all__ = [
     "ADVANTAGES", "AGGREGATIONS", "KL_KINDS", "POLICY_LOSSES", "AdaptiveKLController", "AdvantageConfig",
     "FixedKLController", "LossNorm", "PolicyLossConfig", "aggregate", "apply_kl_reward_penalty",
     "compute_advantages", "entropy_bonus", "gae_scan", "group_ids", "group_stats", "groups_with_variance",
     "kl_loss", "kl_penalty", "masked_mean", "masked_var", "masked_whiten", "overlong_penalty", "pf_ppo_resample",
-    "positive_nll_loss", "reverse_linear_scan", "scores_to_token_rewards", "seq_mean", "value_loss", "value_targets_explained_variance",
+    "positive_nll_loss", "reverse_linear_scan", "scores_to_token_rewards", "seq_mean", "truncated_is_weights", "value_loss", "value_targets_explained_variance",
 ]

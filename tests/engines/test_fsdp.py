@@ -3,7 +3,9 @@
 - rollout log-probs agree with the FSDP engine's recomputed log-probs (fp32, mean |diff| <= 1e-3);
 - after a weight sync, the rollout engine's weights equal the actor's full weights exactly;
 - a 2-rank update sees the same gradient (norm) and loss as a 1-rank update of the same mini-batch;
-- the reference (frozen) policy gives the actor's log-probs before any update.
+- the reference (frozen) policy gives the actor's log-probs before any update;
+- a weight sync that a peer never joins fails with WorkerTimeoutError instead of hanging;
+- the bf16 mismatch figure (printed; bf16 rollout vs bf16-compute FSDP on the same tokens).
 """
 
 import numpy as np
@@ -17,18 +19,18 @@ from core.placement import Placement
 from core.protocol import Batch
 from core.roles import RolloutConfig, RolloutWorker
 from core.worker import RoleSpec
-from core.worker_group import LocalWorkerGroup, ResourcePool, WorkerGroup
+from core.worker_group import LocalWorkerGroup, ResourcePool, WorkerGroup, WorkerTimeoutError
 
 pytestmark = pytest.mark.ray
 PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=8, seed=3)
 
 
-def specs(model_dir):
-    actor = ActorConfig(model=str(model_dir), dtype="float32", ppo_mini_batch_size=8, micro_batch_size=2,
+def specs(model_dir, dtype="float32"):
+    actor = ActorConfig(model=str(model_dir), dtype=dtype, ppo_mini_batch_size=8, micro_batch_size=2,
                         optim=OptimConfig(lr=1e-2), loss=PolicyLossConfig(), temperature=PARAMS.temperature)
     return {"actor": RoleSpec(FSDPActor, {"cfg": actor}),
             "ref": RoleSpec(FSDPActor, {"cfg": ActorConfig(model=str(model_dir), dtype="float32", trainable=False)}),
-            "rollout": RoleSpec(RolloutWorker, {"cfg": RolloutConfig(model=str(model_dir), dtype="float32",
+            "rollout": RoleSpec(RolloutWorker, {"cfg": RolloutConfig(model=str(model_dir), dtype=dtype,
                                                                      max_prompt_length=32)})}
 
 
@@ -76,6 +78,7 @@ def test_update_then_sync_makes_rollout_weights_equal_actor_weights(group):
     assert len(metrics) == 2 and all(np.isfinite(m["actor/grad_norm"]) for m in metrics)
     sync = group.role("rollout").call_all(RolloutWorker.sync_weights)
     assert sync[0]["sync/buckets"] >= 1 and sync[0]["sync/megabytes"] > 0
+    assert sync[0]["sync/peak_memory_megabytes"] >= 0 and "sync/retained_memory_megabytes" in sync[0]
     actor_full = group.role("actor").call_all(FSDPActor.full_state_dict)[0]
     for rank_state in group.role("rollout").call_all(RolloutWorker.engine_state_dict):
         assert rank_state.keys() == actor_full.keys()
@@ -99,3 +102,30 @@ def test_two_ranks_see_the_gradient_and_loss_of_one_rank(group, tiny_model_dir):
         fresh.shutdown()
     assert two[0]["actor/grad_norm"] == pytest.approx(one["actor/grad_norm"], rel=1e-4)
     assert sum(m["actor/pg_loss"] for m in two) == pytest.approx(one["actor/pg_loss"], rel=1e-4, abs=1e-6)
+
+
+def test_a_sync_that_a_peer_never_joins_times_out_instead_of_hanging(group, tiny_model_dir):
+    # rank 1 is never called, so rank 0 waits in the first all-gather: the controller must give up, not hang
+    spec = specs(tiny_model_dir)
+    stalled = WorkerGroup(ResourcePool(slots_per_node=2), {"actor": spec["actor"], "rollout": spec["rollout"]},
+                          timeout_s=300)
+    try:
+        with pytest.raises(WorkerTimeoutError, match=r"RolloutWorker.sync_weights.*no result after 2s from ranks \[0\]"):
+            stalled.role("rollout").call_rank0(RolloutWorker.sync_weights, timeout_s=2)
+    finally:
+        stalled.shutdown()  # kills the hung rank
+
+
+def test_bf16_rollout_vs_fsdp_logprob_mismatch_is_reported(tiny_model_dir):
+    # bf16 on both sides: the engine's bf16 weights vs FSDP2's bf16 compute of fp32 master weights
+    local = LocalWorkerGroup(specs(tiny_model_dir, dtype="bfloat16"))
+    try:
+        batch = rollout_batch(local)
+        old = local.role("actor").call_all(FSDPActor.compute_logprobs, batch)[0]
+    finally:
+        local.shutdown()
+    mask = batch["response_mask"]
+    diff = (old["old_logprobs"] - batch["rollout_logprobs"]).abs() * mask
+    mean, peak = float(diff.sum() / mask.sum()), float(diff.max())
+    print(f"bf16 rollout vs FSDP log-prob |diff|: mean {mean:.2e} max {peak:.2e}")
+    assert mean <= 0.05  # bf16 has 8 mantissa bits: a few 1e-3 per token, not the 0 of fp32

@@ -1,0 +1,95 @@
+"""End-of-run report from ``metrics.jsonl``: reward at start vs end, per-phase time shares, a PNG of the curves.
+
+``python -m core.report outputs/run/metrics.jsonl`` prints it again for any finished (or running) run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+# the phases of core.loop.step, in dataflow order (a phase a run did not have is left out)
+PHASES = ("gen", "reward", "old_logprob", "ref", "adv", "update_actor", "sync_weights")
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    rows = []
+    for i, line in enumerate(Path(path).read_text().splitlines()):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: line {i + 1} is not JSON: {e}") from None
+    return rows
+
+
+def window(history: list[dict], key: str, first: bool) -> tuple[float, int]:
+    """Mean of ``key`` over the first (or last) fifth of the steps, at least 1 and at most 5 steps."""
+    k = min(5, max(1, len(history) // 5))
+    part = history[:k] if first else history[-k:]
+    return sum(m[key] for m in part) / len(part), k
+
+
+def phase_shares(history: list[dict]) -> dict[str, float]:
+    """Fraction of the total step time spent in each phase (the rest is dispatch and bookkeeping)."""
+    total = sum(m["timing_s/step"] for m in history)
+    return {p: sum(m.get(f"timing_s/{p}", 0.0) for m in history) / total for p in PHASES
+            if any(f"timing_s/{p}" in m for m in history)}
+
+
+def plot_curves(history: list[dict], path: str | Path) -> Path | None:
+    """reward/mean and response_length/mean per step, as a PNG; None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    steps = [m["step"] for m in history]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    ax1.plot(steps, [m["reward/mean"] for m in history], marker="o", ms=3)
+    ax1.set(xlabel="step", ylabel="reward/mean", title="mean reward")
+    ax2.plot(steps, [m["response_length/mean"] for m in history], marker="o", ms=3, color="tab:orange")
+    ax2.set(xlabel="step", ylabel="tokens", title="mean response length")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def report(history: list[dict], png: str | Path | None = None) -> str:
+    """The summary text (and the PNG, when ``png`` is given)."""
+    if not history:
+        return "no steps were run"
+    start, k = window(history, "reward/mean", first=True)
+    end, _ = window(history, "reward/mean", first=False)
+    total = sum(m["timing_s/step"] for m in history)
+    shares = " | ".join(f"{p} {s:.0%}" for p, s in phase_shares(history).items())
+    lines = [f"reward/mean: start {start:.3f} -> end {end:.3f} (mean of the first / last {k} steps; "
+             f"{len(history)} steps)",
+             f"response_length/mean: {window(history, 'response_length/mean', True)[0]:.1f} -> "
+             f"{window(history, 'response_length/mean', False)[0]:.1f} tokens",
+             f"time: {total:.0f}s in steps ({total / len(history):.1f}s per step): {shares}"]
+    if png is not None:
+        drawn = plot_curves(history, png)
+        lines.append(f"curves: {drawn}" if drawn else "curves: not drawn (pip install matplotlib)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m core.report <metrics.jsonl>", file=sys.stderr)
+        return 2
+    path = Path(argv[0])
+    print(report(read_metrics(path), path.with_name("curves.png")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

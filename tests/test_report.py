@@ -1,0 +1,37 @@
+"""End-of-run report: reward start/end windows, phase shares, the PNG, and bad metrics files named by line."""
+
+import json
+
+import pytest
+
+from core.report import phase_shares, read_metrics, report, window
+
+
+def history(n=10):
+    return [{"step": i + 1, "reward/mean": i / 10, "response_length/mean": 30.0 - i,
+             "timing_s/gen": 6.0, "timing_s/reward": 1.0, "timing_s/update_actor": 3.0, "timing_s/step": 10.0}
+            for i in range(n)]
+
+
+def test_windows_and_shares_hand_computed():
+    h = history(10)
+    assert window(h, "reward/mean", first=True) == (pytest.approx(0.05), 2)   # steps 1-2: (0.0 + 0.1) / 2
+    assert window(h, "reward/mean", first=False) == (pytest.approx(0.85), 2)  # steps 9-10: (0.8 + 0.9) / 2
+    assert window(h[:3], "reward/mean", first=True) == (0.0, 1)
+    assert phase_shares(h) == {"gen": 0.6, "reward": 0.1, "update_actor": 0.3}  # no ref phase in this run
+
+
+def test_report_text_and_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    text = report(history(10), tmp_path / "curves.png")
+    assert "start 0.050 -> end 0.850" in text and "gen 60% | reward 10% | update_actor 30%" in text
+    assert "29.5 -> 21.5 tokens" in text and "100s in steps (10.0s per step)" in text
+    png = (tmp_path / "curves.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+
+
+def test_read_metrics_names_the_bad_line(tmp_path):
+    p = tmp_path / "metrics.jsonl"
+    p.write_text(json.dumps(history(1)[0]) + "\n{not json\n")
+    with pytest.raises(ValueError, match=r"metrics.jsonl: line 2 is not JSON"):
+        read_metrics(p)

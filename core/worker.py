@@ -91,7 +91,8 @@ class WorkerHost:
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.local_rank))
         if not dist.is_initialized():
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            # on GPU, gloo serves collectives on host tensors too (FSDP2 CPU offload: grad-norm, full_tensor)
+            backend = "cpu:gloo,cuda:nccl" if self.device.type == "cuda" else "gloo"
             dist.init_process_group(backend, rank=self.rank, world_size=self.world_size,
                                     timeout=timedelta(seconds=timeout_s),
                                     device_id=self.device if self.device.type == "cuda" else None)

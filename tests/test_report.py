@@ -30,6 +30,14 @@ def test_report_text_and_png(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
 
 
+def test_validation_rows_give_the_held_out_line_and_stay_out_of_the_train_windows(tmp_path):
+    h = [{"step": 0, "val/reward/mean": 0.25}] + history(10)
+    h[-1]["val/reward/mean"] = 0.75
+    text = report(h)
+    assert "val/reward/mean (held-out, greedy): step 0 0.250 -> step 10 0.750" in text
+    assert "start 0.050 -> end 0.850" in text and "(mean of the first / last 2 steps; 10 steps)" in text
+
+
 def test_read_metrics_names_the_bad_line(tmp_path):
     p = tmp_path / "metrics.jsonl"
     p.write_text(json.dumps(history(1)[0]) + "\n{not json\n")

@@ -51,6 +51,8 @@ class TrainerConfig:
     seed: int = 0
     # seconds a worker call may take before the driver raises WorkerTimeoutError
     call_timeout_s: float = 1800.0
+    # score data.val_files every N steps (0 = only before the first and after the last step)
+    val_every: int = 0
 
     def __post_init__(self):
         if self.backend not in ("ray", "local"):

@@ -72,6 +72,9 @@ class ActorConfig:
     temperature: float = 1.0
     # recompute activations in backward to save memory
     gradient_checkpointing: bool = False
+    # keep sharded params, gradients and optimizer state in host memory, gathered to the GPU layer by layer
+    # (FSDP2 CPUOffloadPolicy; the optimizer steps on CPU): frees GPU memory for the colocated rollout. CUDA only
+    offload: bool = False
     # seed for model init order and mini-batch shuffles
     seed: int = 0
 
@@ -97,23 +100,27 @@ class FSDPActor:
 
     def __init__(self, ctx: WorkerContext, cfg: ActorConfig):
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         from core.models import load_causal_lm, resolve_dtype
 
         self.ctx, self.cfg = ctx, cfg
+        if cfg.offload and ctx.device.type != "cuda":
+            raise ValueError(f"actor.offload moves FSDP shards to host memory and needs a CUDA device; rank "
+                             f"{ctx.rank} runs on {ctx.device} (where everything is in host memory already)")
         torch.manual_seed(cfg.seed)
         model = load_causal_lm(cfg.model, dtype=torch.float32, device=ctx.device)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         compute = resolve_dtype(cfg.dtype, ctx.device)
         mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
+        offload = CPUOffloadPolicy(pin_memory=True) if cfg.offload else OffloadPolicy()
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
         layer_classes = set(getattr(model, "_no_split_modules", None) or [])
         for module in model.modules():
             if type(module).__name__ in layer_classes:
-                fully_shard(module, mesh=mesh, mp_policy=mp)
-        fully_shard(model, mesh=mesh, mp_policy=mp)
+                fully_shard(module, mesh=mesh, mp_policy=mp, offload_policy=offload)
+        fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload)
         self.model, self.compute_dtype = model, compute
         self.optim = self.sched = None
         if cfg.trainable:

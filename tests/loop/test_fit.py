@@ -52,3 +52,33 @@ def test_hydra_config_with_overrides_is_validated(tmp_path):
         load_run_config(tmp_path, overrides=["trainer.total_steps=many"])
     with pytest.raises(Exception, match="actor.optim.lrr"):
         load_run_config(tmp_path, overrides=["actor.optim.lrr=1"])
+
+
+def test_validation_runs_before_training_and_after_the_last_step(tiny_model_dir, tmp_path):
+    """Step 0 holds the untrained policy's greedy held-out score, equal to scoring a fresh engine's greedy
+    responses by hand; the last step's line carries the score after training."""
+    from core.engines.rollout import RolloutEngine, SamplingParams
+    from core.models import load_causal_lm, load_tokenizer
+    from core.data.dataset import load_rl_parquet
+
+    reward = tmp_path / "reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    s = solution_str.replace(' ', '')\n"
+                      "    return sum(c.isupper() for c in s) / max(1, len(s))\n")
+    val = verl_parquet(tmp_path / "val.parquet", n=3)
+    t = tree(tiny_model_dir, verl_parquet(tmp_path / "train.parquet"), tmp_path / "run")
+    t["data"] |= {"val_files": [str(val)]}
+    t["reward"] = {"path": str(reward)}
+    history = fit(validate(RunConfig, t))
+    assert [m["step"] for m in history] == [0, 1, 2]
+    assert set(history[0]) == {"step", "val/reward/mean", "val/response_length/mean", "val/openai/gsm8k/reward/mean"}
+    assert "val/reward/mean" not in history[1] and "val/reward/mean" in history[2]
+
+    engine = RolloutEngine(load_causal_lm(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir)))
+    rows = load_rl_parquet(val)
+    out = engine.generate(engine.chat_prompt_ids([r["prompt"] for r in rows]),
+                          SamplingParams(temperature=0.0, max_new_tokens=6))
+    texts = [s.replace(" ", "") for s in engine.decode(out)]
+    by_hand = sum(sum(c.isupper() for c in s) / max(1, len(s)) for s in texts) / len(texts)
+    assert history[0]["val/reward/mean"] == pytest.approx(by_hand, abs=1e-6)
+    assert history[0]["val/response_length/mean"] == pytest.approx(float(out["response_mask"].sum(-1).mean()))

@@ -1,0 +1,87 @@
+"""recipes/grpo: configs validate, the reward and the arithmetic data are right by hand, and (slow) the CPU demo
+reproduces recipes/grpo/expected.yaml."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from core.report import read_metrics, window
+from core.rewards import load_reward_fn
+from core.train import load_run_config
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "grpo"
+EXPECTED = yaml.safe_load((RECIPE / "expected.yaml").read_text())
+
+
+def load_recipe_module(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"grpo_recipe_{name}", RECIPE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["config", "demo_cpu"])
+def test_recipe_configs_validate_and_sizes_add_up(name):
+    from core.trainer import effective_sizes
+
+    cfg = load_run_config(RECIPE, name)
+    assert cfg.actor.temperature == cfg.algo.sampling.temperature  # log-probs under the sampling distribution
+    assert "samples per step" in effective_sizes(cfg, dp_size=2)
+
+
+def test_demo_config_is_what_expected_yaml_describes():
+    demo = EXPECTED["demo_cpu"]
+    cfg = load_run_config(RECIPE, "demo_cpu")
+    assert cfg.trainer.total_steps == demo["steps"] and cfg.data.train_files == ["outputs/data/arith/train.parquet"]
+
+
+def test_reward_by_hand():
+    fn = load_reward_fn(RECIPE / "reward.py")
+    arith = "hybridrl/arith"
+    assert fn(arith, "3 * 4 = 12", "12")["score"] == 1.0
+    assert fn(arith, "#### 12", "12")["score"] == 1.0
+    assert fn(arith, "12, or maybe 13", "12")["score"] == 0.0          # the last number counts
+    assert fn(arith, "To find 3 * 4 we first", "12")["score"] == 0.0   # cut off before an answer
+    assert fn("openai/gsm8k", "so #### 72", "72")["score"] == 1.0
+    assert fn("openai/gsm8k", "so #### 71", "72")["score"] == 0.1      # format only
+    assert fn("openai/gsm8k", "it is 72", "72")["score"] == 0.0        # strict: no ####
+
+
+def test_arith_rows_are_seeded_and_correct():
+    data = load_recipe_module("data")
+    rows = data.arith_rows(200, "train", seed=0)
+    assert rows == data.arith_rows(200, "train", seed=0) and rows != data.arith_rows(200, "test", seed=0)
+    for r in rows:
+        q = r["extra_info"]["question"]
+        a, op, b = q.split("What is ")[1].split("?")[0].split()
+        assert int(r["reward_model"]["ground_truth"]) == (int(a) + int(b) if op == "+" else int(a) * int(b))
+        assert r["data_source"] == "hybridrl/arith" and r["prompt"][0]["content"] == q
+
+
+@pytest.mark.slow
+def test_cpu_demo_reproduces_expected_yaml(tmp_path):
+    """The real demo (about 25 minutes on 2 cores): SmolLM2-135M-Instruct, 2 Ray workers, demo_cpu.yaml."""
+    demo = EXPECTED["demo_cpu"]
+    env = dict(os.environ, PY=sys.executable)
+    subprocess.run(["bash", str(RECIPE / "run_smollm2_cpu.sh"), f"trainer.output_dir={tmp_path}"],
+                   cwd=RECIPE.parents[1], env=env, check=True)
+    history = read_metrics(tmp_path / "metrics.jsonl")
+    train = [m for m in history if "reward/mean" in m]
+    val = [m for m in history if "val/reward/mean" in m]
+    assert len(train) == demo["steps"] and [m["step"] for m in val] == [0, demo["steps"]]
+    start, _ = window(train, "reward/mean", first=True)
+    end, _ = window(train, "reward/mean", first=False)
+    print(json.dumps({"reward_start": start, "reward_end": end, "val_start": val[0]["val/reward/mean"],
+                      "val_end": val[-1]["val/reward/mean"]}))
+    assert start <= demo["reward_start"]["max"] and end >= demo["reward_end"]["min"]
+    assert end - start >= demo["reward_gain"]["min"]
+    assert val[-1]["val/reward/mean"] - val[0]["val/reward/mean"] >= demo["val_gain"]["min"]
+    assert max(m["rollout/logprob_diff_mean"] for m in train) <= demo["rollout/logprob_diff_mean"]["max"]
+    assert (tmp_path / "curves.png").is_file()

@@ -10,9 +10,12 @@ naming every place it looked.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -48,7 +51,8 @@ def smollm2_from_wheel(out: Path) -> Path:
 
     src = Path(list(spec.submodule_search_locations)[0])
     gguf = next(src.glob("*.gguf"))
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
     dequantised = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf.name, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf.name)
     # transformers keeps a GGUF-loaded model flagged as quantised and refuses to save it: rebuild a plain one
@@ -70,6 +74,19 @@ def smollm2_from_wheel(out: Path) -> Path:
     return out
 
 
+def build_once(target: Path, build: Callable[[Path], Path]) -> Path:
+    """``build(target)`` unless ``target`` is already a model folder; processes racing here (the ranks of a
+    worker group on a fresh machine) take an exclusive file lock, so one builds and the others find it built."""
+    if _is_model_dir(target):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _is_model_dir(target):
+            build(target)
+    return target
+
+
 def resolve_model(name_or_path: str) -> str:
     """A local folder holding config.json + weights, or a hub id for transformers to fetch."""
     looked = []
@@ -82,11 +99,7 @@ def resolve_model(name_or_path: str) -> str:
     if _is_model_dir(cached):
         return str(cached)
     if name_or_path.lower() in SMOLLM2_ALIASES:
-        target = cache_dir() / "models" / SMOLLM2
-        if _is_model_dir(target):
-            return str(target)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        return str(smollm2_from_wheel(target))
+        return str(build_once(cache_dir() / "models" / SMOLLM2, smollm2_from_wheel))
     if "/" in name_or_path and not p.exists() and _hub_reachable():
         return name_or_path  # a hub id: transformers resolves it (and fails clearly if offline)
     raise ModelNotFoundError(f"model {name_or_path!r} not found; looked in: {', '.join(looked)}"

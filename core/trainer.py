@@ -105,6 +105,7 @@ def fit(cfg: RunConfig) -> list[dict]:
     from tqdm import tqdm
 
     from core.data.dataset import load_rl_parquet
+    from core.models import resolve_model
     from core.placement import place
     from core.rewards import default_compute_score, load_reward_fn
 
@@ -115,6 +116,8 @@ def fit(cfg: RunConfig) -> list[dict]:
     rows = load_rl_parquet(cfg.data.train_files, cfg.data.limit or None)
     if len(rows) < cfg.data.prompts_per_step:
         raise ValueError(f"data has {len(rows)} rows, fewer than data.prompts_per_step={cfg.data.prompts_per_step}")
+    for model in {cfg.actor.model, cfg.rollout.model}:
+        resolve_model(model)  # convert / locate once here, not in every rank at the same time
     val_rows = load_rl_parquet(cfg.data.val_files, cfg.data.val_limit or None) if cfg.data.val_files else []
     actor_pool = cfg.placement.pools[cfg.placement.roles["actor"]]
     dp = 1 if cfg.trainer.backend == "local" else actor_pool.nnodes * actor_pool.slots_per_node

@@ -19,6 +19,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from core.engines import attention
 from core.engines.kv_cache import SlotKVCache
 from core.protocol import Batch
 
@@ -59,8 +60,12 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 class RolloutEngine:
     """Generation with a transformers model in this process (colocated with the trainer or standalone)."""
 
-    def __init__(self, model, tokenizer, max_batch_size: int = 64):
+    def __init__(self, model, tokenizer, max_batch_size: int = 64, decode_attention: bool = True):
+        """``decode_attention``: switch the model to ``core.engines.attention`` (batched matmuls for one-token
+        decode steps, SDPA for everything else) -- the model object itself is switched, for every caller."""
         self.model, self.tokenizer, self.max_batch_size = model.eval(), tokenizer, max_batch_size
+        if decode_attention:
+            model.set_attn_implementation(attention.NAME)
         self.eos_ids = self._eos_ids()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.cache: SlotKVCache | None = None
@@ -150,14 +155,45 @@ class RolloutEngine:
 
     def _sample(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Next tokens (B,) and their log-probs under logits / temperature (raw logits when greedy)."""
-        if params.temperature > 0:
-            logits = logits / params.temperature
-            probs = filter_logits(logits, params.top_k, params.top_p).softmax(-1)
-            tok = torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(logits.device)
-        else:
+        """Next tokens (B,) and their log-probs under logits / temperature (raw logits when greedy); ``logits``
+        (B, V) fp32 is this step's own tensor and is overwritten. Top-k / top-p restrict what is drawn, never the
+        log-probs: those are under the full distribution, as the trainer recomputes them."""
+        if params.temperature <= 0:
             tok = logits.argmax(-1)
-        return tok, logits.log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1)
+            return tok, logits.gather(-1, tok[:, None]).squeeze(-1) - logits.logsumexp(-1)
+        x = logits.div_(params.temperature) if params.temperature != 1.0 else logits
+        weights, log_total = unnormalised_probs(x)
+        if (0 < params.top_k < x.shape[-1]) or params.top_p < 1.0:
+            weights = filter_logits(x, params.top_k, params.top_p).isfinite() * weights
+        tok = sample_inverse_cdf(weights, gen)
+        return tok, x.gather(-1, tok[:, None]).squeeze(-1) - log_total
+
+
+def unnormalised_probs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """exp(x - max) (B, V) and log sum exp(x) (B,): softmax's two passes without the division."""
+    top = x.amax(-1, keepdim=True)
+    w = (x - top).exp_()
+    return w, top.squeeze(-1) + w.sum(-1).log()
+
+
+def sample_inverse_cdf(weights: torch.Tensor, gen: torch.Generator, block: int = 256) -> torch.Tensor:
+    """One index per row of non-negative ``weights`` (B, V), drawn with probability weight / row sum: the first
+    index whose cumulative weight exceeds u * total, one uniform u per row from ``gen`` (a CPU generator, so
+    runs are reproducible on any device). Two levels keep it to one pass over V: the cumulative sums of
+    ``block``-wide block totals find the block, a cumulative sum inside that block finds the index.
+    ``torch.multinomial`` instead draws an exponential per vocabulary entry: measured 49 ms per step for
+    64 x 49,152 on 2 cores."""
+    B, V = weights.shape
+    pad = -V % block
+    w = torch.nn.functional.pad(weights, (0, pad)).view(B, -1, block) if pad else weights.view(B, -1, block)
+    sums = w.sum(-1)                                                        # (B, V / block)
+    cdf = sums.cumsum(-1)
+    u = torch.rand(B, 1, generator=gen).to(weights.device, weights.dtype) * cdf[:, -1:]
+    blk = torch.searchsorted(cdf, u, right=True).clamp(max=cdf.shape[-1] - 1)  # (B, 1)
+    rest = u - (cdf.gather(-1, blk) - sums.gather(-1, blk))                 # mass left inside the block
+    inner = w[torch.arange(B, device=w.device), blk.squeeze(-1)].cumsum(-1)  # (B, block)
+    j = torch.searchsorted(inner, rest, right=True).clamp(max=block - 1)
+    return (blk * block + j).squeeze(-1).clamp(max=V - 1)
 
 
 class _Run:

@@ -1,7 +1,8 @@
 """A preallocated, slot-based KV cache that a transformers model writes through its own attention modules.
 
 Layout per layer: keys/values ``(slots, kv_heads, max_len, head_dim)``. Each running sequence owns one slot.
-A prompt sits left-padded at ``[start, prefill_len)``; its generated tokens follow at ``start + length``.
+A prefix shared by all prompts of a call (P tokens, 0 when none) sits at ``[0, P)``; the rest of the prompt sits
+left-padded at ``[start, prefill_len)``; generated tokens follow at ``prefill_len, prefill_len + 1, ...``.
 Live sequences always occupy slots ``[0, n)`` (a finished one is replaced by the last), so every forward reads
 plain views ``keys[:n, :, :kv_len]``: no gather, no concatenation, no per-step allocation.
 
@@ -25,6 +26,7 @@ class SlotKVCache(Cache):
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.slots, self.max_len = slots, max_len
         self._rows: torch.Tensor | None = None   # prefill: slot of each batch row
+        self._offset = 0                          # prefill: first column it writes (after a shared prefix)
         self._pos: torch.Tensor | None = None    # decode: write position of each of slots [0, n)
         self._kv_len = 0
 
@@ -45,9 +47,10 @@ class SlotKVCache(Cache):
         return len(self.keys)
 
     # ------------------------------------------------------------------ where the next forward writes
-    def prefill_into(self, rows: torch.Tensor) -> None:
-        """The next forward is a prefill of ``len(rows)`` left-padded prompts, written to those slots at [0, q)."""
-        self._rows, self._pos = rows, None
+    def prefill_into(self, rows: torch.Tensor, offset: int = 0) -> None:
+        """The next forward is a prefill of ``len(rows)`` left-padded prompts, written to those slots at
+        [offset, offset + q); with ``offset`` > 0 it attends to the prefix already at [0, offset) too."""
+        self._rows, self._offset, self._pos = rows, offset, None
 
     def decode_at(self, positions: torch.Tensor, kv_len: int) -> None:
         """The next forward decodes one token for each of slots [0, n), written at ``positions`` (n,)."""
@@ -56,11 +59,13 @@ class SlotKVCache(Cache):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
                ) -> tuple[torch.Tensor, torch.Tensor]:
         k, v = self.keys[layer_idx], self.values[layer_idx]
-        if self._rows is not None:  # prefill: attention needs only this forward's own keys
-            q = key_states.shape[2]
-            k[self._rows, :, :q] = key_states
-            v[self._rows, :, :q] = value_states
-            return key_states, value_states
+        if self._rows is not None:  # prefill
+            o, q = self._offset, key_states.shape[2]
+            k[self._rows, :, o:o + q] = key_states
+            v[self._rows, :, o:o + q] = value_states
+            if o == 0:  # attention needs only this forward's own keys
+                return key_states, value_states
+            return k[self._rows, :, :o + q], v[self._rows, :, :o + q]
         n = key_states.shape[0]
         idx = torch.arange(n, device=k.device)
         k[idx, :, self._pos] = key_states[:, :, 0]
@@ -73,6 +78,16 @@ class SlotKVCache(Cache):
         samples (shared prefill), or the last live slot into a finished one (live slots stay contiguous)."""
         for t in self.keys + self.values:
             t[dst, :, :length] = t[src, :, :length]
+
+    def read(self, slot: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A copy of slot ``slot``'s first ``length`` positions, per layer (a shared prefix, kept aside)."""
+        return [(k[slot, :, :length].clone(), v[slot, :, :length].clone()) for k, v in zip(self.keys, self.values)]
+
+    def write(self, rows: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Put ``kv`` (from ``read``) at the start of every slot in ``rows``."""
+        for (k, v), (pk, pv) in zip(zip(self.keys, self.values), kv):
+            k[rows, :, :pk.shape[1]] = pk
+            v[rows, :, :pv.shape[1]] = pv
 
     # transformers asks for these in some code paths; the engine always passes positions and a 4D mask
     def get_seq_length(self, layer_idx: int = 0) -> int:

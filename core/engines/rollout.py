@@ -60,10 +60,14 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 class RolloutEngine:
     """Generation with a transformers model in this process (colocated with the trainer or standalone)."""
 
-    def __init__(self, model, tokenizer, max_batch_size: int = 64, decode_attention: bool = True):
+    def __init__(self, model, tokenizer, max_batch_size: int = 64, decode_attention: bool = True,
+                 share_prefix: bool = True):
         """``decode_attention``: switch the model to ``core.engines.attention`` (batched matmuls for one-token
-        decode steps, SDPA for everything else) -- the model object itself is switched, for every caller."""
+        decode steps, SDPA for everything else) -- the model object itself is switched, for every caller.
+        ``share_prefix``: prefill the token prefix common to all prompts of a call once (a chat template's
+        system prompt: 25 of the bench's 43 prompt tokens) and copy its KV into each slot."""
         self.model, self.tokenizer, self.max_batch_size = model.eval(), tokenizer, max_batch_size
+        self.share_prefix = share_prefix
         if decode_attention:
             model.set_attn_implementation(attention.NAME)
         self.eos_ids = self._eos_ids()
@@ -212,6 +216,18 @@ class _Run:
         self.tokens: list[list[int]] = [[] for _ in range(len(prompts) * params.n)]
         self.logps: list[list[float]] = [[] for _ in range(len(prompts) * params.n)]
         self.eos = set() if params.ignore_eos else set(engine.eos_ids)
+        self.P = shared_prefix_length(prompts) if engine.share_prefix else 0  # columns [0, P) of every slot
+        self.prefix_kv: list | None = None
+
+    def _prefill_prefix(self) -> None:
+        """The shared prefix through the model once, at slot 0 (free: nothing is live yet); its KV kept aside."""
+        P, dev = self.P, self.e.device
+        ar = torch.arange(P)
+        self.e.cache.prefill_into(torch.zeros(1, dtype=torch.long, device=dev))
+        causal = (ar[None, :] <= ar[:, None])[None, None]
+        self.e._forward(torch.tensor([self.prompts[0][:P]], device=dev), ar[None].to(dev),
+                        _additive(causal, self.e.dtype).to(dev))
+        self.prefix_kv = self.e.cache.read(0, P)
 
     def admit(self) -> None:
         """Prefill as many whole prompt groups as free slots allow, one forward for all of them."""
@@ -221,17 +237,22 @@ class _Run:
             take.append(self.queue.popleft())
         if not take:
             return
-        dev, m = self.e.device, len(take)
-        q = max(len(self.prompts[i]) for i in take)
-        ids = torch.full((m, q), self.e.pad_id, dtype=torch.long)
-        start = torch.tensor([q - len(self.prompts[i]) for i in take])
+        dev, m, P = self.e.device, len(take), self.P
+        if P and self.prefix_kv is None:
+            self._prefill_prefix()
+        q = max(len(self.prompts[i]) for i in take)                  # prefix + the longest rest
+        ids = torch.full((m, q - P), self.e.pad_id, dtype=torch.long)
+        start = torch.tensor([q - len(self.prompts[i]) + P for i in take])  # first column of each rest
         for r, i in enumerate(take):
-            ids[r, start[r]:] = torch.tensor(self.prompts[i])
-        ar = torch.arange(q)
-        pos = (ar[None, :] - start[:, None]).clamp(min=0)
-        allowed = (ar[None, None, :] <= ar[None, :, None]) & (ar[None, None, :] >= start[:, None, None])
+            ids[r, start[r] - P:] = torch.tensor(self.prompts[i][P:])
+        col = torch.arange(q)                                        # key columns; queries are columns [P, q)
+        pos = (col[None, P:] - start[:, None] + P).clamp(min=0)
+        allowed = (((col[None, None, :] >= start[:, None, None]) | (col[None, None, :] < P))
+                   & (col[None, None, :] <= col[None, P:, None]))
         first = self.live + torch.arange(m) * n                     # the slot that holds each prompt's prefill
-        self.e.cache.prefill_into(first.to(dev))
+        if P:
+            self.e.cache.write(first.to(dev), self.prefix_kv)
+        self.e.cache.prefill_into(first.to(dev), offset=P)
         logits = self.e._forward(ids.to(dev), pos.to(dev), _additive(allowed[:, None], self.e.dtype).to(dev))
         for r in range(m):
             self.e.cache.copy(int(first[r]), slice(int(first[r]) + 1, int(first[r]) + n), q)
@@ -251,9 +272,9 @@ class _Run:
         pos, start = self.pos[:L], self.start[:L]
         kv_len = int(pos.max()) + 1
         ar = torch.arange(kv_len, device=pos.device)
-        allowed = (ar[None, :] >= start[:, None]) & (ar[None, :] <= pos[:, None])
+        allowed = ((ar[None, :] >= start[:, None]) | (ar[None, :] < self.P)) & (ar[None, :] <= pos[:, None])
         self.e.cache.decode_at(pos, kv_len)
-        logits = self.e._forward(self.last[:L, None], (pos - start)[:, None],
+        logits = self.e._forward(self.last[:L, None], (pos - start + self.P)[:, None],
                                  _additive(allowed[:, None, None], self.e.dtype))
         self.pos[:L] += 1
         tok, logp = self.e._sample(logits, self.p, self.gen)
@@ -302,6 +323,21 @@ class _Run:
             mask[b, :len(r)] = 1.0
             logps[b, :len(r)] = torch.tensor(self.logps[b])
         return _assemble(prompts, prompt_mask, responses, mask, logps)
+
+
+MIN_SHARED_PREFIX = 8
+
+
+def shared_prefix_length(prompts: list[list[int]]) -> int:
+    """Tokens common to the start of every prompt, leaving each at least one of its own (0 below
+    ``MIN_SHARED_PREFIX`` tokens or for a single prompt, whose n samples share its prefill anyway)."""
+    if len(prompts) < 2:
+        return 0
+    first, limit = prompts[0], min(map(len, prompts)) - 1
+    n = 0
+    while n < limit and all(p[n] == first[n] for p in prompts):
+        n += 1
+    return n if n >= MIN_SHARED_PREFIX else 0
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -159,3 +159,34 @@ def test_sleep_frees_the_kv_cache_and_generate_wakes_it(engine):
     assert before - rss_bytes() > size // 2  # the pages went back to the OS
     out = big.generate(ids_of(engine, PROMPTS), SamplingParams(temperature=0, max_new_tokens=4))
     assert big.cache is not None and out["responses"].shape == (3, 4)
+
+
+SHARED = ["system: be brief. user: hi", "system: be brief. user: a longer prompt here", "system: be brief. user: xyz"]
+
+
+def test_a_shared_prefix_is_found_and_leaves_each_prompt_a_token():
+    from core.engines.rollout import shared_prefix_length
+
+    assert shared_prefix_length([[1] * 10 + [2], [1] * 10 + [3, 4]]) == 10
+    assert shared_prefix_length([[1] * 10, [1] * 10]) == 9          # each keeps one token of its own
+    assert shared_prefix_length([[1] * 7 + [2], [1] * 7 + [3]]) == 0  # below MIN_SHARED_PREFIX
+    assert shared_prefix_length([[1] * 20]) == 0                     # one prompt: nothing to share
+
+
+@pytest.mark.parametrize("slots", [9, 3])
+def test_shared_prefix_prefill_gives_what_separate_prefills_give(engine, slots):
+    # greedy tokens identical and log-probs equal (fp32), with room for all and with continuous batching
+    ids = ids_of(engine, SHARED)
+    p = SamplingParams(n=3, temperature=0, max_new_tokens=10)
+    sep = RolloutEngine(engine.model, engine.tokenizer, max_batch_size=slots, share_prefix=False).generate(ids, p)
+    shared_engine = RolloutEngine(engine.model, engine.tokenizer, max_batch_size=slots)
+    shared = shared_engine.generate(ids, p)
+    assert torch.equal(sep["responses"], shared["responses"]) and torch.equal(sep["response_mask"], shared["response_mask"])
+    torch.testing.assert_close(sep["rollout_logprobs"], shared["rollout_logprobs"], atol=1e-5, rtol=0)
+
+
+def test_sampled_logprobs_with_a_shared_prefix_equal_a_teacher_forced_forward(engine):
+    out = engine.generate(ids_of(engine, SHARED), SamplingParams(n=2, temperature=0.8, max_new_tokens=10, seed=5))
+    with torch.no_grad():
+        ref = teacher_forced_logprobs(engine.model, out, 0.8)
+    assert (((ref - out["rollout_logprobs"]).abs() * out["response_mask"]).max()) < 1e-4

@@ -7,7 +7,8 @@ positions on 2 cores, where two batched matmuls took 0.45 ms. So:
 
 - q_len == 1 (decode): the G = heads / kv_heads query heads that share a KV head become the G rows of one
   matmul against that head's keys -- no ``repeat_kv`` copy -- then an fp32 softmax and a matmul with the values.
-  Keys and values may be strided views of a larger cache (the slot cache's ``[:n, :, :T]``): nothing is copied.
+  Keys and values may be strided views of a larger cache (the slot cache's ``[:n, :, :T]``); they are copied to
+  contiguous memory first, which measured faster than batched matmuls over the strided views.
 - anything else (prefill, teacher-forced forwards, training, sliding windows, soft-capping, sinks): SDPA,
   exactly as transformers runs it.
 
@@ -34,6 +35,9 @@ def decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     if q_len != 1 or module.training or any(kwargs.get(k) is not None for k in _UNSUPPORTED):
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                       **kwargs)
+    # a strided cache view made CPU bmm 3.4x slower (207 vs 61 us, 64 x 3 heads x 70 positions): copying
+    # the live keys and values first is cheaper than the matmul's own handling of the strides
+    key, value = key.contiguous(), value.contiguous()
     kv_heads = key.shape[1]
     q = query.reshape(B, kv_heads, H // kv_heads, D)                              # (B, KVH, G, D)
     scores = torch.matmul(q, key.transpose(-1, -2)).float()                       # (B, KVH, G, T)

@@ -32,6 +32,9 @@ class RolloutConfig:
     sync_bucket_megabytes: int = 64
     # verify every synced tensor after the copy (slower)
     debug_sync: bool = False
+    # free the KV cache after each generate call, so the colocated trainer gets that memory for its phases
+    # (the next call allocates it again)
+    sleep_after_generate: bool = True
 
 
 class RolloutWorker:
@@ -48,6 +51,8 @@ class RolloutWorker:
         """n samples for each prompt row (key ``prompt``: chat lists); every non-tensor column is repeated."""
         prompts.require("prompt")
         out = self.engine.generate(self.engine.chat_prompt_ids(list(prompts["prompt"])), params)
+        if self.cfg.sleep_after_generate:
+            self.engine.sleep()
         out = merge_padded([out], self.engine.pad_id, self.cfg.max_prompt_length, params.max_new_tokens)
         repeated = prompts.repeat(params.n)
         return Batch(out.tensors, repeated.non_tensors, prompts.meta)

@@ -190,3 +190,17 @@ def test_sampled_logprobs_with_a_shared_prefix_equal_a_teacher_forced_forward(en
     with torch.no_grad():
         ref = teacher_forced_logprobs(engine.model, out, 0.8)
     assert (((ref - out["rollout_logprobs"]).abs() * out["response_mask"]).max()) < 1e-4
+
+
+@pytest.mark.parametrize("sleep", [True, False])
+def test_the_rollout_role_frees_the_kv_cache_after_generating_when_asked(tiny_model_dir, sleep):
+    from core.protocol import Batch
+    from core.roles import RolloutConfig, RolloutWorker
+    from core.worker import WorkerContext
+
+    worker = RolloutWorker(WorkerContext(0, 1, 0, torch.device("cpu")),
+                           RolloutConfig(model=str(tiny_model_dir), dtype="float32", max_prompt_length=32,
+                                         sleep_after_generate=sleep))
+    prompts = Batch(non_tensors={"prompt": [[{"role": "user", "content": "hi"}]]})
+    out = worker.generate(prompts, SamplingParams(n=2, max_new_tokens=4))
+    assert out["responses"].shape == (2, 4) and (worker.engine.cache is None) == sleep

@@ -1,7 +1,10 @@
 """Bench options: ``pytest bench/ --benchmark`` runs real sizes; without the flag every bench is a tiny smoke run.
 
 Each bench measures ours and a baseline in the same run and reports their ratio (this machine is shared and
-noisy: ratios carry across runs, absolute times do not). Results land in ``bench/results/<bench>.json``.
+noisy: ratios carry across runs, absolute times do not). Results land in ``bench/results/<bench>.json``; with
+``--benchmark`` the tracked ratios are compared with ``bench/baselines/<machine kind>.json`` at the end of the
+session (``bench/regress.py``): a regression beyond the tolerance fails the run, and ``bench/results/report.md``
+and ``report.png`` are written. ``--save-baseline`` stores this run's ratios as the machine kind's baseline.
 """
 
 from __future__ import annotations
@@ -21,6 +24,33 @@ RESULTS = Path(__file__).parent / "results"
 def pytest_addoption(parser):
     parser.addoption("--benchmark", action="store_true", default=False,
                      help="run benchmarks at real sizes (default: tiny smoke sizes)")
+    parser.addoption("--save-baseline", action="store_true", default=False,
+                     help="with --benchmark: store this run's tracked ratios as bench/baselines/<machine kind>.json")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Compare the run's tracked ratios with the stored baseline; write the markdown report and PNG."""
+    from bench.regress import compare, load_baseline, machine_kind, save_baseline, tracked_ratios, write_report
+
+    config = session.config
+    records = getattr(config, "_bench_records", [])
+    if not records or not config.getoption("--benchmark"):
+        return
+    kind, current = machine_kind(), tracked_ratios(records)
+    baseline = load_baseline(kind)
+    failures = compare(current, baseline) if baseline else []
+    written = write_report(current, baseline, failures, RESULTS, kind)
+    lines = [f"\n[bench] report: {', '.join(map(str, written))}"]
+    if config.getoption("--save-baseline"):
+        lines.append(f"[bench] baseline saved: {save_baseline(kind, current)}")
+    elif baseline is None:
+        lines.append(f"[bench] no baseline for machine kind {kind!r}: nothing compared (--save-baseline stores one)")
+    elif failures:
+        lines += ["[bench] REGRESSION against bench/baselines/" + kind + ".json:", *[f"  {f}" for f in failures]]
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    else:
+        lines.append(f"[bench] no regression against bench/baselines/{kind}.json")
+    config.get_terminal_writer().line("\n".join(lines))
 
 
 @pytest.fixture(scope="session")
@@ -42,15 +72,20 @@ def median_time(fn: Callable[[], object], repeat: int, warmup: int = 1) -> float
 
 @pytest.fixture
 def report(request, full_size):
-    """``report(name, **figures)``: print one line and save the figures as JSON for regression tracking."""
+    """``report(name, tracked={ratio: 'higher'|'lower'}, **figures)``: print one line, save the figures as JSON,
+    and hand the tracked ratios to the end-of-session comparison."""
 
-    def _report(name: str, **figures):
+    def _report(name: str, tracked: dict[str, str] | None = None, **figures):
+        for k, better in (tracked or {}).items():
+            if k not in figures or better not in ("higher", "lower"):
+                raise ValueError(f"bench {name}: tracked ratio {k!r} must be a reported figure, 'higher' or 'lower'")
         line = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items())
         print(f"\n[bench] {name}: {line}")
         RESULTS.mkdir(exist_ok=True)
         record = {"bench": name, "full_size": full_size, "machine": platform.machine(),
-                  "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **figures}
+                  "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "tracked": dict(tracked or {}), **figures}
         (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=1))
+        request.config._bench_records = getattr(request.config, "_bench_records", []) + [record]
         return record
 
     return _report

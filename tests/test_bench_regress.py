@@ -1,0 +1,50 @@
+"""bench/regress.py: ratios compared with a stored baseline in their good direction, reports written, and (slow)
+a deliberate slowdown of the real rollout bench fails the comparison against the committed baseline."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.regress import compare, load_baseline, machine_kind, write_report
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_compare_flags_only_moves_in_the_bad_direction_beyond_the_tolerance():
+    current = {"rollout": {"speedup": (1.4, "higher"), "frac": (0.28, "higher")},
+               "dispatch": {"ratio": (7.0, "lower")}, "new": {"x": (1.0, "higher")}}
+    baseline = {"rollout": {"speedup": (2.0), "frac": 0.30}, "dispatch": {"ratio": 5.0}}
+    failures = compare(current, baseline, tolerance=0.25)
+    # speedup 1.4 vs 2.0 = -30%: fails; frac -7%: noise; dispatch 7 vs 5 (lower is better) = -40%: fails;
+    # a bench without a baseline is not compared
+    assert failures == ["rollout.speedup: 1.4 vs baseline 2 (-30%; higher is better, tolerance 25%)",
+                        "dispatch.ratio: 7 vs baseline 5 (-40%; lower is better, tolerance 25%)"]
+    assert compare({"dispatch": {"ratio": (3.0, "lower")}}, baseline) == []  # faster is never a regression
+
+
+def test_report_lists_every_tracked_ratio_with_its_change(tmp_path):
+    current = {"rollout": {"speedup": (1.5, "higher")}}
+    written = write_report(current, {"rollout": {"speedup": 2.0}}, ["rollout.speedup: ..."], tmp_path, "cpu-2c-x")
+    md = (tmp_path / "report.md").read_text()
+    assert "| rollout | speedup | higher | 1.5 | 2 | -25% |" in md and "**Regressions:**" in md
+    assert written[0] == tmp_path / "report.md"
+
+
+def test_machine_kind_names_the_device_and_the_bf16_hardware():
+    kind = machine_kind()
+    assert kind.startswith(("cpu-", "cuda-")) and (not kind.startswith("cpu-") or kind.split("-")[1].endswith("c"))
+
+
+@pytest.mark.slow
+def test_a_deliberate_rollout_slowdown_fails_the_bench_comparison():
+    """The real rollout bench on SmolLM2 (~1 min) with HYBRIDRL_BENCH_SLOWDOWN=1, against the committed baseline."""
+    if load_baseline(machine_kind()) is None:
+        pytest.skip(f"no committed baseline for machine kind {machine_kind()}")
+    cmd = [sys.executable, "-m", "pytest", "bench/test_rollout.py", "--benchmark", "-q", "-p", "no:cacheprovider"]
+    slow = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, HYBRIDRL_BENCH_SLOWDOWN="1"), capture_output=True,
+                          text=True)
+    assert slow.returncode == 1, slow.stdout[-2000:]
+    assert "REGRESSION" in slow.stdout and "rollout.speedup_vs_generate" in slow.stdout

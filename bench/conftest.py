@@ -43,6 +43,8 @@ def pytest_sessionfinish(session, exitstatus):
     lines = [f"\n[bench] report: {', '.join(map(str, written))}"]
     if config.getoption("--save-baseline"):
         lines.append(f"[bench] baseline saved: {save_baseline(kind, current)}")
+    elif not any(current.values()):
+        lines.append("[bench] no tracked ratios in this run: nothing compared")
     elif baseline is None:
         lines.append(f"[bench] no baseline for machine kind {kind!r}: nothing compared (--save-baseline stores one)")
     elif failures:

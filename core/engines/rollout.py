@@ -93,7 +93,8 @@ class RolloutEngine:
     # ----------------------------------------------------------------------------------------- weights
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Copy full tensors into the engine's parameters by name (a bucket at a time); returns bytes copied."""
+        """Copy full tensors into the engine's parameters by name (a bucket at a time), cast to the engine's
+        dtype by the copy itself; returns the bytes written, in the engine's dtype."""
         params = dict(self.model.named_parameters())
         copied = 0
         for name, tensor in named_tensors:
@@ -102,7 +103,7 @@ class RolloutEngine:
             if params[name].shape != tensor.shape:
                 raise ValueError(f"weight {name}: engine shape {tuple(params[name].shape)} != sent {tuple(tensor.shape)}")
             params[name].copy_(tensor)
-            copied += tensor.numel() * tensor.element_size()
+            copied += params[name].numel() * params[name].element_size()
         return copied
 
     # ----------------------------------------------------------------------------------------- generation

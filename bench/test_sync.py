@@ -1,0 +1,48 @@
+"""Weight sync: the FSDP2 actor's weights into the colocated rollout engine, bucket by bucket, vs a plain copy of
+the same tensors into a model of the engine's dtype (the least any sync must do: read, cast, write).
+
+Full size (``--benchmark``): SmolLM2-135M-Instruct, fp32 master weights -> the engine's dtype (bf16 where the
+hardware has it), one rank in process, 64 MB buckets. Smoke size: the tiny random model.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bench.conftest import median_time
+from core.engines.fsdp import ActorConfig, FSDPActor
+from core.models import default_dtype, load_causal_lm, resolve_model
+from core.roles import RolloutConfig, RolloutWorker
+from core.worker import RoleSpec
+from core.worker_group import LocalWorkerGroup
+
+
+def test_weight_sync_vs_plain_copy(full_size, report, tiny_model_dir):
+    path = resolve_model("SmolLM2-135M-Instruct") if full_size else str(tiny_model_dir)
+    repeat = 5 if full_size else 1
+    dtype = default_dtype()
+    name = str(dtype).replace("torch.", "")
+    group = LocalWorkerGroup({"actor": RoleSpec(FSDPActor, {"cfg": ActorConfig(model=path, dtype=name)}),
+                              "rollout": RoleSpec(RolloutWorker, {"cfg": RolloutConfig(model=path, dtype=name)})})
+    try:
+        rollout = group.role("rollout")
+        t_sync = median_time(lambda: rollout.call_all(RolloutWorker.sync_weights), repeat)
+        metrics = rollout.call_all(RolloutWorker.sync_weights)[0]
+        state = group.role("actor").call_all(FSDPActor.full_state_dict)[0]
+        synced = rollout.call_all(RolloutWorker.engine_state_dict)[0]
+    finally:
+        group.shutdown()
+    assert all(torch.equal(synced[k], state[k].to(dtype)) for k in state)  # the sync is exact
+    target = load_causal_lm(path, dtype=dtype)
+    params = dict(target.named_parameters())
+
+    def plain_copy():
+        with torch.no_grad():
+            for k, t in state.items():
+                params[k].copy_(t)
+
+    t_copy = median_time(plain_copy, repeat)
+    report("sync", tracked={"sync_over_copy": "lower"}, model=path.split("/")[-1], dtype=name, megabytes=metrics["sync/megabytes"],
+           buckets=metrics["sync/buckets"], sync_s=t_sync, plain_copy_s=t_copy, sync_over_copy=t_sync / t_copy,
+           sync_peak_memory_mb=metrics["sync/peak_memory_megabytes"],
+           sync_retained_memory_mb=metrics["sync/retained_memory_megabytes"])

@@ -193,16 +193,43 @@ class WorkerGroup:
             try:
                 ray.get(ready[0])
             except RayTaskError as e:
+                # a peer killed mid-collective makes this rank's all-reduce fail too, sometimes before Ray has
+                # reported the death: the dead peer is the cause to name, so give the others a moment to show it
+                died = self._first_death(pending, role, method, grace_s=3.0)
+                if died is not None:
+                    raise died from None
                 cause = e.cause if getattr(e, "cause", None) is not None else e
                 tb = _ANSI.sub("", getattr(e, "traceback_str", "") or str(e))
                 raise WorkerError(role, rank, method, f"{type(cause).__name__}: {cause}".splitlines()[0], tb) from None
             except RayActorError as e:
-                pid = self.pids[rank] if hasattr(self, "pids") else "?"
-                raise WorkerDiedError(role, rank, method, f"worker process (pid {pid}) died: "
-                                      f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+                raise self._died(role, rank, method, e) from None
             except GetTimeoutError:
                 raise WorkerTimeoutError(role, rank, method, "result not retrievable") from None
         return ray.get(refs)
+
+    def _died(self, role: str, rank: int, method: str, e: Exception) -> WorkerDiedError:
+        pid = self.pids[rank] if hasattr(self, "pids") else "?"
+        return WorkerDiedError(role, rank, method, f"worker process (pid {pid}) died: "
+                               f"{str(e).splitlines()[0] if str(e) else type(e).__name__}")
+
+    def _first_death(self, pending: dict, role: str, method: str, grace_s: float) -> WorkerDiedError | None:
+        """The first of the still-pending ranks whose process died within ``grace_s``, if any."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        deadline = time.monotonic() + grace_s
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return None
+            rank = pending.pop(ready[0])
+            try:
+                ray.get(ready[0])
+            except RayActorError as e:
+                return self._died(role, rank, method, e)
+            except Exception:
+                continue
+        return None
 
     def shutdown(self) -> None:
         """Kill every rank's process and release the pool (safe after a failure, with ranks still hung)."""

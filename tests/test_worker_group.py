@@ -58,6 +58,16 @@ class Echo:
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
 
+    def rank1_exits_during_allreduce(self) -> float:
+        if self.ctx.rank == 1:
+            import torch.distributed as dist
+
+            time.sleep(0.5)                # rank 0 is inside all_reduce by now
+            dist.destroy_process_group()   # its gloo connections close: rank 0's collective fails at once...
+            time.sleep(1.0)
+            os._exit(1)                    # ...a second before this process dies
+        return self.allreduce_rank_plus_one()
+
 
 class Reader:
     """A second role that reads its colocated sibling's memory."""
@@ -166,6 +176,18 @@ def test_a_killed_worker_is_named_while_its_peer_hangs_in_a_collective(ray_sessi
             group.role("actor").call_all(Echo.sleep_rank1_then_allreduce, 60.0)
         assert (info.value.rank, info.value.role) == (1, "actor")
         assert f"pid {victim}" in str(info.value) and "Echo.sleep_rank1_then_allreduce" in str(info.value)
+    finally:
+        group.shutdown()
+
+
+def test_a_peer_that_exits_mid_collective_is_named_not_the_rank_whose_collective_broke(ray_session):
+    # rank 0's gloo all_reduce fails ("connection closed by peer") a second before rank 1's process dies, so
+    # rank 0's error reaches the driver first: the error must still name the cause, rank 1
+    group = WorkerGroup(ResourcePool(nnodes=1, slots_per_node=2), {"actor": RoleSpec(Echo)}, timeout_s=60)
+    try:
+        with pytest.raises(WorkerDiedError) as info:
+            group.role("actor").call_all(Echo.rank1_exits_during_allreduce)
+        assert (info.value.rank, info.value.role) == (1, "actor")
     finally:
         group.shutdown()
 

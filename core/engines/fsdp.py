@@ -57,6 +57,8 @@ class ActorConfig:
     micro_batch_size: int = 4
     # > 0: cut micro-batches by this token budget instead (dynamic batching)
     max_tokens_per_micro: int = 0
+    # run each micro-batch without the columns that are padding in all its rows (verl's use_remove_padding)
+    remove_padding: bool = True
     # passes over the step's batch
     ppo_epochs: int = 1
     # policy loss and its knobs
@@ -80,19 +82,27 @@ class ActorConfig:
 
 
 def micro_batches(batch: Batch, size: int, max_tokens: int) -> list[Batch]:
-    """Consecutive micro-batches: ``size`` rows each, or as many rows as fit ``max_tokens`` (padded length x rows)."""
+    """Consecutive micro-batches: ``size`` rows each, or as many rows as fit ``max_tokens``, counted as rows x the
+    width the group runs at once its padding is removed (its longest prompt + its longest response)."""
     if max_tokens <= 0:
         return batch.split(size)
-    lengths = batch["attention_mask"].sum(-1).tolist()
-    groups, start, longest = [], 0, 0
-    for i, n in enumerate(lengths):
-        longest_if = max(longest, n)
-        if i > start and longest_if * (i - start + 1) > max_tokens:
+    Tp = batch["input_ids"].shape[1] - batch["responses"].shape[1]
+    prompt = batch["attention_mask"][:, :Tp].sum(-1).tolist()
+    response = batch["attention_mask"][:, Tp:].sum(-1).tolist()
+    groups, start, p_max, r_max = [], 0, 0, 0
+    for i, (p, r) in enumerate(zip(prompt, response)):
+        if i > start and (max(p_max, p) + max(r_max, r)) * (i - start + 1) > max_tokens:
             groups.append(batch.index(slice(start, i)))
-            start, longest_if = i, n
-        longest = longest_if
+            start, p_max, r_max = i, 0, 0
+        p_max, r_max = max(p_max, p), max(r_max, r)
     groups.append(batch.index(slice(start, len(batch))))
     return groups
+
+
+def length_order(batch: Batch) -> torch.Tensor:
+    """Row order by real length (stable): with a token budget, groups of similar widths then fill it instead
+    of every group running at the width of the one long row it happens to hold."""
+    return torch.argsort(batch["attention_mask"].sum(-1), stable=True)
 
 
 class FSDPActor:
@@ -135,13 +145,19 @@ class FSDPActor:
         """``old_logprobs`` of the responses, in micro-batches (plus ``entropy`` when asked: a full-vocabulary
         softmax per token, so only on request). Returns a Batch of those keys."""
         self.model.eval()
+        order = length_order(batch) if self.cfg.max_tokens_per_micro > 0 else None
         logps, ents = [], []
-        for mb in micro_batches(batch, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro):
-            lp, ent = response_logprobs(self.model, mb.to(self.ctx.device), self.cfg.temperature, with_entropy)
+        for mb in micro_batches(batch if order is None else batch.index(order), self.cfg.micro_batch_size,
+                                self.cfg.max_tokens_per_micro):
+            lp, ent = response_logprobs(self.model, mb.to(self.ctx.device), self.cfg.temperature, with_entropy,
+                                        self.cfg.remove_padding)
             logps.append(lp.cpu())
             if with_entropy:
                 ents.append(ent.cpu())
-        return Batch({"old_logprobs": torch.cat(logps)} | ({"entropy": torch.cat(ents)} if with_entropy else {}))
+        out = {"old_logprobs": torch.cat(logps)} | ({"entropy": torch.cat(ents)} if with_entropy else {})
+        if order is not None:  # back to the caller's row order
+            out = {k: torch.empty_like(v).index_copy_(0, order, v) for k, v in out.items()}
+        return Batch(out)
 
     # ------------------------------------------------------------------------------------ training
     def _global_counts(self, mask: torch.Tensor) -> tuple[float, float]:
@@ -175,10 +191,13 @@ class FSDPActor:
             for mini in batch.minibatches(cfg.ppo_mini_batch_size // dp, seed=cfg.seed + epoch, shuffle=epoch > 0):
                 tokens, seqs = self._global_counts(mini["response_mask"])
                 norm = LossNorm(cfg.loss_agg_mode, tokens, seqs, dp, float(mini["response_mask"].shape[-1]))
+                if cfg.max_tokens_per_micro > 0:  # the loss sums over the mini-batch: row order is free
+                    mini = mini.index(length_order(mini))
                 for mb in self._equalise(micro_batches(mini, cfg.micro_batch_size, cfg.max_tokens_per_micro)):
                     dummy = mb is None
                     mb = (mini.index(slice(0, 1)) if dummy else mb).to(self.ctx.device)
-                    logp, ent = response_logprobs(self.model, mb, cfg.temperature, with_entropy=cfg.entropy_coef > 0)
+                    logp, ent = response_logprobs(self.model, mb, cfg.temperature, cfg.entropy_coef > 0,
+                                                  cfg.remove_padding)
                     pg, m = loss_fn(logp, mb, cfg.loss, norm)
                     loss = pg
                     if cfg.kl_loss_coef > 0:

@@ -120,8 +120,8 @@ class FSDPActor:
                              f"{ctx.rank} runs on {ctx.device} (where everything is in host memory already)")
         torch.manual_seed(cfg.seed)
         model = load_causal_lm(cfg.model, dtype=torch.float32, device=ctx.device)
-        if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+        if cfg.gradient_checkpointing:  # transformers 5 renamed it; older versions have only the first name
+            getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
         compute = resolve_dtype(cfg.dtype, ctx.device)
         mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
         offload = CPUOffloadPolicy(pin_memory=True) if cfg.offload else OffloadPolicy()

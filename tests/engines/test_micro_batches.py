@@ -87,3 +87,19 @@ def test_token_budget_logprobs_come_back_in_the_callers_row_order(tiny_model_dir
             group.shutdown()
     mask = b["response_mask"]
     torch.testing.assert_close(out[1] * mask, out[0] * mask, atol=1e-5, rtol=1e-5)
+
+
+def test_gradient_checkpointing_changes_no_loss_or_gradient(tiny_model_dir):
+    # activations recomputed in backward: the same numbers, less memory
+    b = uneven_batch([2, 7, 4, 8], [1, 5, 3, 6])
+    results = []
+    for checkpointing in (False, True):
+        cfg = ActorConfig(model=str(tiny_model_dir), dtype="float32", ppo_mini_batch_size=4, micro_batch_size=2,
+                          optim=OptimConfig(lr=1e-3), gradient_checkpointing=checkpointing)
+        group = LocalWorkerGroup({"actor": RoleSpec(FSDPActor, {"cfg": cfg})})
+        try:
+            results.append(group.role("actor").call_all(FSDPActor.update, b)[0])
+        finally:
+            group.shutdown()
+    assert results[1]["actor/grad_norm"] == pytest.approx(results[0]["actor/grad_norm"], rel=1e-5)
+    assert results[1]["actor/pg_loss"] == pytest.approx(results[0]["actor/pg_loss"], rel=1e-5, abs=1e-7)

@@ -81,10 +81,11 @@ def write_report(current: dict[str, dict[str, tuple[float, str]]], baseline: dic
     rows = [(b, n, v, d, (baseline or {}).get(b, {}).get(n)) for b, r in current.items() for n, (v, d) in r.items()]
     lines = [f"# bench report ({kind})", "",
              f"Baseline: {'bench/baselines/' + kind + '.json' if baseline else 'none stored for this machine kind'};"
-             f" tolerance {TOLERANCE:.0%}.", "", "| bench | ratio | better | this run | baseline | change |",
-             "|---|---|---|---|---|---|"]
+             f" tolerance {TOLERANCE:.0%}.", "",
+             "| bench | ratio | better | this run | baseline | change (+ = better) |", "|---|---|---|---|---|---|"]
     for b, n, v, d, base in rows:
-        change = "" if base in (None, 0) else f"{(v - base) / abs(base):+.0%}"
+        sign = 1 if d == "higher" else -1
+        change = "" if base in (None, 0) else f"{sign * (v - base) / abs(base):+.0%}"
         lines.append(f"| {b} | {n} | {d} | {v:.4g} | {'' if base is None else f'{base:.4g}'} | {change} |")
     lines += ["", "**Regressions:**" if failures else "No regressions.", *[f"- {f}" for f in failures]]
     md = out / "report.md"

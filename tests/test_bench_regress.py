@@ -26,10 +26,12 @@ def test_compare_flags_only_moves_in_the_bad_direction_beyond_the_tolerance():
 
 
 def test_report_lists_every_tracked_ratio_with_its_change(tmp_path):
-    current = {"rollout": {"speedup": (1.5, "higher")}}
-    written = write_report(current, {"rollout": {"speedup": 2.0}}, ["rollout.speedup: ..."], tmp_path, "cpu-2c-x")
+    current = {"rollout": {"speedup": (1.5, "higher")}, "sync": {"over_copy": (1.8, "lower")}}
+    baseline = {"rollout": {"speedup": 2.0}, "sync": {"over_copy": 2.0}}
+    written = write_report(current, baseline, ["rollout.speedup: ..."], tmp_path, "cpu-2c-x")
     md = (tmp_path / "report.md").read_text()
     assert "| rollout | speedup | higher | 1.5 | 2 | -25% |" in md and "**Regressions:**" in md
+    assert "| sync | over_copy | lower | 1.8 | 2 | +10% |" in md  # lower is better: 10% faster shows as +10%
     assert written[0] == tmp_path / "report.md"
 
 

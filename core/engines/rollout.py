@@ -342,8 +342,9 @@ def shared_prefix_length(prompts: list[list[int]]) -> int:
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A boolean attention mask as the additive float mask every attention implementation accepts."""
-    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed.cpu(), torch.finfo(dtype).min)
+    """A boolean attention mask as the additive float mask every attention implementation accepts, on the
+    boolean mask's device (decode builds it on the engine's device; prefill on CPU, then moves it)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 def _assemble(prompts, prompt_mask, responses, response_mask, logps) -> Batch:

@@ -204,3 +204,13 @@ def test_the_rollout_role_frees_the_kv_cache_after_generating_when_asked(tiny_mo
     prompts = Batch(non_tensors={"prompt": [[{"role": "user", "content": "hi"}]]})
     out = worker.generate(prompts, SamplingParams(n=2, max_new_tokens=4))
     assert out["responses"].shape == (2, 4) and (worker.engine.cache is None) == sleep
+
+
+def test_the_additive_mask_stays_on_the_boolean_masks_device():
+    # decode builds its mask on the engine's device: a CPU result there would fail on CUDA ("meta" stands in)
+    from core.engines.rollout import _additive
+
+    allowed = torch.tensor([[True, False]])
+    assert _additive(allowed.to("meta"), torch.bfloat16).device.type == "meta"
+    out = _additive(allowed, torch.float32)
+    assert out.tolist() == [[0.0, torch.finfo(torch.float32).min]]

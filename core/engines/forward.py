@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from core.protocol import Batch
 
 
-def _keeps_logits(model) -> bool:
+def keeps_logits(model) -> bool:
+    """Does the model's forward take ``logits_to_keep`` (project only the last positions onto the vocabulary)?"""
     fwd = getattr(model, "forward", None)
     return fwd is not None and "logits_to_keep" in inspect.signature(fwd).parameters
 
@@ -43,7 +44,7 @@ def response_logprobs(model, batch: Batch, temperature: float = 1.0, with_entrop
     if remove_padding:
         batch = trim_padding(batch)
     Tr = batch["responses"].shape[1]
-    keep = {"logits_to_keep": Tr + 1} if _keeps_logits(model) else {}
+    keep = {"logits_to_keep": Tr + 1} if keeps_logits(model) else {}
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                 position_ids=batch["position_ids"], use_cache=False, **keep)
     logits = out.logits[:, -Tr - 1:-1].float()

@@ -12,7 +12,6 @@ the same distribution the trainer recomputes, so the two can be compared token b
 
 from __future__ import annotations
 
-import inspect
 from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -20,6 +19,7 @@ from typing import Iterable, Sequence
 import torch
 
 from core.engines import attention
+from core.engines.forward import keeps_logits
 from core.engines.kv_cache import SlotKVCache
 from core.protocol import Batch
 
@@ -73,7 +73,7 @@ class RolloutEngine:
         self.eos_ids = self._eos_ids()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.cache: SlotKVCache | None = None
-        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._keeps_logits = keeps_logits(model)
 
     def _eos_ids(self) -> list[int]:
         ids = self.model.generation_config.eos_token_id if self.model.generation_config else None

@@ -6,7 +6,7 @@ left-padded at ``[start, prefill_len)``; generated tokens follow at ``prefill_le
 Live sequences always occupy slots ``[0, n)`` (a finished one is replaced by the last), so every forward reads
 plain views ``keys[:n, :, :kv_len]``: no gather, no concatenation, no per-step allocation.
 
-The engine tells the cache where this forward writes (``prefill_rows`` / ``decode_positions``) and builds the
+The engine tells the cache where this forward writes (``prefill_into`` / ``decode_at``) and builds the
 4D attention mask itself (transformers passes a 4D mask through unchanged), so the model's own attention code
 runs unmodified: ``past_key_values.update(k, v, layer_idx)`` lands here.
 """

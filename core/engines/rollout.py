@@ -21,6 +21,7 @@ import torch
 from core.engines import attention
 from core.engines.forward import keeps_logits
 from core.engines.kv_cache import SlotKVCache
+from core.engines.packed import PackedLinears, can_pack
 from core.protocol import Batch
 
 
@@ -61,11 +62,13 @@ class RolloutEngine:
     """Generation with a transformers model in this process (colocated with the trainer or standalone)."""
 
     def __init__(self, model, tokenizer, max_batch_size: int = 64, decode_attention: bool = True,
-                 share_prefix: bool = True):
+                 share_prefix: bool = True, pack_weights: bool | None = None):
         """``decode_attention``: switch the model to ``core.engines.attention`` (batched matmuls for one-token
         decode steps, SDPA for everything else) -- the model object itself is switched, for every caller.
         ``share_prefix``: prefill the token prefix common to all prompts of a call once (a chat template's
-        system prompt: 25 of the bench's 43 prompt tokens) and copy its KV into each slot."""
+        system prompt: 25 of the bench's 43 prompt tokens) and copy its KV into each slot.
+        ``pack_weights``: run the linears on packed (and sibling-fused) weights, ``core.engines.packed``; None =
+        wherever it applies (bf16 on a CPU with native bf16), where it is bit-identical and ~1.3x faster."""
         self.model, self.tokenizer, self.max_batch_size = model.eval(), tokenizer, max_batch_size
         self.share_prefix = share_prefix
         if decode_attention:
@@ -74,6 +77,10 @@ class RolloutEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.cache: SlotKVCache | None = None
         self._keeps_logits = keeps_logits(model)
+        self.packed: PackedLinears | None = None
+        if pack_weights or (pack_weights is None and can_pack(model)):
+            calibrate = lambda: model(input_ids=torch.tensor([[self.pad_id] * 2], device=self.device), use_cache=False)
+            self.packed = PackedLinears(model, calibrate, rows_hint=max_batch_size)
 
     def _eos_ids(self) -> list[int]:
         ids = self.model.generation_config.eos_token_id if self.model.generation_config else None
@@ -96,14 +103,17 @@ class RolloutEngine:
         """Copy full tensors into the engine's parameters by name (a bucket at a time), cast to the engine's
         dtype by the copy itself; returns the bytes written, in the engine's dtype."""
         params = dict(self.model.named_parameters())
-        copied = 0
+        copied, touched = 0, []
         for name, tensor in named_tensors:
             if name not in params:
                 raise KeyError(f"rollout engine has no parameter {name!r}")
             if params[name].shape != tensor.shape:
                 raise ValueError(f"weight {name}: engine shape {tuple(params[name].shape)} != sent {tuple(tensor.shape)}")
             params[name].copy_(tensor)
+            touched.append(params[name])
             copied += params[name].numel() * params[name].element_size()
+        if self.packed is not None:
+            self.packed.refresh(touched)
         return copied
 
     # ----------------------------------------------------------------------------------------- generation
@@ -167,18 +177,20 @@ class RolloutEngine:
             tok = logits.argmax(-1)
             return tok, logits.gather(-1, tok[:, None]).squeeze(-1) - logits.logsumexp(-1)
         x = logits.div_(params.temperature) if params.temperature != 1.0 else logits
-        weights, log_total = unnormalised_probs(x)
+        keep = None
         if (0 < params.top_k < x.shape[-1]) or params.top_p < 1.0:
-            weights = filter_logits(x, params.top_k, params.top_p).isfinite() * weights
-        tok = sample_inverse_cdf(weights, gen)
-        return tok, x.gather(-1, tok[:, None]).squeeze(-1) - log_total
+            keep = filter_logits(x, params.top_k, params.top_p).isfinite()
+        weights, total = unnormalised_probs_(x)  # x is gone from here on
+        tok = sample_inverse_cdf(weights if keep is None else weights * keep, gen)
+        return tok, (weights.gather(-1, tok[:, None]).squeeze(-1) / total).log()
 
 
-def unnormalised_probs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """exp(x - max) (B, V) and log sum exp(x) (B,): softmax's two passes without the division."""
-    top = x.amax(-1, keepdim=True)
-    w = (x - top).exp_()
-    return w, top.squeeze(-1) + w.sum(-1).log()
+def unnormalised_probs_(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """exp(x - max) (B, V) written over ``x`` and its row sums (B,): softmax's passes without the division,
+    in place (a fresh (64, 49,152) fp32 tensor per decode step costs page faults: measured 2.4 ms a step).
+    A sampled token's log-prob is log(weight / sum); its weight is never 0, since sampling skips 0s."""
+    w = x.sub_(x.amax(-1, keepdim=True)).exp_()
+    return w, w.sum(-1)
 
 
 def sample_inverse_cdf(weights: torch.Tensor, gen: torch.Generator, block: int = 256) -> torch.Tensor:

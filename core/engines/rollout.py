@@ -76,6 +76,7 @@ class RolloutEngine:
         self.eos_ids = self._eos_ids()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.cache: SlotKVCache | None = None
+        self._fp32_logits: torch.Tensor | None = None
         self._keeps_logits = keeps_logits(model)
         self.packed: PackedLinears | None = None
         if pack_weights or (pack_weights is None and can_pack(model)):
@@ -132,7 +133,7 @@ class RolloutEngine:
         """Free the KV cache (between rollouts, so the colocated trainer gets the memory); returns bytes freed.
         The next ``generate`` (or ``wake``) allocates it again."""
         freed = self.cache.nbytes if self.cache is not None else 0
-        self.cache = None
+        self.cache = self._fp32_logits = None
         return freed
 
     def wake(self, max_len: int) -> int:
@@ -166,7 +167,12 @@ class RolloutEngine:
         keep = {"logits_to_keep": 1} if self._keeps_logits else {}
         out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=self.cache,
                          use_cache=True, **keep)
-        return out.logits[:, -1].float()
+        logits = out.logits[:, -1]
+        if self._fp32_logits is None or self._fp32_logits.shape[0] < len(logits):
+            self._fp32_logits = torch.empty(max(len(logits), self.max_batch_size), logits.shape[-1],
+                                            device=logits.device)
+        # into a buffer kept across steps: a fresh (64, 49,152) fp32 tensor per step measured 2.4 ms in page faults
+        return self._fp32_logits[:len(logits)].copy_(logits)
 
     def _sample(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator
                 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,7 +30,8 @@ test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
 bench: $(STAMP)
-	$(PY) -m pytest bench/ --benchmark -q -s
+	$(PY) -m pip install -q -c constraints.txt -e ".[bench]"
+	$(PY) -m pytest bench/ --benchmark --benchmark-autosave -q -s
 
 selfcheck: $(STAMP)
 	$(PY) -m core.cli selfcheck

@@ -74,10 +74,13 @@ def median_time(fn: Callable[[], object], repeat: int, warmup: int = 1) -> float
 
 @pytest.fixture
 def report(request, full_size):
-    """``report(name, tracked={ratio: 'higher'|'lower'}, **figures)``: print one line, save the figures as JSON,
-    and hand the tracked ratios to the end-of-session comparison."""
+    """``report(name, tracked={ratio: 'higher'|'lower'}, timed=fn, **figures)``: print one line, save the figures as
+    JSON, and hand the tracked ratios to the end-of-session comparison. ``timed``: our side's main operation; at
+    full size pytest-benchmark times it once more (``timed_rounds`` runs) and stores that with the figures as
+    ``extra_info`` in its own history (``--benchmark-autosave``, ``pytest-benchmark compare``)."""
 
-    def _report(name: str, tracked: dict[str, str] | None = None, **figures):
+    def _report(name: str, tracked: dict[str, str] | None = None, timed: Callable[[], object] | None = None,
+                timed_rounds: int = 3, **figures):
         for k, better in (tracked or {}).items():
             if k not in figures or better not in ("higher", "lower"):
                 raise ValueError(f"bench {name}: tracked ratio {k!r} must be a reported figure, 'higher' or 'lower'")
@@ -88,6 +91,10 @@ def report(request, full_size):
                   "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "tracked": dict(tracked or {}), **figures}
         (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=1))
         request.config._bench_records = getattr(request.config, "_bench_records", []) + [record]
+        if timed is not None and full_size and request.config.pluginmanager.hasplugin("benchmark"):
+            benchmark = request.getfixturevalue("benchmark")
+            benchmark.extra_info.update({k: v for k, v in figures.items() if isinstance(v, (int, float, str))})
+            benchmark.pedantic(timed, rounds=timed_rounds, iterations=1)
         return record
 
     return _report

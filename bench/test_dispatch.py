@@ -46,4 +46,5 @@ def test_dispatch_roundtrip_vs_inprocess_copy(group, full_size, report):
     t_copy = median_time(lambda: buffer.copy_(x), repeat)
     # not tracked yet: its baseline is a 2-3 ms copy, and the ratio moved 21 <-> 35 between back-to-back runs
     report("dispatch_roundtrip", megabytes=mb, workers=2, dispatch_s=t_dispatch, inprocess_copy_s=t_copy,
-           ratio=t_dispatch / t_copy, dispatch_GBps=2 * mb / 1024 / t_dispatch)
+           ratio=t_dispatch / t_copy, dispatch_GBps=2 * mb / 1024 / t_dispatch,
+           timed=lambda: role.dp_split(Passthrough.passthrough, batch), timed_rounds=repeat)

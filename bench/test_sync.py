@@ -30,19 +30,21 @@ def test_weight_sync_vs_plain_copy(full_size, report, tiny_model_dir):
         metrics = rollout.call_all(RolloutWorker.sync_weights)[0]
         state = group.role("actor").call_all(FSDPActor.full_state_dict)[0]
         synced = rollout.call_all(RolloutWorker.engine_state_dict)[0]
+        assert all(torch.equal(synced[k], state[k].to(dtype)) for k in state)  # the sync is exact
+        target = load_causal_lm(path, dtype=dtype)
+        params = dict(target.named_parameters())
+
+        def plain_copy():
+            with torch.no_grad():
+                for k, t in state.items():
+                    params[k].copy_(t)
+
+        t_copy = median_time(plain_copy, repeat)
+        report("sync", tracked={"sync_over_copy": "lower"}, model=path.split("/")[-1], dtype=name,
+               megabytes=metrics["sync/megabytes"], buckets=metrics["sync/buckets"], sync_s=t_sync,
+               plain_copy_s=t_copy, sync_over_copy=t_sync / t_copy,
+               sync_peak_memory_mb=metrics["sync/peak_memory_megabytes"],
+               sync_retained_memory_mb=metrics["sync/retained_memory_megabytes"],
+               timed=lambda: rollout.call_all(RolloutWorker.sync_weights), timed_rounds=repeat)
     finally:
         group.shutdown()
-    assert all(torch.equal(synced[k], state[k].to(dtype)) for k in state)  # the sync is exact
-    target = load_causal_lm(path, dtype=dtype)
-    params = dict(target.named_parameters())
-
-    def plain_copy():
-        with torch.no_grad():
-            for k, t in state.items():
-                params[k].copy_(t)
-
-    t_copy = median_time(plain_copy, repeat)
-    report("sync", tracked={"sync_over_copy": "lower"}, model=path.split("/")[-1], dtype=name, megabytes=metrics["sync/megabytes"],
-           buckets=metrics["sync/buckets"], sync_s=t_sync, plain_copy_s=t_copy, sync_over_copy=t_sync / t_copy,
-           sync_peak_memory_mb=metrics["sync/peak_memory_megabytes"],
-           sync_retained_memory_mb=metrics["sync/retained_memory_megabytes"])

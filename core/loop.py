@@ -19,6 +19,7 @@ from core.algos import AdvantageConfig, compute_advantages, scores_to_token_rewa
 from core.engines.fsdp import FSDPActor
 from core.engines.rollout import SamplingParams
 from core.protocol import Batch
+from core.reshard import sync_across_pools
 from core.rewards import default_compute_score, score_batch
 from core.roles import RolloutWorker
 from core.worker_group import RoleGroup
@@ -95,9 +96,12 @@ def step(roles: Roles, prompts: Batch, cfg: StepConfig, reward_fn: Callable = de
     # 6. policy update: PPO epochs of mini-batches on every DP rank
     with timer("update_actor"):
         actor = mean_over_ranks(roles.actor.dp_split(FSDPActor.update, batch))
-    # 7. send the new weights to the rollout engine, bucket by bucket
+    # 7. send the new weights to the rollout engine, bucket by bucket (in each process when colocated)
     with timer("sync_weights"):
-        sync = roles.rollout.call_all(RolloutWorker.sync_weights, timeout_s=cfg.sync_timeout_s)[0]
+        if roles.rollout.group is roles.actor.group:
+            sync = roles.rollout.call_all(RolloutWorker.sync_weights, timeout_s=cfg.sync_timeout_s)[0]
+        else:
+            sync = sync_across_pools(roles.actor, roles.rollout, cfg.sync_timeout_s)
     timer.seconds["step"] = time.perf_counter() - t0
     return batch, _metrics(batch, actor, sync, timer, scored.num_failed, cfg)
 

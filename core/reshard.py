@@ -1,4 +1,6 @@
-"""Weight sync: the actor's FSDP2 shards -> the colocated rollout engine's full weights, one bucket at a time.
+"""Weight sync: the actor's FSDP2 shards -> the rollout engine's full weights, one bucket at a time.
+
+Colocated (actor and rollout on one pool, so in one process per rank): ``sync_weights`` runs on every rank.
 
 Each bucket is all-gathered (every rank iterates the same buckets in the same order), copied in by the engine
 (which checks names and shapes; dtypes are cast to the engine's), and dropped before the next one is gathered,
@@ -6,6 +8,10 @@ so at most one bucket of full tensors exists beside the engine's own weights. ``
 checksum of every tensor after the copy. The metrics include the peak memory above the level before the sync
 (device memory on CUDA, RSS on CPU) and what is left after it. A peer that never joins a gather stalls the
 collective: the controller bounds the call (``StepConfig.sync_timeout_s``) and raises ``WorkerTimeoutError``.
+
+Split (the rollout on a pool of its own): ``sync_across_pools`` runs in the controller. Per bucket, the actor
+ranks gather it together and rank 0 returns it cast to the engine's dtype; every rollout rank then copies it in.
+The bucket travels through Ray's object store; at most one bucket is in flight.
 """
 
 from __future__ import annotations
@@ -14,9 +20,14 @@ import time
 
 import torch
 
+from typing import TYPE_CHECKING
+
 from core.engines.fsdp import FSDPActor
 from core.engines.rollout import RolloutEngine
 from core.memory import peak_memory
+
+if TYPE_CHECKING:
+    from core.worker_group import RoleGroup
 
 
 class WeightSyncError(RuntimeError):
@@ -50,4 +61,25 @@ def _sync(actor: FSDPActor, engine: RolloutEngine, bucket_bytes: int, debug: boo
     if missing:
         raise WeightSyncError(f"rollout weights not sent by the actor: {missing[:5]}{'...' if len(missing) > 5 else ''}")
     return {"sync/seconds": time.perf_counter() - t0, "sync/megabytes": sent / 2**20, "sync/buckets": buckets,
+            "sync/peak_bucket_megabytes": peak / 2**20}
+
+
+def sync_across_pools(actor: "RoleGroup", rollout: "RoleGroup", timeout_s: float | None = None) -> dict:
+    """Actor pool -> rollout pool, bucket by bucket through the controller (buckets of the rollout config's
+    ``sync_bucket_megabytes``); returns the colocated sync's metrics keys but memory, which is per process."""
+    from core.roles import RolloutWorker
+
+    t0 = time.perf_counter()
+    names, dtype, bucket_bytes = rollout.call_rank0(RolloutWorker.sync_spec, timeout_s=timeout_s)
+    plan = actor.call_rank0(FSDPActor.bucket_plan, bucket_bytes, timeout_s=timeout_s)
+    missing = sorted(set(names) - {n for bucket in plan for n in bucket})
+    if missing:
+        raise WeightSyncError(f"rollout weights the actor does not have: {missing[:5]}{'...' if len(missing) > 5 else ''}")
+    sent, peak = 0, 0
+    for bucket_names in plan:
+        bucket = actor.call_all(FSDPActor.gather_bucket, bucket_names, dtype, timeout_s=timeout_s)[0]
+        size = rollout.call_all(RolloutWorker.load_weights, bucket, timeout_s=timeout_s)[0]
+        sent, peak = sent + size, max(peak, size)
+        del bucket
+    return {"sync/seconds": time.perf_counter() - t0, "sync/megabytes": sent / 2**20, "sync/buckets": len(plan),
             "sync/peak_bucket_megabytes": peak / 2**20}

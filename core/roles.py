@@ -65,10 +65,20 @@ class RolloutWorker:
         """The engine's current weights on CPU (tests, debugging)."""
         return {n: p.detach().cpu().clone() for n, p in self.engine.model.named_parameters()}
 
+    def sync_spec(self) -> tuple[list[str], str, int]:
+        """What a sync from another pool must send: the engine's parameter names, its dtype, the bucket bytes."""
+        return ([n for n, _ in self.engine.model.named_parameters()], str(self.engine.dtype).removeprefix("torch."),
+                self.cfg.sync_bucket_megabytes << 20)
+
+    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
+        """One bucket of full weights sent from another pool (``core.reshard.sync_across_pools``); bytes written."""
+        return self.engine.update_weights(named_tensors)
+
     @torch.no_grad()
     def sync_weights(self) -> dict:
         """Pull the colocated actor's weights into the engine (collective over the actor's ranks)."""
         actor = self.ctx.colocated.get("actor")
         if actor is None:
-            raise RuntimeError("sync_weights needs the actor colocated in this process (placement: same pool)")
+            raise RuntimeError("sync_weights needs the actor colocated in this process; with the rollout on its own "
+                               "pool the controller syncs through core.reshard.sync_across_pools")
         return sync_weights(actor, self.engine, self.cfg.sync_bucket_megabytes << 20, self.cfg.debug_sync)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from core.config import validate
-from core.trainer import RunConfig, fit
+from core.trainer import RunConfig, effective_sizes, fit
 
 
 def load_run_config(config_dir: str | Path, config_name: str = "config", overrides: list[str] | None = None) -> RunConfig:
@@ -30,9 +30,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m core.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--config-dir", required=True, help="the recipe folder holding config.yaml")
     p.add_argument("--config-name", default="config")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate the config and print the effective batch sizes; start nothing")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.total_steps=5 actor.optim.lr=1e-5")
-    a = p.parse_args(argv)
-    fit(load_run_config(a.config_dir, a.config_name, a.overrides))
+    a = p.parse_intermixed_args(argv)
+    cfg = load_run_config(a.config_dir, a.config_name, a.overrides)
+    if a.dry_run:
+        pool = cfg.placement.pools[cfg.placement.roles["actor"]]
+        dp = 1 if cfg.trainer.backend == "local" else pool.nnodes * pool.slots_per_node
+        print(f"config valid: actor {cfg.actor.model} on {dp} {pool.device} rank(s)\neffective sizes:\n"
+              + effective_sizes(cfg, dp))
+        return 0
+    fit(cfg)
     return 0
 
 

@@ -234,18 +234,35 @@ class FSDPActor:
 
     # ------------------------------------------------------------------------------------ weight export
     @torch.no_grad()
+    def bucket_plan(self, bucket_bytes: int = 64 << 20) -> list[list[str]]:
+        """Parameter names grouped into buckets of about ``bucket_bytes`` of full tensors (the same on every rank)."""
+        plan, bucket, size = [], [], 0
+        for name, p in self.model.named_parameters():
+            bucket.append(name)
+            size += p.numel() * p.element_size()  # a DTensor's numel is the full tensor's
+            if size >= bucket_bytes:
+                plan.append(bucket)
+                bucket, size = [], 0
+        return plan + [bucket] if bucket else plan
+
     def weight_buckets(self, bucket_bytes: int = 64 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Full (unsharded) parameters, gathered one bucket at a time. Collective: every rank must iterate."""
-        bucket, size = [], 0
-        for name, p in self.model.named_parameters():
-            full = p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
-            bucket.append((name, full))
-            size += full.numel() * full.element_size()
-            if size >= bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-        if bucket:
-            yield bucket
+        params = dict(self.model.named_parameters())
+        for names in self.bucket_plan(bucket_bytes):
+            yield [(n, params[n].full_tensor() if hasattr(params[n], "full_tensor") else params[n].detach())
+                   for n in names]
+
+    @torch.no_grad()
+    def gather_bucket(self, names: list[str], dtype: str | None = None) -> list[tuple[str, torch.Tensor]] | None:
+        """Collective: every rank gathers these full parameters; rank 0 returns them on CPU (cast to ``dtype``, the
+        receiving engine's, to halve the bytes that travel), the others None. For a rollout on another pool."""
+        params = dict(self.model.named_parameters())
+        out = []
+        for n in names:
+            full = params[n].full_tensor() if hasattr(params[n], "full_tensor") else params[n].detach()
+            if self.ctx.rank == 0:
+                out.append((n, full.to("cpu", getattr(torch, dtype) if dtype else full.dtype)))
+        return out if self.ctx.rank == 0 else None
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """All full parameters on CPU (tests and export; a whole-model copy, unlike ``weight_buckets``)."""

@@ -129,3 +129,34 @@ def test_bf16_rollout_vs_fsdp_logprob_mismatch_is_reported(tiny_model_dir):
     mean, peak = float(diff.sum() / mask.sum()), float(diff.max())
     print(f"bf16 rollout vs FSDP log-prob |diff|: mean {mean:.2e} max {peak:.2e}")
     assert mean <= 0.05  # bf16 has 8 mantissa bits: a few 1e-3 per token, not the 0 of fp32
+
+
+def test_split_placement_syncs_the_rollout_pool_from_the_actor_pool(group, tiny_model_dir):
+    """Actor on one pool, rollout on another (separate processes and torch.distributed worlds): after an update,
+    a whole RL step's sync goes bucket by bucket through the controller and the engine equals the actor exactly."""
+    from core.loop import Roles, StepConfig, step
+
+    s = specs(tiny_model_dir)
+    rollout_cfg = s["rollout"].kwargs["cfg"]
+    s["rollout"] = RoleSpec(RolloutWorker, {"cfg": type(rollout_cfg)(**{**vars(rollout_cfg), "sync_bucket_megabytes": 0})})
+    # half a CPU per rank: the module's colocated group holds 2 of the session's 4
+    actors = WorkerGroup(ResourcePool(slots_per_node=2, cpus_per_slot=0.5), {"actor": s["actor"]}, name="train",
+                         timeout_s=300)
+    rollouts = WorkerGroup(ResourcePool(slots_per_node=1, cpus_per_slot=0.5), {"rollout": s["rollout"]}, name="gen",
+                           timeout_s=300)
+    try:
+        roles = Roles(actor=actors.role("actor"), rollout=rollouts.role("rollout"))
+        before = roles.rollout.call_rank0(RolloutWorker.engine_state_dict)
+        reward = lambda source, text, truth, extra=None: sum(map(ord, text)) / 1e3  # noqa: E731 differs within groups
+        batch = prompts()
+        batch.non_tensors.update({"data_source": ["x"] * 4, "ground_truth": ["0"] * 4, "extra_info": [{}] * 4})
+        _, metrics = step(roles, batch, StepConfig(sampling=PARAMS), reward)
+        actor_full = roles.actor.call_all(FSDPActor.full_state_dict)[0]
+        engine = roles.rollout.call_rank0(RolloutWorker.engine_state_dict)
+    finally:
+        actors.shutdown()
+        rollouts.shutdown()
+    # bucket size 0: one bucket per tensor, so the plan covers every weight one by one
+    assert metrics["sync/buckets"] == len(actor_full) and metrics["sync/megabytes"] > 0
+    assert engine.keys() == actor_full.keys() and all(torch.equal(engine[k], actor_full[k]) for k in actor_full)
+    assert any(not torch.equal(before[k], actor_full[k]) for k in actor_full)

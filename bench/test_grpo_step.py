@@ -1,0 +1,127 @@
+"""One whole GRPO step, ours vs TRL's ``GRPOTrainer``, on the same model, prompts, n, lengths and batch, in one run.
+
+A step = generate n samples for each of P prompts -> reward -> old and reference log-probs -> GRPO advantages ->
+2 optimizer updates of half the samples each (micro-batches of a quarter) -> (ours) weight sync to the rollout engine.
+Both run in this process, world size 1, on the machine's threads, with bf16 compute where the hardware has it,
+temperature 1, KL coefficient 0.001 against a reference model, no gradient checkpointing.
+
+TRL: ``per_device_train_batch_size`` P x n / 4, ``gradient_accumulation_steps`` 2, ``steps_per_generation`` 4 -- one
+generation of P x n completions feeds 4 micro-steps = 2 optimizer steps, the same schedule as ours. TRL generates
+with transformers ``generate``. Its time per step is measured between its own step-end callbacks (2 optimizer
+steps = one of ours), after a warm-up step, so model loading and start-up are outside both.
+
+Full size (``--benchmark``): SmolLM2-135M-Instruct, 8 prompts x n=4, 32 new tokens (EOS ignored by neither side:
+both stop at EOS, so both report tokens generated), 3 timed steps. Smoke size: the tiny random model, 1 step.
+TRL is an optional bench dependency (``pip install -e .[bench]``); without it this bench is skipped.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+import torch
+
+from bench.test_rollout import matmul_flops_per_s
+from core.algos import AdvantageConfig
+from core.engines.fsdp import ActorConfig, FSDPActor, OptimConfig
+from core.engines.rollout import SamplingParams
+from core.loop import Roles, StepConfig, prompts_from_rows, step
+from core.models import resolve_model
+from core.roles import RolloutConfig, RolloutWorker
+from core.worker import RoleSpec
+from core.worker_group import LocalWorkerGroup
+
+KL, LR = 0.001, 1e-6
+
+
+def arith_rows(count: int) -> list[dict]:
+    rows = []
+    for i in range(count):
+        a, b = 3 + i % 7, 2 + (i * 5) % 8
+        rows.append({"prompt": [{"role": "user", "content": f"What is {a} + {b}? Answer with the number."}],
+                     "data_source": "bench_arith", "ground_truth": str(a + b), "extra_info": {}})
+    return rows
+
+
+def contains_answer(text: str, answer: str) -> float:
+    return float(answer in re.findall(r"-?\d+", text))
+
+
+def ours_step_seconds(path: str, dtype: str, rows: list[dict], n: int, new: int, steps: int) -> tuple[float, float]:
+    """Median seconds per step after one warm-up step, and the mean response length."""
+    prompts_per_step, samples = len(rows), len(rows) * n
+    actor = ActorConfig(model=path, dtype=dtype, ppo_mini_batch_size=samples // 2, micro_batch_size=samples // 4,
+                        kl_loss_coef=KL, optim=OptimConfig(lr=LR, warmup_steps=0))
+    ref = ActorConfig(model=path, dtype=dtype, trainable=False, micro_batch_size=samples // 4)
+    rollout = RolloutConfig(model=path, dtype=dtype, max_batch_size=samples, max_prompt_length=64)
+    group = LocalWorkerGroup({"actor": RoleSpec(FSDPActor, {"cfg": actor}), "ref": RoleSpec(FSDPActor, {"cfg": ref}),
+                              "rollout": RoleSpec(RolloutWorker, {"cfg": rollout})})
+    cfg = StepConfig(sampling=SamplingParams(n=n, temperature=1.0, max_new_tokens=new),
+                     adv=AdvantageConfig(estimator="grpo"))
+    reward = lambda source, text, truth, extra=None: contains_answer(text, truth)  # noqa: E731
+    roles = Roles(actor=group.role("actor"), rollout=group.role("rollout"), ref=group.role("ref"))
+    times, lengths = [], []
+    try:
+        for i in range(steps + 1):
+            batch = prompts_from_rows(rows[:prompts_per_step])
+            t = time.perf_counter()
+            _, metrics = step(roles, batch, cfg, reward)
+            if i:
+                times.append(time.perf_counter() - t)
+                lengths.append(metrics["response_length/mean"])
+    finally:
+        group.shutdown()
+    return sorted(times)[len(times) // 2], sum(lengths) / len(lengths)
+
+
+def trl_step_seconds(path: str, bf16: bool, rows: list[dict], n: int, new: int, steps: int, out) -> tuple[float, float]:
+    """TRL's median seconds per GRPO step (2 optimizer steps) after a warm-up step, and its mean completion length."""
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    class StepTimes(TrainerCallback):
+        def __init__(self):
+            self.ends, self.lengths = [], []
+
+        def on_step_end(self, args, state, control, **kw):
+            self.ends.append(time.perf_counter())
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs:
+                self.lengths.append(logs["completions/mean_length"])
+
+    data = Dataset.from_list([{"prompt": r["prompt"], "answer": r["ground_truth"]} for r in rows] * (steps + 2))
+
+    def reward(completions, answer, **kw):
+        return [contains_answer(c[-1]["content"], a) for c, a in zip(completions, answer)]
+
+    args = GRPOConfig(output_dir=str(out), per_device_train_batch_size=len(rows) * n // 4, gradient_accumulation_steps=2,
+                      steps_per_generation=4, num_generations=n, max_completion_length=new, temperature=1.0,
+                      beta=KL, learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
+                      max_steps=2 * (steps + 1), gradient_checkpointing=False, bf16=bf16, use_cpu=True,
+                      logging_steps=1, report_to="none", save_strategy="no", shuffle_dataset=False, seed=0,
+                      dataloader_num_workers=0, disable_tqdm=True)
+    timer = StepTimes()
+    trainer = GRPOTrainer(model=path, reward_funcs=reward, args=args, train_dataset=data, callbacks=[timer])
+    trainer.train()
+    ends = timer.ends[1::2]  # the end of every second optimizer step closes one GRPO step
+    per_step = [b - a for a, b in zip(ends, ends[1:])]
+    return sorted(per_step)[len(per_step) // 2], sum(timer.lengths) / max(len(timer.lengths), 1)
+
+
+def test_whole_grpo_step_vs_trl(full_size, report, tiny_model_dir, tmp_path):
+    pytest.importorskip("trl", reason="TRL is an optional bench dependency: pip install -e '.[bench]'")
+    path = resolve_model("SmolLM2-135M-Instruct") if full_size else str(tiny_model_dir)
+    P, n, new, steps = (8, 4, 32, 3) if full_size else (2, 4, 8, 1)
+    bf16 = matmul_flops_per_s(torch.bfloat16) > matmul_flops_per_s(torch.float32)
+    rows = arith_rows(P)
+    ours_s, ours_len = ours_step_seconds(path, "bfloat16" if bf16 else "float32", rows, n, new, steps)
+    trl_s, trl_len = trl_step_seconds(path, bf16, rows, n, new, steps, tmp_path / "trl")
+    rec = report("grpo_step_vs_trl", tracked={"speedup_vs_trl": "higher"} if full_size else None,
+                 model=path.rsplit("/", 1)[-1], bf16=bf16, prompts=P, n=n, max_new_tokens=new,
+                 ours_step_s=ours_s, trl_step_s=trl_s, ours_response_len=ours_len, trl_response_len=trl_len,
+                 speedup_vs_trl=trl_s / ours_s)
+    assert rec["ours_step_s"] > 0 and rec["trl_step_s"] > 0

@@ -1,0 +1,77 @@
+"""Colocated vs split placement: the same GRPO step with actor, reference and rollout in one process per rank, and
+with the rollout on a pool of its own (weights synced through the controller), on real Ray, in one run.
+
+On this 2-core machine: colocated = one pool of 2 ranks holding all three roles (every phase uses both cores);
+split = actor + reference on a 1-rank pool, rollout on another 1-rank pool (each phase gets one core, since the
+step runs its phases one after another, and the sync crosses processes). The ratio is split / colocated step time;
+on GPUs the split layout pays off when generation and training overlap (asynchronous RL), which this step
+does not do. Full size (``--benchmark``): SmolLM2-135M-Instruct, 8 prompts x n=4, 32 new tokens, median of 2 steps
+after a warm-up step. Smoke size: the tiny random model, 1 step.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench.test_grpo_step import arith_rows, contains_answer
+from bench.test_rollout import matmul_flops_per_s
+from core.algos import AdvantageConfig
+from core.engines.fsdp import ActorConfig, FSDPActor, OptimConfig
+from core.engines.rollout import SamplingParams
+from core.loop import Roles, StepConfig, prompts_from_rows, step
+from core.models import resolve_model
+from core.roles import RolloutConfig, RolloutWorker
+from core.worker import RoleSpec
+from core.worker_group import ResourcePool, WorkerGroup
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def specs(path: str, dtype: str, samples: int) -> dict[str, RoleSpec]:
+    actor = ActorConfig(model=path, dtype=dtype, ppo_mini_batch_size=samples // 2, micro_batch_size=samples // 4,
+                        kl_loss_coef=0.001, optim=OptimConfig(lr=1e-6))
+    ref = ActorConfig(model=path, dtype=dtype, trainable=False, micro_batch_size=samples // 4)
+    rollout = RolloutConfig(model=path, dtype=dtype, max_batch_size=samples, max_prompt_length=64)
+    return {"actor": RoleSpec(FSDPActor, {"cfg": actor}), "ref": RoleSpec(FSDPActor, {"cfg": ref}),
+            "rollout": RoleSpec(RolloutWorker, {"cfg": rollout})}
+
+
+def median_step_seconds(groups: list[WorkerGroup], roles: Roles, rows, cfg: StepConfig, steps: int) -> float:
+    reward = lambda source, text, truth, extra=None: contains_answer(text, truth)  # noqa: E731
+    times = []
+    try:
+        for i in range(steps + 1):
+            _, metrics = step(roles, prompts_from_rows(rows), cfg, reward)
+            if i:
+                times.append(metrics["timing_s/step"])
+    finally:
+        for g in groups:
+            g.shutdown()
+    return sorted(times)[len(times) // 2]
+
+
+def test_colocated_vs_split_placement(ray_session, full_size, report, tiny_model_dir):
+    path = resolve_model("SmolLM2-135M-Instruct") if full_size else str(tiny_model_dir)
+    P, n, new, steps = (8, 4, 32, 2) if full_size else (2, 4, 8, 1)
+    dtype = "bfloat16" if matmul_flops_per_s(torch.bfloat16) > matmul_flops_per_s(torch.float32) else "float32"
+    rows, s = arith_rows(P), specs(path, dtype, P * n)
+    cfg = StepConfig(sampling=SamplingParams(n=n, temperature=1.0, max_new_tokens=new),
+                     adv=AdvantageConfig(estimator="grpo"))
+    main = WorkerGroup(ResourcePool(slots_per_node=2), s, name="main")
+    colocated = median_step_seconds([main], Roles(main.role("actor"), main.role("rollout"), main.role("ref")),
+                                    rows, cfg, steps)
+    train = WorkerGroup(ResourcePool(slots_per_node=1), {"actor": s["actor"], "ref": s["ref"]}, name="train")
+    gen = WorkerGroup(ResourcePool(slots_per_node=1), {"rollout": s["rollout"]}, name="gen")
+    split = median_step_seconds([train, gen], Roles(train.role("actor"), gen.role("rollout"), train.role("ref")),
+                                rows, cfg, steps)
+    r = report("placement", model=path.rsplit("/", 1)[-1], dtype=dtype, prompts=P, n=n, max_new_tokens=new,
+               colocated_step_s=colocated, split_step_s=split, split_over_colocated=split / colocated)
+    assert r["colocated_step_s"] > 0 and r["split_step_s"] > 0

@@ -1,0 +1,89 @@
+"""A recipe's ``expected.yaml``: score tiers, the figures a run's metrics give, and the check of one against the other.
+
+    cpu:                      # checked in CI-class machines: `make test-slow`, `pytest bench/ --benchmark`
+      run: run_smollm2_cpu.sh # in the recipe folder; gets trainer.output_dir=<dir>
+      hardware: {gpus: 0}
+      steps: 20
+      bounds: {reward_end: {min: 0.8}, val_gain: {min: 0.2}, ...}
+    full_scale:               # the published numbers, checked only where the hardware exists
+      source: <url of the published table>
+      run: run_qwen2_7b_gsm8k.sh
+      hardware: {gpus: 8, gpu_memory_gb: 80}
+      bounds: {val_end: {min: 0.87}}
+
+A bound is ``{min: x}``, ``{max: x}`` or both, on a figure that ``run_figures`` computes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from core.report import window
+
+TIER_KEYS = {"run", "hardware", "steps", "bounds", "source", "model", "published", "note"}
+
+
+def load_expected(recipe_dir: str | Path) -> dict:
+    """The tiers of ``<recipe_dir>/expected.yaml``, checked for shape (a clear error names the file and key)."""
+    import yaml
+
+    path = Path(recipe_dir) / "expected.yaml"
+    tiers = yaml.safe_load(path.read_text()) or {}
+    for name, tier in tiers.items():
+        unknown = set(tier) - TIER_KEYS
+        if unknown or "bounds" not in tier or "hardware" not in tier:
+            raise ValueError(f"{path}: tier {name!r} needs 'bounds' and 'hardware'"
+                             + (f"; unknown keys {sorted(unknown)}" if unknown else ""))
+        for key, bound in tier["bounds"].items():
+            if not isinstance(bound, dict) or not bound or set(bound) - {"min", "max"}:
+                raise ValueError(f"{path}: tiers.{name}.bounds.{key} must be {{min: x}} and/or {{max: x}}, got {bound!r}")
+    return tiers
+
+
+def run_figures(history: list[dict]) -> dict[str, float]:
+    """From a run's metrics rows: train reward at the start / end (mean over a window of steps) and their gain,
+    held-out score before / after and its gain, and the largest per-step rollout-vs-trainer log-prob gap."""
+    train = [m for m in history if "reward/mean" in m]
+    val = [m for m in history if "val/reward/mean" in m]
+    out: dict[str, float] = {"steps": float(len(train))}
+    if train:
+        out["reward_start"], _ = window(train, "reward/mean", first=True)
+        out["reward_end"], _ = window(train, "reward/mean", first=False)
+        out["reward_gain"] = out["reward_end"] - out["reward_start"]
+        if all("rollout/logprob_diff_mean" in m for m in train):
+            out["rollout/logprob_diff_mean"] = max(m["rollout/logprob_diff_mean"] for m in train)
+    if val:
+        out["val_start"], out["val_end"] = val[0]["val/reward/mean"], val[-1]["val/reward/mean"]
+        out["val_gain"] = out["val_end"] - out["val_start"]
+    return out
+
+
+def check(figures: dict[str, float], tier: dict, where: str = "tier") -> list[str]:
+    """Every bound the figures break (or lack), as 'figure = value, bound' lines; empty when all hold."""
+    failures = []
+    for key, bound in tier["bounds"].items():
+        if key not in figures:
+            failures.append(f"{where}: figure {key!r} is not in the run's metrics (have {sorted(figures)})")
+            continue
+        v = figures[key]
+        if "min" in bound and v < bound["min"]:
+            failures.append(f"{where}: {key} = {v:.4g} < min {bound['min']}")
+        if "max" in bound and v > bound["max"]:
+            failures.append(f"{where}: {key} = {v:.4g} > max {bound['max']}")
+    if "steps" in tier and figures.get("steps") != tier["steps"]:
+        failures.append(f"{where}: ran {figures.get('steps')} steps, the tier is for {tier['steps']}")
+    return failures
+
+
+def hardware_missing(tier: dict) -> str | None:
+    """Why this machine cannot run the tier (None when it can): GPU count and memory."""
+    import torch
+
+    need = tier["hardware"].get("gpus", 0)
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if have < need:
+        return f"needs {need} GPUs, this machine has {have}"
+    mem = tier["hardware"].get("gpu_memory_gb", 0)
+    if need and mem and torch.cuda.get_device_properties(0).total_memory < mem * 0.9 * 2**30:
+        return f"needs {mem} GB per GPU, this machine's have {torch.cuda.get_device_properties(0).total_memory / 2**30:.0f}"
+    return None

@@ -98,12 +98,16 @@ def step(roles: Roles, prompts: Batch, cfg: StepConfig, reward_fn: Callable = de
         actor = mean_over_ranks(roles.actor.dp_split(FSDPActor.update, batch))
     # 7. send the new weights to the rollout engine, bucket by bucket (in each process when colocated)
     with timer("sync_weights"):
-        if roles.rollout.group is roles.actor.group:
-            sync = roles.rollout.call_all(RolloutWorker.sync_weights, timeout_s=cfg.sync_timeout_s)[0]
-        else:
-            sync = sync_across_pools(roles.actor, roles.rollout, cfg.sync_timeout_s)
+        sync = sync_rollout(roles, cfg.sync_timeout_s)
     timer.seconds["step"] = time.perf_counter() - t0
     return batch, _metrics(batch, actor, sync, timer, scored.num_failed, cfg)
+
+
+def sync_rollout(roles: Roles, timeout_s: float) -> dict[str, float]:
+    """The actor's weights into every rollout rank: in each process when colocated, else through the controller."""
+    if roles.rollout.group is roles.actor.group:
+        return roles.rollout.call_all(RolloutWorker.sync_weights, timeout_s=timeout_s)[0]
+    return sync_across_pools(roles.actor, roles.rollout, timeout_s)
 
 
 def _metrics(batch: Batch, actor: dict, sync: dict, timer: Timer, failed: int, cfg: StepConfig) -> dict[str, float]:

@@ -5,7 +5,7 @@ The controller reaches each through explicit dispatch, e.g. ``rollout.dp_split(R
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -50,6 +50,8 @@ class RolloutWorker:
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """n samples for each prompt row (key ``prompt``: chat lists); every non-tensor column is repeated."""
         prompts.require("prompt")
+        # each rank its own random stream: one seed everywhere would draw the same uniforms on every rank
+        params = replace(params, seed=params.seed + 1_000_003 * self.ctx.rank)
         out = self.engine.generate(self.engine.chat_prompt_ids(list(prompts["prompt"])), params)
         if self.cfg.sleep_after_generate:
             self.engine.sleep()

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from core.config.schema import PlacementConfig, TrainerConfig
 from core.engines.fsdp import ActorConfig, FSDPActor
-from core.loop import Roles, StepConfig, prompts_from_rows, step, validate
+from core import checkpoint
+from core.loop import Roles, StepConfig, prompts_from_rows, step, sync_rollout, validate
 from core.report import report
+from core.tracking import make_trackers
 from core.roles import RolloutConfig, RolloutWorker
 from core.worker import RoleSpec
 
@@ -90,15 +92,32 @@ def role_specs(cfg: RunConfig) -> dict[str, RoleSpec]:
     return specs
 
 
-def prompt_stream(rows: list[dict], per_step: int, shuffle: bool, seed: int):
-    """Endless batches of ``per_step`` rows, reshuffled every epoch."""
-    rng = random.Random(seed)
-    while True:
-        order = list(range(len(rows)))
-        if shuffle:
-            rng.shuffle(order)
-        for i in range(0, len(order) - per_step + 1, per_step):
-            yield [rows[j] for j in order[i:i + per_step]]
+class PromptStream:
+    """Endless batches of ``per_step`` rows. Epoch e's order is a shuffle seeded by (seed, e), so the position
+    is two integers that a checkpoint holds (``state``) and a resumed run continues from."""
+
+    def __init__(self, rows: list[dict], per_step: int, shuffle: bool, seed: int, epoch: int = 0, index: int = 0):
+        self.rows, self.per_step, self.shuffle, self.seed = rows, per_step, shuffle, seed
+        self.epoch, self.index = epoch, index
+        self._order: tuple[int, list[int]] | None = None
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> list[dict]:
+        if self.index + self.per_step > len(self.rows):  # the epoch's remainder is dropped
+            self.epoch, self.index = self.epoch + 1, 0
+        if self._order is None or self._order[0] != self.epoch:
+            order = list(range(len(self.rows)))
+            if self.shuffle:
+                random.Random(f"{self.seed}-{self.epoch}").shuffle(order)
+            self._order = (self.epoch, order)
+        batch = [self.rows[j] for j in self._order[1][self.index:self.index + self.per_step]]
+        self.index += self.per_step
+        return batch
 
 
 def fit(cfg: RunConfig) -> list[dict]:
@@ -127,25 +146,41 @@ def fit(cfg: RunConfig) -> list[dict]:
 
         if not ray.is_initialized():
             ray.init(include_dashboard=False, log_to_driver=False)
+    t = cfg.trainer
+    trackers = make_trackers(t.logger, out, t.project_name, t.experiment_name or out.name, asdict(cfg),
+                             t.tracker_mode, write=tqdm.write)  # before Ray: a missing package fails here
     placement = place(cfg.placement, role_specs(cfg), cfg.trainer.backend, cfg.trainer.call_timeout_s)
     roles = Roles(actor=placement["actor"], rollout=placement["rollout"],
                   ref=placement["ref"] if "ref" in placement else None)
-    history = []
-    stream = prompt_stream(rows, cfg.data.prompts_per_step, cfg.data.shuffle, cfg.trainer.seed)
+    stream = PromptStream(rows, cfg.data.prompts_per_step, cfg.data.shuffle, cfg.trainer.seed)
     val_prompts = prompts_from_rows(val_rows) if val_rows else None
+    history, start = [], 0
 
     def val_metrics() -> dict:
         return validate(roles, val_prompts, cfg.algo.sampling, reward_fn, cfg.algo.reward_workers,
                         cfg.algo.reward_timeout_s)
 
     try:
-        with (out / "metrics.jsonl").open("a") as log, tqdm(total=cfg.trainer.total_steps, desc="steps") as bar:
-            if val_prompts is not None:  # the untrained policy's held-out score: the start of the val curve
+        resumed = checkpoint.find(out, cfg.trainer.resume_mode)
+        if resumed is not None:  # weights, optimizer, RNG, data position; then the engine gets the weights
+            state = checkpoint.driver_state(resumed)
+            roles.actor.call_all(FSDPActor.load_checkpoint, str(resumed / "actor"))
+            sync_rollout(roles, cfg.algo.sync_timeout_s)
+            start, stream = state["step"], PromptStream(rows, cfg.data.prompts_per_step, cfg.data.shuffle,
+                                                        cfg.trainer.seed, **state["stream"])
+            history = rewind_metrics(out / "metrics.jsonl", start)
+            print(f"resumed from {resumed} (step {start})", flush=True)
+        with (out / "metrics.jsonl").open("a") as log, tqdm(total=cfg.trainer.total_steps, initial=start,
+                                                            desc="steps") as bar:
+            if val_prompts is not None and start == 0:  # the untrained policy's held-out score: the val curve's start
                 history.append({"step": 0, **val_metrics()})
                 log.write(json.dumps(history[-1]) + "\n")
-                bar.write(f"step 0: val reward {history[-1]['val/reward/mean']:.3f} ({len(val_rows)} held-out prompts)")
-            for i in range(cfg.trainer.total_steps):
-                _, metrics = step(roles, prompts_from_rows(next(stream)), cfg.algo, reward_fn)
+                for tracker in trackers:
+                    tracker.log(history[-1], 0)
+            for i in range(start, cfg.trainer.total_steps):
+                # a fresh sampling seed each step: the same seed would replay the same uniforms every step
+                algo = replace(cfg.algo, sampling=replace(cfg.algo.sampling, seed=cfg.algo.sampling.seed + i))
+                _, metrics = step(roles, prompts_from_rows(next(stream)), algo, reward_fn)
                 metrics = {"step": i + 1, **metrics}
                 last = i + 1 == cfg.trainer.total_steps
                 if val_prompts is not None and (last or (cfg.trainer.val_every and (i + 1) % cfg.trainer.val_every == 0)):
@@ -153,12 +188,28 @@ def fit(cfg: RunConfig) -> list[dict]:
                 log.write(json.dumps(metrics) + "\n")
                 log.flush()
                 history.append(metrics)
+                if cfg.trainer.save_freq and ((i + 1) % cfg.trainer.save_freq == 0 or last):
+                    tmp = checkpoint.begin(out, i + 1)
+                    roles.actor.call_all(FSDPActor.save_checkpoint, str(tmp / "actor"))
+                    checkpoint.commit(tmp, {"step": i + 1, "stream": stream.state(), "model": cfg.actor.model},
+                                      cfg.trainer.save_keep)
                 bar.update(1)
-                bar.write(f"step {i + 1}: reward {metrics['reward/mean']:.3f} | len {metrics['response_length/mean']:.0f}"
-                          f" | pg_loss {metrics['actor/pg_loss']:.4f} | kl {metrics['actor/kl_loss']:.4f}"
-                          f" | {metrics['timing_s/step']:.1f}s"
-                          + (f" | val {metrics['val/reward/mean']:.3f}" if "val/reward/mean" in metrics else ""))
+                for tracker in trackers:
+                    tracker.log(metrics, i + 1)
     finally:
         placement.shutdown()
+        for tracker in trackers:
+            tracker.close()
     print("summary:\n" + report(history, out / "curves.png"), flush=True)
     return history
+
+
+def rewind_metrics(path: Path, step: int) -> list[dict]:
+    """Keep the rows of steps <= ``step`` (a resumed run writes the later ones again); returns them."""
+    from core.report import read_metrics
+
+    rows = [m for m in read_metrics(path) if m["step"] <= step] if path.is_file() else []
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(m) + "\n" for m in rows))
+    tmp.replace(path)
+    return rows

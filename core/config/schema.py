@@ -53,7 +53,25 @@ class TrainerConfig:
     call_timeout_s: float = 1800.0
     # score data.val_files every N steps (0 = only before the first and after the last step)
     val_every: int = 0
+    # checkpoint every N steps and after the last (0 = never): actor + optimizer + RNG per rank + data position
+    save_freq: int = 0
+    # checkpoints kept (the newest; 0 = all)
+    save_keep: int = 2
+    # auto: resume from <output_dir>/checkpoints/latest when there is one; disable: start fresh; or a checkpoint path
+    resume_mode: str = "auto"
+    # experiment trackers (core/tracking.py): console, jsonl (metrics.jsonl is always written), tensorboard,
+    # swanlab, wandb
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    # tracker project and run names (empty run name: the output folder's name)
+    project_name: str = "hybridrl"
+    experiment_name: str = ""
+    # offline: trackers write under output_dir only; online: swanlab / wandb upload (their own login)
+    tracker_mode: str = "offline"
 
     def __post_init__(self):
         if self.backend not in ("ray", "local"):
             raise ValueError(f"trainer.backend must be 'ray' or 'local', got {self.backend!r}")
+        if self.tracker_mode not in ("offline", "online"):
+            raise ValueError(f"trainer.tracker_mode must be 'offline' or 'online', got {self.tracker_mode!r}")
+        if self.save_freq < 0 or self.save_keep < 0:
+            raise ValueError(f"trainer.save_freq and trainer.save_keep must be >= 0, got {self.save_freq}, {self.save_keep}")

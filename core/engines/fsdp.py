@@ -232,6 +232,46 @@ class FSDPActor:
         self.sched.step()
         return norm
 
+    # ------------------------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, path: str) -> None:
+        """Collective: the model and optimizer state as torch.distributed.checkpoint shards of every rank under
+        ``path``; the LR scheduler (rank 0) and this rank's RNG states beside them (``core.checkpoint``)."""
+        import torch.distributed.checkpoint as dcp
+
+        from core.checkpoint import rng_state
+
+        dcp.save(self._dcp_state(), checkpoint_id=path)
+        if self.sched is not None and self.ctx.rank == 0:
+            torch.save(self.sched.state_dict(), f"{path}/scheduler.pt")
+        torch.save(rng_state(), f"{path}/rng_rank{self.ctx.rank}.pt")
+
+    def load_checkpoint(self, path: str) -> None:
+        """Collective: the state ``save_checkpoint`` wrote, into this actor (DCP reshards if the world size
+        changed; the RNG states then cannot follow their ranks, which is an error naming the rank)."""
+        import os
+
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        from core.checkpoint import set_rng_state
+
+        rng = f"{path}/rng_rank{self.ctx.rank}.pt"
+        if not os.path.isfile(rng):
+            raise FileNotFoundError(f"rank {self.ctx.rank}: {rng} missing -- the checkpoint was written by fewer ranks")
+        state = self._dcp_state()
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(self.model, self.optim or [], model_state_dict=state["model"],
+                       optim_state_dict=state.get("optim", {}))
+        if self.sched is not None:
+            self.sched.load_state_dict(torch.load(f"{path}/scheduler.pt", weights_only=False))
+        set_rng_state(torch.load(rng, weights_only=False))
+
+    def _dcp_state(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optim = get_state_dict(self.model, self.optim or [])
+        return {"model": model} | ({"optim": optim} if self.optim is not None else {})
+
     # ------------------------------------------------------------------------------------ weight export
     @torch.no_grad()
     def bucket_plan(self, bucket_bytes: int = 64 << 20) -> list[list[str]]:

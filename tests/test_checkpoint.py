@@ -1,0 +1,145 @@
+"""Checkpoints: atomic commit and the ``latest`` pointer, keep-last-k, a crashed save, and -- with real processes --
+a run killed with SIGKILL between saves resumes to exactly the metrics of an uninterrupted run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from core import checkpoint
+from core.data.prepare import write_parquet
+from core.report import read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+# what differs between two identical runs: wall times and memory readings
+VOLATILE = ("timing_s/", "perf/", "sync/seconds", "sync/peak_memory", "sync/retained_memory")
+
+
+def fake_save(out: Path, step: int, keep: int) -> Path:
+    tmp = checkpoint.begin(out, step)
+    (tmp / "actor").mkdir()
+    return checkpoint.commit(tmp, {"step": step, "stream": {"epoch": 0, "index": step}}, keep)
+
+
+def test_commit_moves_latest_and_keeps_the_last_k(tmp_path):
+    for s in (2, 4, 6):
+        fake_save(tmp_path, s, keep=2)
+    root = checkpoint.checkpoint_dir(tmp_path)
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_000004", "step_000006"]
+    assert checkpoint.find(tmp_path, "auto") == root / "step_000006"
+    assert checkpoint.driver_state(root / "step_000006")["stream"] == {"epoch": 0, "index": 6}
+    assert checkpoint.find(tmp_path, "disable") is None and checkpoint.find(tmp_path / "nothing", "auto") is None
+
+
+def test_a_save_that_crashed_leaves_the_previous_checkpoint_in_use(tmp_path):
+    fake_save(tmp_path, 2, keep=0)
+    tmp = checkpoint.begin(tmp_path, 4)  # the process dies here: half-written, never committed
+    (tmp / "actor").mkdir()
+    (tmp / "actor" / "partial.distcp").write_bytes(b"\0" * 10)
+    assert checkpoint.find(tmp_path, "auto").name == "step_000002"
+    fake_save(tmp_path, 4, keep=0)  # the next save clears the stale temporary
+    assert not list(checkpoint.checkpoint_dir(tmp_path).glob(".*.tmp"))
+
+
+def test_resume_from_a_path_that_is_no_checkpoint_names_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path}.*not a complete checkpoint"):
+        checkpoint.find(tmp_path, str(tmp_path))
+
+
+# ----------------------------------------------------------------------------------------------- real runs
+def write_run(tmp_path: Path, model_dir: Path, total_steps: int, save_freq: int) -> Path:
+    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"{a} + {a}?"}],
+             "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(2 * a)},
+             "extra_info": {"index": a}} for a in range(12)]
+    write_parquet(rows, tmp_path / "train.parquet")
+    conf = tmp_path / "conf"
+    conf.mkdir(exist_ok=True)
+    # a reward that differs between the samples of a prompt, so every step has a gradient (the tiny random
+    # model never answers right)
+    (tmp_path / "reward.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                                        "    return sum(map(ord, solution_str)) % 7 / 7\n")
+    (conf / "config.yaml").write_text(f"""
+trainer: {{backend: local, total_steps: {total_steps}, save_freq: {save_freq}, save_keep: 2, output_dir: set-per-run}}
+data: {{train_files: ["{tmp_path / 'train.parquet'}"], prompts_per_step: 2}}
+actor: {{model: "{model_dir}", dtype: float32, ppo_mini_batch_size: 4, micro_batch_size: 2, kl_loss_coef: 0.01,
+        optim: {{lr: 0.01, warmup_steps: 2}}}}
+rollout: {{model: "{model_dir}", dtype: float32, max_prompt_length: 32}}
+algo: {{sampling: {{n: 4, temperature: 1.0, max_new_tokens: 6}}}}
+reward: {{path: "{tmp_path / 'reward.py'}"}}
+""")
+    return conf
+
+
+def train(conf: Path, out: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "core.train", "--config-dir", str(conf),
+                             f"trainer.output_dir={out}"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def steady(rows: list[dict]) -> dict[int, dict]:
+    return {m["step"]: {k: v for k, v in m.items() if not k.startswith(VOLATILE)} for m in rows}
+
+
+def test_a_run_killed_between_saves_resumes_to_the_uninterrupted_metrics(tmp_path, tiny_model_dir):
+    conf = write_run(tmp_path, tiny_model_dir, total_steps=6, save_freq=3)
+    whole = train(conf, tmp_path / "whole")
+    assert whole.wait(timeout=300) == 0, whole.stderr.read()[-3000:]
+    # the same run, killed once step 4 is logged: it is inside step 5, between the saves after steps 3 and 6
+    out = tmp_path / "killed"
+    killed = train(conf, out)
+    deadline = time.time() + 300
+    while not any(m["step"] == 4 for m in _rows(out / "metrics.jsonl")):
+        assert killed.poll() is None and time.time() < deadline, "the run ended before step 4 was logged"
+        time.sleep(0.005)
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.wait()
+    assert checkpoint.find(out, "auto").name == "step_000003"
+    resumed = train(conf, out)  # resume_mode=auto
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()[-3000:]
+    want, got = steady(read_metrics(tmp_path / "whole" / "metrics.jsonl")), steady(read_metrics(out / "metrics.jsonl"))
+    assert sorted(got) == [1, 2, 3, 4, 5, 6]  # steps 4.. of the killed run were rewound, then written again
+    for s in (4, 5, 6):
+        assert got[s] == want[s], (s, {k: (got[s].get(k), want[s].get(k)) for k in want[s] if got[s].get(k) != want[s][k]})
+    assert want[6]["reward/std"] > 0 and want[4]["actor/grad_norm"] > 0  # the steps did learn something
+    assert sorted(p.name for p in checkpoint.checkpoint_dir(out).glob("step_*")) == ["step_000003", "step_000006"]
+
+
+def _rows(path: Path) -> list[dict]:
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return []
+
+
+def test_export_writes_a_folder_transformers_loads_and_that_generates(tmp_path, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from core.engines.fsdp import ActorConfig, FSDPActor
+    from core.export import export
+    from core.worker import RoleSpec
+    from core.worker_group import LocalWorkerGroup
+
+    conf = write_run(tmp_path, tiny_model_dir, total_steps=2, save_freq=2)
+    run = train(conf, tmp_path / "run")
+    assert run.wait(timeout=300) == 0, run.stderr.read()[-3000:]
+    ckpt = checkpoint.find(tmp_path / "run", "auto")
+    out = export(ckpt, tmp_path / "hf", dtype="float32")
+    model = AutoModelForCausalLM.from_pretrained(out)
+    group = LocalWorkerGroup({"actor": RoleSpec(FSDPActor, {"cfg": ActorConfig(model=str(tiny_model_dir), dtype="float32")})})
+    try:
+        group.role("actor").call_all(FSDPActor.load_checkpoint, str(ckpt / "actor"))
+        trained = group.role("actor").call_all(FSDPActor.full_state_dict)[0]
+    finally:
+        group.shutdown()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    exported = model.state_dict()
+    assert all(torch.equal(exported[k], trained[k]) for k in trained)
+    assert any(not torch.equal(exported[k], base[k]) for k in trained)  # the training moved it
+    ids = model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert ids.shape == (1, 8)

@@ -77,17 +77,26 @@ def evaluate_rows(engine: RolloutEngine, rows: list[dict], params: SamplingParam
     under its own data source. Returns (metrics per data source, per-sample records)."""
     prompt_ids = engine.chat_prompt_ids([r["prompt"] for r in rows])
     out = engine.generate(prompt_ids, params)
-    mask = out["response_mask"]
-    texts = engine.decode(out)
-    owners = [rows[i // params.n] for i in range(len(texts))]
+    owners = [rows[i // params.n] for i in range(len(out))]
+    return score_samples(owners, engine.decode(out), out["response_mask"].sum(-1).tolist(), params.n, ks,
+                         reward_fn, reward_source, num_workers)
+
+
+def score_samples(owners: list[dict], texts: list[str], lengths: list[int], n: int, ks: Sequence[int] = (),
+                  reward_fn: Callable = default_compute_score, reward_source: str | None = None,
+                  num_workers: int = 0, timeout_s: float = 10.0, fallback: float | None = None
+                  ) -> tuple[dict[str, dict], list[dict]]:
+    """Score generated texts (sample i belongs to row ``owners[i]``, n consecutive samples per problem) and
+    summarise per data source. The training loop's validation calls this on what its rollout workers generated."""
     scored = score_batch(reward_fn, [reward_source or r["data_source"] for r in owners], texts,
-                         [r["ground_truth"] for r in owners], [r["extra_info"] for r in owners], num_workers=num_workers)
+                         [r["ground_truth"] for r in owners], [r["extra_info"] for r in owners],
+                         num_workers=num_workers, timeout_s=timeout_s, fallback=fallback)
     accs = scored.extras.get("acc", [float(s) > 0 for s in scored.scores])
     preds = scored.extras.get("pred", [""] * len(texts))
-    samples = [{"data_source": o["data_source"], "problem": i // params.n, "score": float(s), "acc": bool(a),
-                "pred": str(p), "length": int(m.sum()), "response": t}
-               for i, (o, s, a, p, m, t) in enumerate(zip(owners, scored.scores, accs, preds, mask, texts))]
-    return summarize(samples, params.n, ks), samples
+    samples = [{"data_source": o["data_source"], "problem": i // n, "score": float(s), "acc": bool(a),
+                "pred": str(p), "length": int(m), "response": t}
+               for i, (o, s, a, p, m, t) in enumerate(zip(owners, scored.scores, accs, preds, lengths, texts))]
+    return summarize(samples, n, ks), samples
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,7 +42,8 @@ def load_expected(recipe_dir: str | Path) -> dict:
 
 def run_figures(history: list[dict]) -> dict[str, float]:
     """From a run's metrics rows: train reward at the start / end (mean over a window of steps) and their gain,
-    held-out score before / after and its gain, and the largest per-step rollout-vs-trainer log-prob gap."""
+    held-out score before / after and its gain, the largest per-step rollout-vs-trainer log-prob gap, and with a
+    critic its value loss and explained variance at the start / end."""
     train = [m for m in history if "reward/mean" in m]
     val = [m for m in history if "val/reward/mean" in m]
     out: dict[str, float] = {"steps": float(len(train))}
@@ -52,6 +53,15 @@ def run_figures(history: list[dict]) -> dict[str, float]:
         out["reward_gain"] = out["reward_end"] - out["reward_start"]
         if all("rollout/logprob_diff_mean" in m for m in train):
             out["rollout/logprob_diff_mean"] = max(m["rollout/logprob_diff_mean"] for m in train)
+        for key in ("critic/vf_loss", "critic/explained_var"):  # with a critic: start / end windows over the
+            rows = [m for m in train if key in m]                  # steps that have it (EV is undefined on a
+            if len(rows) >= 2:                                       # step whose returns all agree)
+                out[f"{key}_start"], _ = window(rows, key, first=True)
+                out[f"{key}_end"], _ = window(rows, key, first=False)
+        if "critic/vf_loss_start" in out:
+            out["critic/vf_loss_drop"] = out["critic/vf_loss_start"] - out["critic/vf_loss_end"]
+        if "critic/explained_var_start" in out:
+            out["critic/explained_var_gain"] = out["critic/explained_var_end"] - out["critic/explained_var_start"]
     if val:
         out["val_start"], out["val_end"] = val[0]["val/reward/mean"], val[-1]["val/reward/mean"]
         out["val_gain"] = out["val_end"] - out["val_start"]

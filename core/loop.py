@@ -15,7 +15,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from core.algos import AdvantageConfig, compute_advantages, scores_to_token_rewards, truncated_is_weights
+from core.algos import (AdvantageConfig, compute_advantages, scores_to_token_rewards, truncated_is_weights,
+                        value_targets_explained_variance)
+from core.engines.critic import FSDPCritic
 from core.engines.fsdp import FSDPActor
 from core.engines.rollout import SamplingParams
 from core.protocol import Batch
@@ -40,6 +42,9 @@ class StepConfig:
     sync_timeout_s: float = 300.0
     # truncated importance sampling (Yao et al. 2025): scale advantages by min(pi_old / pi_rollout, cap); 0 = off
     tis_cap: float = 0.0
+    # held-out validation sampling: greedy, one sample by default (max_new_tokens 0 = the training value)
+    val_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(n=1, temperature=0.0,
+                                                                                max_new_tokens=0))
 
 
 @dataclass
@@ -49,6 +54,7 @@ class Roles:
     actor: RoleGroup
     rollout: RoleGroup
     ref: RoleGroup | None = None
+    critic: RoleGroup | None = None
 
 
 class Timer:
@@ -62,13 +68,15 @@ class Timer:
         self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t
 
 
-def mean_over_ranks(per_rank: list[dict]) -> dict[str, float]:
-    return {k: float(np.mean([m[k] for m in per_rank])) for k in per_rank[0]}
+def reduce_over_ranks(per_rank: list[dict]) -> dict[str, float]:
+    """Losses are each rank's part of the mini-batch loss (normalised by global counts): summed. The rest: mean."""
+    return {k: float((np.sum if k.endswith("_loss") else np.mean)([m[k] for m in per_rank])) for k in per_rank[0]}
 
 
-def step(roles: Roles, prompts: Batch, cfg: StepConfig, reward_fn: Callable = default_compute_score
-         ) -> tuple[Batch, dict[str, float]]:
-    """One RL step on a batch of prompts (non-tensor keys: prompt, data_source, ground_truth, extra_info, uid)."""
+def step(roles: Roles, prompts: Batch, cfg: StepConfig, reward_fn: Callable = default_compute_score,
+         update_actor: bool = True) -> tuple[Batch, dict[str, float]]:
+    """One RL step on a batch of prompts (non-tensor keys: prompt, data_source, ground_truth, extra_info, uid).
+    ``update_actor=False``: the critic learns, the policy stays (critic warm-up)."""
     timer, t0 = Timer(), time.perf_counter()
     # 1. generate n responses per prompt, with the rollout engine's log-probs of the sampled tokens
     with timer("gen"):
@@ -87,20 +95,31 @@ def step(roles: Roles, prompts: Batch, cfg: StepConfig, reward_fn: Callable = de
     if roles.ref is not None:
         with timer("ref"):
             batch["ref_logprobs"] = roles.ref.dp_split(FSDPActor.compute_logprobs, batch)["old_logprobs"]
+    # 4b. the critic's value of every response prefix, when there is a critic
+    if roles.critic is not None:
+        with timer("values"):
+            batch["values"] = roles.critic.dp_split(FSDPCritic.compute_values, batch)["values"]
     # 5. advantages (and returns) from the token rewards, by the configured estimator
     with timer("adv"):
         batch["advantages"], batch["returns"] = compute_advantages(batch, cfg.adv)
         if cfg.tis_cap > 0:  # correct for the rollout engine sampling from a slightly different policy
             batch["advantages"] = batch["advantages"] * truncated_is_weights(
                 batch["old_logprobs"], batch["rollout_logprobs"], batch["response_mask"], cfg.tis_cap)
-    # 6. policy update: PPO epochs of mini-batches on every DP rank
-    with timer("update_actor"):
-        actor = mean_over_ranks(roles.actor.dp_split(FSDPActor.update, batch))
-    # 7. send the new weights to the rollout engine, bucket by bucket (in each process when colocated)
-    with timer("sync_weights"):
-        sync = sync_rollout(roles, cfg.sync_timeout_s)
+    # 6. critic update toward the returns, when there is a critic
+    critic = {}
+    if roles.critic is not None:
+        with timer("update_critic"):
+            critic = reduce_over_ranks(roles.critic.dp_split(FSDPCritic.update, batch))
+    # 7. policy update: PPO epochs of mini-batches on every DP rank (skipped while the critic warms up)
+    actor, sync = {}, {}
+    if update_actor:
+        with timer("update_actor"):
+            actor = reduce_over_ranks(roles.actor.dp_split(FSDPActor.update, batch))
+        # 8. send the new weights to the rollout engine, bucket by bucket (in each process when colocated)
+        with timer("sync_weights"):
+            sync = sync_rollout(roles, cfg.sync_timeout_s)
     timer.seconds["step"] = time.perf_counter() - t0
-    return batch, _metrics(batch, actor, sync, timer, scored.num_failed, cfg)
+    return batch, _metrics(batch, actor | critic, sync, timer, scored.num_failed, cfg)
 
 
 def sync_rollout(roles: Roles, timeout_s: float) -> dict[str, float]:
@@ -121,25 +140,39 @@ def _metrics(batch: Batch, actor: dict, sync: dict, timer: Timer, failed: int, c
             "response_length/clip_ratio": float((lengths >= cfg.sampling.max_new_tokens).float().mean()),
             "rollout/logprob_diff_mean": float(diff.sum() / mask.sum().clamp(min=1)),
             "rollout/logprob_diff_max": float(diff.max()),
-            "actor/kl_loss": 0.0, **actor, **sync,
+            "actor/kl_loss": 0.0, "actor/pg_loss": 0.0, **actor, **sync,
+            **_explained_variance(batch),
             **{f"timing_s/{k}": v for k, v in timer.seconds.items()},
             "perf/throughput_tokens_per_s": tokens / timer.seconds["step"]}
 
 
+def _explained_variance(batch: Batch) -> dict[str, float]:
+    """The critic's explained variance of the returns; absent without a critic or when it is undefined (NaN)."""
+    if "values" not in batch:
+        return {}
+    ev = value_targets_explained_variance(batch["returns"], batch["values"], batch["response_mask"])
+    return {"critic/explained_var": ev} if np.isfinite(ev) else {}
+
+
 def validate(roles: Roles, prompts: Batch, sampling: SamplingParams, reward_fn: Callable = default_compute_score,
              reward_workers: int = 0, reward_timeout_s: float = 10.0) -> dict[str, float]:
-    """Greedy accuracy on held-out prompts (one sample each, no update): ``val/reward/mean`` overall and per
-    ``data_source``, and the mean response length. A failing reward scores 0 here instead of stopping the run."""
-    greedy = replace(sampling, n=1, temperature=0.0, top_p=1.0, top_k=-1)
-    batch = roles.rollout.dp_split(RolloutWorker.generate, prompts, greedy)
+    """Held-out prompts through the eval harness (``core.eval.score_samples``), no update: ``sampling.n`` samples
+    each with the validation sampling params (greedy by default). Logs ``val/reward/mean`` (mean score of all
+    samples), ``val/response_length/mean`` and, per data source, ``val/<data_source>/<metric>`` for pass@1,
+    avg@n, maj@n and the response length. A failing reward scores 0 here instead of stopping the run."""
+    from core.eval import score_samples
+
+    batch = roles.rollout.dp_split(RolloutWorker.generate, prompts, sampling)
     texts = list(roles.rollout.dp_split(RolloutWorker.decode, batch)["response_text"])
-    scores = score_batch(reward_fn, batch["data_source"], texts, batch["ground_truth"], batch["extra_info"],
-                         reward_workers, reward_timeout_s, fallback=0.0).scores
-    out = {"val/reward/mean": float(scores.mean()),
-           "val/response_length/mean": float(batch["response_mask"].sum(-1).float().mean())}
-    sources = np.array(batch["data_source"])
-    for source in sorted(set(sources)):
-        out[f"val/{source}/reward/mean"] = float(scores[torch.from_numpy(sources == source)].mean())
+    owners = [{"data_source": s, "ground_truth": g, "extra_info": e}
+              for s, g, e in zip(batch["data_source"], batch["ground_truth"], batch["extra_info"])]
+    lengths = batch["response_mask"].sum(-1)
+    per_source, samples = score_samples(owners, texts, lengths.long().tolist(), sampling.n, (), reward_fn, None,
+                                        reward_workers, reward_timeout_s, fallback=0.0)
+    out = {"val/reward/mean": float(np.mean([r["score"] for r in samples])),
+           "val/response_length/mean": float(lengths.float().mean())}
+    for source, metrics in per_source.items():
+        out |= {f"val/{source}/{k}": float(v) for k, v in metrics.items() if k not in ("problems", "samples")}
     return out
 
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 # the phases of core.loop.step, in dataflow order (a phase a run did not have is left out)
-PHASES = ("gen", "reward", "old_logprob", "ref", "adv", "update_actor", "sync_weights")
+PHASES = ("gen", "reward", "old_logprob", "ref", "values", "adv", "update_critic", "update_actor", "sync_weights")
 
 
 def read_metrics(path: str | Path) -> list[dict]:
@@ -84,6 +84,10 @@ def report(history: list[dict], png: str | Path | None = None) -> str:
              f"response_length/mean: {window(history, 'response_length/mean', True)[0]:.1f} -> "
              f"{window(history, 'response_length/mean', False)[0]:.1f} tokens",
              f"time: {total:.0f}s in steps ({total / len(history):.1f}s per step): {shares}"]
+    for key in ("critic/vf_loss", "critic/explained_var"):  # when there is a critic: does it learn?
+        rows = [m for m in history if key in m]
+        if len(rows) >= 2:
+            lines.insert(-1, f"{key}: {window(rows, key, True)[0]:.4f} -> {window(rows, key, False)[0]:.4f}")
     if len(val) >= 2:
         lines.insert(1, f"val/reward/mean (held-out, greedy): step {val[0]['step']} {val[0]['val/reward/mean']:.3f} -> "
                         f"step {val[-1]['step']} {val[-1]['val/reward/mean']:.3f}")

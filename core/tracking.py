@@ -35,7 +35,9 @@ class Console:
             return
         self.write(f"step {step}: reward {metrics['reward/mean']:.3f} | len {metrics['response_length/mean']:.0f}"
                    f" | pg_loss {metrics['actor/pg_loss']:.4f} | kl {metrics['actor/kl_loss']:.4f}"
-                   f" | {metrics['timing_s/step']:.1f}s"
+                   + (f" | vf_loss {metrics['critic/vf_loss']:.4f}" if "critic/vf_loss" in metrics else "")
+                   + (f" | ev {metrics['critic/explained_var']:.3f}" if "critic/explained_var" in metrics else "")
+                   + f" | {metrics['timing_s/step']:.1f}s"
                    + (f" | val {metrics['val/reward/mean']:.3f}" if "val/reward/mean" in metrics else ""))
 
     def close(self) -> None:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from core.config.schema import PlacementConfig, TrainerConfig
+from core.engines.critic import CriticConfig, FSDPCritic
 from core.engines.fsdp import ActorConfig, FSDPActor
 from core import checkpoint
 from core.loop import Roles, StepConfig, prompts_from_rows, step, sync_rollout, validate
@@ -32,7 +33,7 @@ class DataConfig:
     shuffle: bool = True
     # use only the first N rows (0 = all)
     limit: int = 0
-    # held-out verl-schema parquet scored greedily before training, every trainer.val_every steps and at the end
+    # held-out verl-schema parquet scored greedily before training, every trainer.test_freq steps and at the end
     val_files: list[str] = field(default_factory=list)
     # use only the first N held-out rows (0 = all)
     val_limit: int = 0
@@ -54,6 +55,9 @@ class RunConfig:
     actor: ActorConfig = field(default_factory=ActorConfig)
     # a frozen reference policy (for the KL loss); off when actor.kl_loss_coef is 0 and this is false
     use_ref: bool = True
+    # a value model (for GAE-style advantages: algo.adv.estimator gae and its variants)
+    use_critic: bool = False
+    critic: CriticConfig = field(default_factory=CriticConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: StepConfig = field(default_factory=StepConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -89,6 +93,8 @@ def role_specs(cfg: RunConfig) -> dict[str, RoleSpec]:
                           micro_batch_size=cfg.actor.micro_batch_size, max_tokens_per_micro=cfg.actor.max_tokens_per_micro,
                           temperature=cfg.actor.temperature)
         specs["ref"] = RoleSpec(FSDPActor, {"cfg": ref})
+    if cfg.use_critic:
+        specs["critic"] = RoleSpec(FSDPCritic, {"cfg": cfg.critic})
     return specs
 
 
@@ -151,20 +157,25 @@ def fit(cfg: RunConfig) -> list[dict]:
                              t.tracker_mode, write=tqdm.write)  # before Ray: a missing package fails here
     placement = place(cfg.placement, role_specs(cfg), cfg.trainer.backend, cfg.trainer.call_timeout_s)
     roles = Roles(actor=placement["actor"], rollout=placement["rollout"],
-                  ref=placement["ref"] if "ref" in placement else None)
+                  ref=placement["ref"] if "ref" in placement else None,
+                  critic=placement["critic"] if "critic" in placement else None)
     stream = PromptStream(rows, cfg.data.prompts_per_step, cfg.data.shuffle, cfg.trainer.seed)
     val_prompts = prompts_from_rows(val_rows) if val_rows else None
     history, start = [], 0
 
+    val_sampling = replace(cfg.algo.val_sampling,
+                           max_new_tokens=cfg.algo.val_sampling.max_new_tokens or cfg.algo.sampling.max_new_tokens)
+
     def val_metrics() -> dict:
-        return validate(roles, val_prompts, cfg.algo.sampling, reward_fn, cfg.algo.reward_workers,
-                        cfg.algo.reward_timeout_s)
+        return validate(roles, val_prompts, val_sampling, reward_fn, cfg.algo.reward_workers, cfg.algo.reward_timeout_s)
 
     try:
         resumed = checkpoint.find(out, cfg.trainer.resume_mode)
         if resumed is not None:  # weights, optimizer, RNG, data position; then the engine gets the weights
             state = checkpoint.driver_state(resumed)
             roles.actor.call_all(FSDPActor.load_checkpoint, str(resumed / "actor"))
+            if roles.critic is not None:
+                roles.critic.call_all(FSDPCritic.load_checkpoint, str(resumed / "critic"))
             sync_rollout(roles, cfg.algo.sync_timeout_s)
             start, stream = state["step"], PromptStream(rows, cfg.data.prompts_per_step, cfg.data.shuffle,
                                                         cfg.trainer.seed, **state["stream"])
@@ -180,10 +191,11 @@ def fit(cfg: RunConfig) -> list[dict]:
             for i in range(start, cfg.trainer.total_steps):
                 # a fresh sampling seed each step: the same seed would replay the same uniforms every step
                 algo = replace(cfg.algo, sampling=replace(cfg.algo.sampling, seed=cfg.algo.sampling.seed + i))
-                _, metrics = step(roles, prompts_from_rows(next(stream)), algo, reward_fn)
+                _, metrics = step(roles, prompts_from_rows(next(stream)), algo, reward_fn,
+                                  update_actor=i >= cfg.trainer.critic_warmup)
                 metrics = {"step": i + 1, **metrics}
                 last = i + 1 == cfg.trainer.total_steps
-                if val_prompts is not None and (last or (cfg.trainer.val_every and (i + 1) % cfg.trainer.val_every == 0)):
+                if val_prompts is not None and (last or (cfg.trainer.test_freq and (i + 1) % cfg.trainer.test_freq == 0)):
                     metrics |= val_metrics()
                 log.write(json.dumps(metrics) + "\n")
                 log.flush()
@@ -191,6 +203,8 @@ def fit(cfg: RunConfig) -> list[dict]:
                 if cfg.trainer.save_freq and ((i + 1) % cfg.trainer.save_freq == 0 or last):
                     tmp = checkpoint.begin(out, i + 1)
                     roles.actor.call_all(FSDPActor.save_checkpoint, str(tmp / "actor"))
+                    if roles.critic is not None:
+                        roles.critic.call_all(FSDPCritic.save_checkpoint, str(tmp / "critic"))
                     checkpoint.commit(tmp, {"step": i + 1, "stream": stream.state(), "model": cfg.actor.model},
                                       cfg.trainer.save_keep)
                 bar.update(1)

@@ -53,7 +53,7 @@ def test_resume_from_a_path_that_is_no_checkpoint_names_it(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- real runs
-def write_run(tmp_path: Path, model_dir: Path, total_steps: int, save_freq: int) -> Path:
+def write_run(tmp_path: Path, model_dir: Path, total_steps: int, save_freq: int, critic: bool = False) -> Path:
     rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"{a} + {a}?"}],
              "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(2 * a)},
              "extra_info": {"index": a}} for a in range(12)]
@@ -70,9 +70,13 @@ data: {{train_files: ["{tmp_path / 'train.parquet'}"], prompts_per_step: 2}}
 actor: {{model: "{model_dir}", dtype: float32, ppo_mini_batch_size: 4, micro_batch_size: 2, kl_loss_coef: 0.01,
         optim: {{lr: 0.01, warmup_steps: 2}}}}
 rollout: {{model: "{model_dir}", dtype: float32, max_prompt_length: 32}}
-algo: {{sampling: {{n: 4, temperature: 1.0, max_new_tokens: 6}}}}
+algo: {{sampling: {{n: 4, temperature: 1.0, max_new_tokens: 6}}{", adv: {estimator: gae, gamma: 1.0, lam: 0.95}" if critic else ""}}}
 reward: {{path: "{tmp_path / 'reward.py'}"}}
-""")
+""" + ("" if not critic else f"""
+use_critic: true
+critic: {{model: "{model_dir}", dtype: float32, ppo_mini_batch_size: 4, micro_batch_size: 2, optim: {{lr: 0.001}}}}
+placement: {{roles: {{actor: main, rollout: main, ref: main, critic: main}}}}
+"""))
     return conf
 
 
@@ -86,8 +90,9 @@ def steady(rows: list[dict]) -> dict[int, dict]:
     return {m["step"]: {k: v for k, v in m.items() if not k.startswith(VOLATILE)} for m in rows}
 
 
-def test_a_run_killed_between_saves_resumes_to_the_uninterrupted_metrics(tmp_path, tiny_model_dir):
-    conf = write_run(tmp_path, tiny_model_dir, total_steps=6, save_freq=3)
+@pytest.mark.parametrize("critic", [False, True], ids=["grpo", "ppo-with-critic"])
+def test_a_run_killed_between_saves_resumes_to_the_uninterrupted_metrics(tmp_path, tiny_model_dir, critic):
+    conf = write_run(tmp_path, tiny_model_dir, total_steps=6, save_freq=3, critic=critic)
     whole = train(conf, tmp_path / "whole")
     assert whole.wait(timeout=300) == 0, whole.stderr.read()[-3000:]
     # the same run, killed once step 4 is logged: it is inside step 5, between the saves after steps 3 and 6
@@ -107,6 +112,7 @@ def test_a_run_killed_between_saves_resumes_to_the_uninterrupted_metrics(tmp_pat
     for s in (4, 5, 6):
         assert got[s] == want[s], (s, {k: (got[s].get(k), want[s].get(k)) for k in want[s] if got[s].get(k) != want[s][k]})
     assert want[6]["reward/std"] > 0 and want[4]["actor/grad_norm"] > 0  # the steps did learn something
+    assert ("critic/vf_loss" in want[4]) == critic and (not critic or (out / "checkpoints/step_000006/critic").is_dir())
     assert sorted(p.name for p in checkpoint.checkpoint_dir(out).glob("step_*")) == ["step_000003", "step_000006"]
 
 

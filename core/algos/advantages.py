@@ -288,8 +288,11 @@ def sppo(batch, cfg):
 
 
 def value_targets_explained_variance(returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> float:
-    """1 - Var(returns - values) / Var(returns) over valid tokens (how well the critic predicts)."""
+    """1 - Var(returns - values) / Var(returns) over valid tokens (how well the critic predicts); NaN when the
+    returns do not vary (every sample scored the same: nothing to explain, and dividing by ~0 gave -8e5)."""
     var_r = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
+    if float(var_r) < 1e-8:
+        return float("nan")
     resid = returns - values
     var_e = masked_mean((resid - masked_mean(resid, mask)) ** 2, mask)
-    return float(1 - var_e / var_r.clamp(min=1e-8))
+    return float(1 - var_e / var_r)

@@ -52,7 +52,9 @@ class TrainerConfig:
     # seconds a worker call may take before the driver raises WorkerTimeoutError
     call_timeout_s: float = 1800.0
     # score data.val_files every N steps (0 = only before the first and after the last step)
-    val_every: int = 0
+    test_freq: int = 0
+    # steps at the start that train only the critic (the policy waits for useful values)
+    critic_warmup: int = 0
     # checkpoint every N steps and after the last (0 = never): actor + optimizer + RNG per rank + data position
     save_freq: int = 0
     # checkpoints kept (the newest; 0 = all)

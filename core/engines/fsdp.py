@@ -1,8 +1,7 @@
 """FSDP2 train engine: the actor (and, without an optimizer, the reference policy) as a worker role.
 
-Sharding: ``fully_shard`` on every decoder layer (the model's ``_no_split_modules`` classes) and on the root,
-over a 1-D mesh of the group's ranks (gloo on CPU, nccl on GPU). Parameters stay fp32 (the optimizer's master
-copy); ``dtype`` sets the compute dtype through FSDP2's mixed-precision policy.
+Sharding, optimizer and checkpoints: ``core.engines.sharding`` (shared with the critic). Parameters stay fp32
+(the optimizer's master copy); ``dtype`` sets the compute dtype through FSDP2's mixed-precision policy.
 
 Batch sizes: ``ppo_mini_batch_size`` samples make one optimizer step across the whole DP group; each rank
 cuts its share into micro-batches of ``micro_batch_size`` samples, or -- with ``max_tokens_per_micro`` > 0 --
@@ -12,7 +11,6 @@ global token/sequence counts (all-reduced), so the split does not change the gra
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -23,6 +21,8 @@ from core.algos import POLICY_LOSSES, LossNorm, PolicyLossConfig, entropy_bonus
 from core.algos.kl import kl_loss
 from core.algos.ops import masked_mean
 from core.engines.forward import response_logprobs
+from core.engines.sharding import (adamw_with_warmup, clipped_step, enable_checkpointing, load_state, save_state,
+                                   shard)
 from core.protocol import Batch
 from core.worker import WorkerContext
 
@@ -109,35 +109,18 @@ class FSDPActor:
     """A policy on FSDP2: log-probs for any batch; PPO-style updates when trainable."""
 
     def __init__(self, ctx: WorkerContext, cfg: ActorConfig):
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-
         from core.models import load_causal_lm, resolve_dtype
 
         self.ctx, self.cfg = ctx, cfg
-        if cfg.offload and ctx.device.type != "cuda":
-            raise ValueError(f"actor.offload moves FSDP shards to host memory and needs a CUDA device; rank "
-                             f"{ctx.rank} runs on {ctx.device} (where everything is in host memory already)")
         torch.manual_seed(cfg.seed)
         model = load_causal_lm(cfg.model, dtype=torch.float32, device=ctx.device)
-        if cfg.gradient_checkpointing:  # transformers 5 renamed it; older versions have only the first name
-            getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
-        compute = resolve_dtype(cfg.dtype, ctx.device)
-        mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
-        offload = CPUOffloadPolicy(pin_memory=True) if cfg.offload else OffloadPolicy()
-        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
-        layer_classes = set(getattr(model, "_no_split_modules", None) or [])
-        for module in model.modules():
-            if type(module).__name__ in layer_classes:
-                fully_shard(module, mesh=mesh, mp_policy=mp, offload_policy=offload)
-        fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload)
-        self.model, self.compute_dtype = model, compute
+        if cfg.gradient_checkpointing:
+            enable_checkpointing(model)
+        self.compute_dtype = resolve_dtype(cfg.dtype, ctx.device)
+        self.model = shard(model, ctx, self.compute_dtype, cfg.offload, "actor")
         self.optim = self.sched = None
         if cfg.trainable:
-            o = cfg.optim
-            self.optim = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
-            warm = max(1, o.warmup_steps)
-            self.sched = torch.optim.lr_scheduler.LambdaLR(self.optim, lambda s: min(1.0, (s + 1) / warm))
+            self.optim, self.sched = adamw_with_warmup(self.model, cfg.optim)
 
     # ------------------------------------------------------------------------------------ inference
     @torch.no_grad()
@@ -222,55 +205,16 @@ class FSDPActor:
         return out
 
     def _step(self) -> float:
-        clip = self.cfg.optim.grad_clip
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)
-        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        if math.isfinite(norm):
-            self.optim.step()
-        self.optim.zero_grad(set_to_none=True)
-        self.sched.step()
-        return norm
+        return clipped_step(self.model, self.optim, self.sched, self.cfg.optim.grad_clip)
 
     # ------------------------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str) -> None:
-        """Collective: the model and optimizer state as torch.distributed.checkpoint shards of every rank under
-        ``path``; the LR scheduler (rank 0) and this rank's RNG states beside them (``core.checkpoint``)."""
-        import torch.distributed.checkpoint as dcp
-
-        from core.checkpoint import rng_state
-
-        dcp.save(self._dcp_state(), checkpoint_id=path)
-        if self.sched is not None and self.ctx.rank == 0:
-            torch.save(self.sched.state_dict(), f"{path}/scheduler.pt")
-        torch.save(rng_state(), f"{path}/rng_rank{self.ctx.rank}.pt")
+        """Collective: model, optimizer, scheduler and RNG states under ``path`` (``core.engines.sharding``)."""
+        save_state(path, self.model, self.optim, self.sched, self.ctx.rank)
 
     def load_checkpoint(self, path: str) -> None:
-        """Collective: the state ``save_checkpoint`` wrote, into this actor (DCP reshards if the world size
-        changed; the RNG states then cannot follow their ranks, which is an error naming the rank)."""
-        import os
-
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-
-        from core.checkpoint import set_rng_state
-
-        rng = f"{path}/rng_rank{self.ctx.rank}.pt"
-        if not os.path.isfile(rng):
-            raise FileNotFoundError(f"rank {self.ctx.rank}: {rng} missing -- the checkpoint was written by fewer ranks")
-        state = self._dcp_state()
-        dcp.load(state, checkpoint_id=path)
-        set_state_dict(self.model, self.optim or [], model_state_dict=state["model"],
-                       optim_state_dict=state.get("optim", {}))
-        if self.sched is not None:
-            self.sched.load_state_dict(torch.load(f"{path}/scheduler.pt", weights_only=False))
-        set_rng_state(torch.load(rng, weights_only=False))
-
-    def _dcp_state(self) -> dict:
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        model, optim = get_state_dict(self.model, self.optim or [])
-        return {"model": model} | ({"optim": optim} if self.optim is not None else {})
+        """Collective: the state ``save_checkpoint`` wrote, into this actor."""
+        load_state(path, self.model, self.optim, self.sched, self.ctx.rank)
 
     # ------------------------------------------------------------------------------------ weight export
     @torch.no_grad()

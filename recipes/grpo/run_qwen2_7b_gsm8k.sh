@@ -16,7 +16,7 @@ case " $* " in
   *) [ -f outputs/data/gsm8k/train.parquet ] || "$PY" "$here/data.py" --task gsm8k --out outputs/data ;;
 esac
 exec "$PY" -m core.train --config-dir "$here" --config-name config \
-    trainer.total_steps=105 trainer.val_every=5 trainer.output_dir=outputs/grpo_qwen2_7b_gsm8k \
+    trainer.total_steps=105 trainer.test_freq=5 trainer.output_dir=outputs/grpo_qwen2_7b_gsm8k \
     'data.train_files=[outputs/data/gsm8k/train.parquet]' 'data.val_files=[outputs/data/gsm8k/test.parquet]' \
     data.prompts_per_step=1024 \
     'placement.pools={main: {nnodes: 1, slots_per_node: 8, device: cuda, cpus_per_slot: 8}}' \

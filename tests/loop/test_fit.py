@@ -71,7 +71,9 @@ def test_validation_runs_before_training_and_after_the_last_step(tiny_model_dir,
     t["reward"] = {"path": str(reward)}
     history = fit(validate(RunConfig, t))
     assert [m["step"] for m in history] == [0, 1, 2]
-    assert set(history[0]) == {"step", "val/reward/mean", "val/response_length/mean", "val/openai/gsm8k/reward/mean"}
+    src = "val/openai/gsm8k/"
+    assert set(history[0]) == {"step", "val/reward/mean", "val/response_length/mean", src + "pass@1", src + "avg@1",
+                               src + "maj@1", src + "response_length/mean"}
     assert "val/reward/mean" not in history[1] and "val/reward/mean" in history[2]
 
     engine = RolloutEngine(load_causal_lm(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir)))
@@ -80,5 +82,5 @@ def test_validation_runs_before_training_and_after_the_last_step(tiny_model_dir,
                           SamplingParams(temperature=0.0, max_new_tokens=6))
     texts = [s.replace(" ", "") for s in engine.decode(out)]
     by_hand = sum(sum(c.isupper() for c in s) / max(1, len(s)) for s in texts) / len(texts)
-    assert history[0]["val/reward/mean"] == pytest.approx(by_hand, abs=1e-6)
+    assert history[0]["val/reward/mean"] == pytest.approx(by_hand, abs=1e-6) == history[0][src + "avg@1"]
     assert history[0]["val/response_length/mean"] == pytest.approx(float(out["response_mask"].sum(-1).mean()))

@@ -1,0 +1,150 @@
+"""FSDP2 critic: a value model (the LM backbone + a scalar head) as a worker role, for PPO-style advantages (GAE).
+
+The model is ``AutoModelForTokenClassification`` with one label: the causal LM's own backbone with a linear
+``score`` head (transformers' class for Llama, Qwen2, Mistral, ...; the head starts random, dropout off).
+Values are read where log-probs are: the hidden state at position Tp-1+t gives V(s_t) for response token t, so
+``values`` (B, Tr) lines up with ``old_logprobs`` and ``token_rewards``. Training minimises the clipped value loss
+(``core.algos.value_loss``) against ``returns`` in mini-batches and micro-batches like the actor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from core.algos import LossNorm, masked_mean, value_loss
+from core.engines.forward import trim_padding
+from core.engines.fsdp import OptimConfig, length_order, micro_batches
+from core.engines.sharding import (adamw_with_warmup, clipped_step, enable_checkpointing, load_state, save_state,
+                                   shard)
+from core.protocol import Batch
+from core.worker import WorkerContext
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    # HF id or local folder of the backbone (normally the actor's model)
+    model: str = "SmolLM2-135M-Instruct"
+    # compute dtype: auto (bf16 where the hardware has it), float32, bfloat16
+    dtype: str = "auto"
+    # optimizer; a critic usually takes a larger LR than the actor
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    # samples per optimizer step, over all data-parallel ranks
+    ppo_mini_batch_size: int = 8
+    # samples per forward/backward on one rank
+    micro_batch_size: int = 4
+    # > 0: cut micro-batches by this token budget instead (dynamic batching)
+    max_tokens_per_micro: int = 0
+    # run each micro-batch without the columns that are padding in all its rows
+    remove_padding: bool = True
+    # passes over the step's batch
+    ppo_epochs: int = 1
+    # the new value may move at most this far from the old one before the clipped loss takes over
+    cliprange_value: float = 0.5
+    # loss aggregation mode (core.algos.AGGREGATIONS)
+    loss_agg_mode: str = "token-mean"
+    # recompute activations in backward to save memory
+    gradient_checkpointing: bool = False
+    # FSDP2 CPU offload of params, grads and optimizer state (CUDA only)
+    offload: bool = False
+    # seed for the value head's init and mini-batch shuffles
+    seed: int = 0
+
+
+def load_value_model(name_or_path: str, dtype: torch.dtype = torch.float32):
+    """The causal LM's backbone with a 1-output ``score`` head (random init), dropout off (transformers' generic
+    token-classification head otherwise drops 10% of the hidden state)."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    from core.models import resolve_model
+
+    path = resolve_model(name_or_path)
+    config = AutoConfig.from_pretrained(path, num_labels=1)
+    config.classifier_dropout = 0.0
+    return AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=dtype)
+
+
+def response_values(model, batch: Batch, remove_padding: bool = True) -> torch.Tensor:
+    """V(s_t) for every response token t (B, Tr) in fp32; zeros on trimmed padding columns."""
+    batch.require("input_ids", "attention_mask", "position_ids", "responses")
+    full = batch["responses"].shape[1]
+    if remove_padding:
+        batch = trim_padding(batch)
+    Tr = batch["responses"].shape[1]
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"])
+    values = out.logits[:, -Tr - 1:-1, 0].float()
+    return F.pad(values, (0, full - Tr)) if Tr < full else values
+
+
+class FSDPCritic:
+    """A value model on FSDP2: values for any batch; clipped value-loss updates."""
+
+    def __init__(self, ctx: WorkerContext, cfg: CriticConfig):
+        from core.models import resolve_dtype
+
+        self.ctx, self.cfg = ctx, cfg
+        torch.manual_seed(cfg.seed)  # the score head's init: the same on every rank
+        model = load_value_model(cfg.model).to(ctx.device)
+        if cfg.gradient_checkpointing:
+            enable_checkpointing(model)
+        self.model = shard(model, ctx, resolve_dtype(cfg.dtype, ctx.device), cfg.offload, "critic")
+        self.optim, self.sched = adamw_with_warmup(self.model, cfg.optim)
+
+    @torch.no_grad()
+    def compute_values(self, batch: Batch) -> Batch:
+        """``values`` (B, Tr) of the responses, in micro-batches."""
+        self.model.eval()
+        order = length_order(batch) if self.cfg.max_tokens_per_micro > 0 else None
+        parts = [response_values(self.model, mb.to(self.ctx.device), self.cfg.remove_padding).cpu()
+                 for mb in micro_batches(batch if order is None else batch.index(order), self.cfg.micro_batch_size,
+                                         self.cfg.max_tokens_per_micro)]
+        values = torch.cat(parts)
+        if order is not None:
+            values = torch.empty_like(values).index_copy_(0, order, values)
+        return Batch({"values": values})
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """Value-loss epochs over this rank's share of the step batch; one optimizer step per mini-batch.
+        Keys: the model inputs, responses, response_mask, values (old), returns."""
+        import torch.distributed as dist
+
+        cfg, dp = self.cfg, self.ctx.world_size
+        if cfg.ppo_mini_batch_size % dp:
+            raise ValueError(f"critic.ppo_mini_batch_size {cfg.ppo_mini_batch_size} is not divisible by {dp} DP ranks")
+        self.model.train()
+        losses, clipfracs, vpreds, norms = [], [], [], []
+        for epoch in range(cfg.ppo_epochs):
+            for mini in batch.minibatches(cfg.ppo_mini_batch_size // dp, seed=cfg.seed + epoch, shuffle=epoch > 0):
+                counts = torch.tensor([float(mini["response_mask"].sum()), float(len(mini))], device=self.ctx.device)
+                dist.all_reduce(counts)
+                norm = LossNorm(cfg.loss_agg_mode, float(counts[0]), float(counts[1]), dp,
+                                float(mini["response_mask"].shape[-1]))
+                micros = micro_batches(mini, cfg.micro_batch_size, cfg.max_tokens_per_micro)
+                n = torch.tensor([len(micros)], device=self.ctx.device)
+                dist.all_reduce(n, op=dist.ReduceOp.MAX)  # every rank runs as many passes (FSDP collectives)
+                loss_sum = 0.0
+                for mb in micros + [None] * (int(n) - len(micros)):
+                    dummy = mb is None
+                    mb = (mini.index(slice(0, 1)) if dummy else mb).to(self.ctx.device)
+                    v = response_values(self.model, mb, cfg.remove_padding)
+                    loss, m = value_loss(v, mb, cfg.cliprange_value, norm)
+                    (loss * 0.0 if dummy else loss).backward()
+                    if not dummy:
+                        loss_sum += loss.item() / dp  # this rank's part: the controller sums the parts
+                        clipfracs.append(float(m["vf_clipfrac"]))
+                        vpreds.append(float(masked_mean(v.detach(), mb["response_mask"].to(v.dtype))))
+                losses.append(loss_sum)
+                norms.append(clipped_step(self.model, self.optim, self.sched, cfg.optim.grad_clip))
+        mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
+        return {"critic/vf_loss": mean(losses), "critic/vf_clipfrac": mean(clipfracs),
+                "critic/vpred_mean": mean(vpreds), "critic/grad_norm": mean(norms),
+                "critic/lr": self.optim.param_groups[0]["lr"]}
+
+    def save_checkpoint(self, path: str) -> None:
+        save_state(path, self.model, self.optim, self.sched, self.ctx.rank)
+
+    def load_checkpoint(self, path: str) -> None:
+        load_state(path, self.model, self.optim, self.sched, self.ctx.rank)

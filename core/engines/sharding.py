@@ -1,0 +1,98 @@
+"""What the FSDP2 roles (actor, reference, critic) share: sharding a transformers model, the AdamW + warm-up
+optimizer, one clipped optimizer step, and checkpoints of model + optimizer + scheduler + RNG.
+
+Sharding: ``fully_shard`` on every decoder layer (the model's ``_no_split_modules`` classes) and on the root,
+over a 1-D mesh of the group's ranks (gloo on CPU, nccl on GPU). Parameters stay fp32 (the optimizer's master
+copy); the compute dtype comes from FSDP2's mixed-precision policy.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from core.worker import WorkerContext
+
+
+def shard(model: torch.nn.Module, ctx: WorkerContext, compute: torch.dtype, offload: bool, role: str
+          ) -> torch.nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    if offload and ctx.device.type != "cuda":
+        raise ValueError(f"{role}.offload moves FSDP shards to host memory and needs a CUDA device; rank "
+                         f"{ctx.rank} runs on {ctx.device} (where everything is in host memory already)")
+    mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
+    policy = CPUOffloadPolicy(pin_memory=True) if offload else OffloadPolicy()
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    layer_classes = set(getattr(model, "_no_split_modules", None) or [])
+    for module in model.modules():
+        if type(module).__name__ in layer_classes:
+            fully_shard(module, mesh=mesh, mp_policy=mp, offload_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=policy)
+    return model
+
+
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute activations in backward (transformers 5 renamed the method; older versions have the first)."""
+    getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
+
+
+def adamw_with_warmup(model: torch.nn.Module, o) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over the (sharded) parameters; the LR rises linearly to ``o.lr`` over ``o.warmup_steps`` steps."""
+    optim = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+    warm = max(1, o.warmup_steps)
+    return optim, torch.optim.lr_scheduler.LambdaLR(optim, lambda s: min(1.0, (s + 1) / warm))
+
+
+def clipped_step(model: torch.nn.Module, optim, sched, clip: float) -> float:
+    """Clip the global gradient norm (0 = no clip), step unless it is inf/nan, zero the grads; returns the norm."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)
+    norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    if math.isfinite(norm):
+        optim.step()
+    optim.zero_grad(set_to_none=True)
+    sched.step()
+    return norm
+
+
+def save_state(path: str, model, optim, sched, rank: int) -> None:
+    """Collective: model and optimizer as torch.distributed.checkpoint shards of every rank under ``path``; the LR
+    scheduler (rank 0) and this rank's RNG states beside them (``core.checkpoint``)."""
+    import torch.distributed.checkpoint as dcp
+
+    from core.checkpoint import rng_state
+
+    dcp.save(_dcp_state(model, optim), checkpoint_id=path)
+    if sched is not None and rank == 0:
+        torch.save(sched.state_dict(), f"{path}/scheduler.pt")
+    torch.save(rng_state(), f"{path}/rng_rank{rank}.pt")
+
+
+def load_state(path: str, model, optim, sched, rank: int) -> None:
+    """Collective: what ``save_state`` wrote (DCP reshards if the world size changed; the RNG states then cannot
+    follow their ranks, which is an error naming the rank)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    from core.checkpoint import set_rng_state
+
+    rng = f"{path}/rng_rank{rank}.pt"
+    if not os.path.isfile(rng):
+        raise FileNotFoundError(f"rank {rank}: {rng} missing -- the checkpoint was written by fewer ranks")
+    state = _dcp_state(model, optim)
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optim or [], model_state_dict=state["model"], optim_state_dict=state.get("optim", {}))
+    if sched is not None:
+        sched.load_state_dict(torch.load(f"{path}/scheduler.pt", weights_only=False))
+    set_rng_state(torch.load(rng, weights_only=False))
+
+
+def _dcp_state(model, optim) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    m, o = get_state_dict(model, optim or [])
+    return {"model": m} | ({"optim": o} if optim is not None else {})

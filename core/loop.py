@@ -15,7 +15,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from core.algos import (AdvantageConfig, compute_advantages, scores_to_token_rewards, truncated_is_weights,
+from core.algos import (AdaptiveKLController, AdvantageConfig, FixedKLController, apply_kl_reward_penalty,
+                        compute_advantages, scores_to_token_rewards, truncated_is_weights,
                         value_targets_explained_variance)
 from core.engines.critic import FSDPCritic
 from core.engines.fsdp import FSDPActor
@@ -25,6 +26,19 @@ from core.reshard import sync_across_pools
 from core.rewards import default_compute_score, score_batch
 from core.roles import RolloutWorker
 from core.worker_group import RoleGroup
+
+
+@dataclass(frozen=True)
+class KLInRewardConfig:
+    # beta of KL(old || ref) subtracted from every token's reward (0 = off; needs a reference); the start value
+    # when adaptive
+    coef: float = 0.0
+    # per-token KL estimator (core.algos.KL_KINDS)
+    kind: str = "k1"
+    # adapt beta toward target_kl over horizon samples (Ziegler et al. 2019); false = fixed beta
+    adaptive: bool = False
+    target_kl: float = 0.1
+    horizon: float = 10000.0
 
 
 @dataclass(frozen=True)
@@ -42,6 +56,8 @@ class StepConfig:
     sync_timeout_s: float = 300.0
     # truncated importance sampling (Yao et al. 2025): scale advantages by min(pi_old / pi_rollout, cap); 0 = off
     tis_cap: float = 0.0
+    # KL to the reference as a reward penalty with a fixed or adaptive coefficient (classic PPO-RLHF)
+    kl_in_reward: KLInRewardConfig = field(default_factory=KLInRewardConfig)
     # held-out validation sampling: greedy, one sample by default (max_new_tokens 0 = the training value)
     val_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(n=1, temperature=0.0,
                                                                                 max_new_tokens=0))
@@ -74,9 +90,11 @@ def reduce_over_ranks(per_rank: list[dict]) -> dict[str, float]:
 
 
 def step(roles: Roles, prompts: Batch, cfg: StepConfig, reward_fn: Callable = default_compute_score,
-         update_actor: bool = True) -> tuple[Batch, dict[str, float]]:
+         update_actor: bool = True, kl_ctrl: FixedKLController | AdaptiveKLController | None = None
+         ) -> tuple[Batch, dict[str, float]]:
     """One RL step on a batch of prompts (non-tensor keys: prompt, data_source, ground_truth, extra_info, uid).
-    ``update_actor=False``: the critic learns, the policy stays (critic warm-up)."""
+    ``update_actor=False``: the critic learns, the policy stays (critic warm-up). ``kl_ctrl``: the driver's KL
+    controller when KL is a reward penalty (``kl_controller(cfg)``); it is updated here."""
     timer, t0 = Timer(), time.perf_counter()
     # 1. generate n responses per prompt, with the rollout engine's log-probs of the sampled tokens
     with timer("gen"):
@@ -95,7 +113,11 @@ def step(roles: Roles, prompts: Batch, cfg: StepConfig, reward_fn: Callable = de
     if roles.ref is not None:
         with timer("ref"):
             batch["ref_logprobs"] = roles.ref.dp_split(FSDPActor.compute_logprobs, batch)["old_logprobs"]
-    # 4b. the critic's value of every response prefix, when there is a critic
+    # 4b. KL to the reference subtracted from the token rewards, when KL is a reward penalty
+    kl_metrics = {}
+    if kl_ctrl is not None:
+        batch["token_rewards"], kl_metrics = apply_kl_reward_penalty(batch, kl_ctrl, cfg.kl_in_reward.kind)
+    # 4c. the critic's value of every response prefix, when there is a critic
     if roles.critic is not None:
         with timer("values"):
             batch["values"] = roles.critic.dp_split(FSDPCritic.compute_values, batch)["values"]
@@ -119,7 +141,15 @@ def step(roles: Roles, prompts: Batch, cfg: StepConfig, reward_fn: Callable = de
         with timer("sync_weights"):
             sync = sync_rollout(roles, cfg.sync_timeout_s)
     timer.seconds["step"] = time.perf_counter() - t0
-    return batch, _metrics(batch, actor | critic, sync, timer, scored.num_failed, cfg)
+    return batch, _metrics(batch, actor | critic | kl_metrics, sync, timer, scored.num_failed, cfg)
+
+
+def kl_controller(cfg: StepConfig) -> FixedKLController | AdaptiveKLController | None:
+    """The driver's KL-in-reward controller (None when off); its state goes into checkpoints."""
+    k = cfg.kl_in_reward
+    if k.coef <= 0:
+        return None
+    return AdaptiveKLController(k.coef, k.target_kl, k.horizon) if k.adaptive else FixedKLController(k.coef)
 
 
 def sync_rollout(roles: Roles, timeout_s: float) -> dict[str, float]:

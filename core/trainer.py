@@ -16,7 +16,7 @@ from core.config.schema import PlacementConfig, TrainerConfig
 from core.engines.critic import CriticConfig, FSDPCritic
 from core.engines.fsdp import ActorConfig, FSDPActor
 from core import checkpoint
-from core.loop import Roles, StepConfig, prompts_from_rows, step, sync_rollout, validate
+from core.loop import Roles, StepConfig, kl_controller, prompts_from_rows, step, sync_rollout, validate
 from core.report import report
 from core.tracking import make_trackers
 from core.roles import RolloutConfig, RolloutWorker
@@ -88,7 +88,7 @@ def effective_sizes(cfg: RunConfig, dp_size: int) -> str:
 def role_specs(cfg: RunConfig) -> dict[str, RoleSpec]:
     specs = {"actor": RoleSpec(FSDPActor, {"cfg": cfg.actor}),
              "rollout": RoleSpec(RolloutWorker, {"cfg": cfg.rollout})}
-    if cfg.use_ref or cfg.actor.kl_loss_coef > 0:
+    if cfg.use_ref or cfg.actor.kl_loss_coef > 0 or cfg.algo.kl_in_reward.coef > 0:
         ref = ActorConfig(model=cfg.actor.model, dtype=cfg.actor.dtype, trainable=False,
                           micro_batch_size=cfg.actor.micro_batch_size, max_tokens_per_micro=cfg.actor.max_tokens_per_micro,
                           temperature=cfg.actor.temperature)
@@ -162,6 +162,7 @@ def fit(cfg: RunConfig) -> list[dict]:
     stream = PromptStream(rows, cfg.data.prompts_per_step, cfg.data.shuffle, cfg.trainer.seed)
     val_prompts = prompts_from_rows(val_rows) if val_rows else None
     history, start = [], 0
+    kl_ctrl = kl_controller(cfg.algo)
 
     val_sampling = replace(cfg.algo.val_sampling,
                            max_new_tokens=cfg.algo.val_sampling.max_new_tokens or cfg.algo.sampling.max_new_tokens)
@@ -180,6 +181,8 @@ def fit(cfg: RunConfig) -> list[dict]:
             start, stream = state["step"], PromptStream(rows, cfg.data.prompts_per_step, cfg.data.shuffle,
                                                         cfg.trainer.seed, **state["stream"])
             history = rewind_metrics(out / "metrics.jsonl", start)
+            if kl_ctrl is not None:
+                kl_ctrl.load_state_dict(state["kl_ctrl"])
             print(f"resumed from {resumed} (step {start})", flush=True)
         with (out / "metrics.jsonl").open("a") as log, tqdm(total=cfg.trainer.total_steps, initial=start,
                                                             desc="steps") as bar:
@@ -192,7 +195,7 @@ def fit(cfg: RunConfig) -> list[dict]:
                 # a fresh sampling seed each step: the same seed would replay the same uniforms every step
                 algo = replace(cfg.algo, sampling=replace(cfg.algo.sampling, seed=cfg.algo.sampling.seed + i))
                 _, metrics = step(roles, prompts_from_rows(next(stream)), algo, reward_fn,
-                                  update_actor=i >= cfg.trainer.critic_warmup)
+                                  update_actor=i >= cfg.trainer.critic_warmup, kl_ctrl=kl_ctrl)
                 metrics = {"step": i + 1, **metrics}
                 last = i + 1 == cfg.trainer.total_steps
                 if val_prompts is not None and (last or (cfg.trainer.test_freq and (i + 1) % cfg.trainer.test_freq == 0)):
@@ -205,8 +208,10 @@ def fit(cfg: RunConfig) -> list[dict]:
                     roles.actor.call_all(FSDPActor.save_checkpoint, str(tmp / "actor"))
                     if roles.critic is not None:
                         roles.critic.call_all(FSDPCritic.save_checkpoint, str(tmp / "critic"))
-                    checkpoint.commit(tmp, {"step": i + 1, "stream": stream.state(), "model": cfg.actor.model},
-                                      cfg.trainer.save_keep)
+                    state = {"step": i + 1, "stream": stream.state(), "model": cfg.actor.model}
+                    if kl_ctrl is not None:
+                        state["kl_ctrl"] = kl_ctrl.state_dict()
+                    checkpoint.commit(tmp, state, cfg.trainer.save_keep)
                 bar.update(1)
                 for tracker in trackers:
                     tracker.log(metrics, i + 1)

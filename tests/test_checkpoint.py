@@ -70,10 +70,11 @@ data: {{train_files: ["{tmp_path / 'train.parquet'}"], prompts_per_step: 2}}
 actor: {{model: "{model_dir}", dtype: float32, ppo_mini_batch_size: 4, micro_batch_size: 2, kl_loss_coef: 0.01,
         optim: {{lr: 0.01, warmup_steps: 2}}}}
 rollout: {{model: "{model_dir}", dtype: float32, max_prompt_length: 32}}
-algo: {{sampling: {{n: 4, temperature: 1.0, max_new_tokens: 6}}{", adv: {estimator: gae, gamma: 1.0, lam: 0.95}" if critic else ""}}}
+algo: {{sampling: {{n: 4, temperature: 1.0, max_new_tokens: 6}}{", adv: {estimator: gae, gamma: 1.0, lam: 0.95}, kl_in_reward: {coef: 0.05, adaptive: true, target_kl: 0.01, horizon: 100}" if critic else ""}}}
 reward: {{path: "{tmp_path / 'reward.py'}"}}
 """ + ("" if not critic else f"""
 use_critic: true
+use_ref: true
 critic: {{model: "{model_dir}", dtype: float32, ppo_mini_batch_size: 4, micro_batch_size: 2, optim: {{lr: 0.001}}}}
 placement: {{roles: {{actor: main, rollout: main, ref: main, critic: main}}}}
 """))
@@ -113,6 +114,9 @@ def test_a_run_killed_between_saves_resumes_to_the_uninterrupted_metrics(tmp_pat
         assert got[s] == want[s], (s, {k: (got[s].get(k), want[s].get(k)) for k in want[s] if got[s].get(k) != want[s][k]})
     assert want[6]["reward/std"] > 0 and want[4]["actor/grad_norm"] > 0  # the steps did learn something
     assert ("critic/vf_loss" in want[4]) == critic and (not critic or (out / "checkpoints/step_000006/critic").is_dir())
+    if critic:  # the adaptive KL-in-reward coefficient moved, and resumed from the checkpoint's value
+        assert want[4]["actor/reward_kl_penalty_coeff"] != want[6]["actor/reward_kl_penalty_coeff"]
+        assert checkpoint.driver_state(out / "checkpoints/step_000003")["kl_ctrl"]["value"] == want[4]["actor/reward_kl_penalty_coeff"]
     assert sorted(p.name for p in checkpoint.checkpoint_dir(out).glob("step_*")) == ["step_000003", "step_000006"]
 
 
@@ -149,3 +153,15 @@ def test_export_writes_a_folder_transformers_loads_and_that_generates(tmp_path, 
     assert any(not torch.equal(exported[k], base[k]) for k in trained)  # the training moved it
     ids = model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=5, do_sample=False, pad_token_id=0)
     assert ids.shape == (1, 8)
+    # the rollout engine and the eval harness take the folder like any model: same greedy tokens as generate
+    from core.data.dataset import load_rl_parquet
+    from core.engines.rollout import RolloutEngine, SamplingParams
+    from core.eval import evaluate_rows
+    from core.models import load_causal_lm, load_tokenizer
+
+    engine = RolloutEngine(load_causal_lm(str(out)), load_tokenizer(str(out)))
+    greedy = engine.generate([[3, 4, 5]], SamplingParams(temperature=0, max_new_tokens=5, ignore_eos=True))
+    assert torch.equal(greedy["responses"][0], ids[0, 3:])
+    results, samples = evaluate_rows(engine, load_rl_parquet([str(tmp_path / "train.parquet")])[:3],
+                                     SamplingParams(temperature=0, max_new_tokens=4))
+    assert results["openai/gsm8k"]["problems"] == 3 and len(samples) == 3

@@ -165,3 +165,29 @@ def test_export_writes_a_folder_transformers_loads_and_that_generates(tmp_path, 
     results, samples = evaluate_rows(engine, load_rl_parquet([str(tmp_path / "train.parquet")])[:3],
                                      SamplingParams(temperature=0, max_new_tokens=4))
     assert results["openai/gsm8k"]["problems"] == 3 and len(samples) == 3
+
+
+def test_a_run_killed_in_the_middle_of_a_save_resumes_from_the_previous_checkpoint(tmp_path, tiny_model_dir):
+    """A real SIGKILL while a checkpoint's temporary folder exists (the DCP shards are being written)."""
+    conf = write_run(tmp_path, tiny_model_dir, total_steps=5, save_freq=1)
+    whole = train(conf, tmp_path / "whole")
+    assert whole.wait(timeout=300) == 0, whole.stderr.read()[-3000:]
+    for attempt in range(5):  # the save takes milliseconds: retry when the kill lands just after it
+        out = tmp_path / f"killed{attempt}"
+        run = train(conf, out)
+        root = checkpoint.checkpoint_dir(out)
+        while run.poll() is None and not [p for p in root.glob(".step_*.tmp") if p.name > ".step_000002"]:
+            time.sleep(0.0005)
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait()
+        partial = sorted(root.glob(".step_*.tmp"))
+        if partial:
+            break
+    else:
+        pytest.skip("5 kills all missed the save window on this machine")
+    interrupted = int(partial[-1].name[6:12])
+    assert checkpoint.find(out, "auto").name == checkpoint.step_name(interrupted - 1)  # the previous one
+    resumed = train(conf, out)
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()[-3000:]
+    want, got = steady(read_metrics(tmp_path / "whole" / "metrics.jsonl")), steady(read_metrics(out / "metrics.jsonl"))
+    assert got == want and not list(root.glob(".step_*.tmp"))

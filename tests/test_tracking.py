@@ -50,3 +50,14 @@ def test_a_missing_tracker_package_is_a_clear_error_at_start(tmp_path, monkeypat
 def test_an_unknown_tracker_name_lists_the_known_ones(tmp_path):
     with pytest.raises(ValueError, match=r"unknown tracker\(s\) \['mlflow'\]; known: \['console', 'jsonl'"):
         make_trackers(["mlflow"], tmp_path, "p", "t", {})
+
+
+def test_wandb_offline_writes_its_run_under_the_output_folder(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    [t] = make_trackers(["wandb"], tmp_path, "hybridrl-test", "t", {"a": 1}, mode="offline")
+    for s in (1, 2):
+        t.log(ROW | {"reward/mean": s / 10}, s)
+    t.close()
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb")), "no offline run file under output_dir/wandb"

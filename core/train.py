@@ -9,12 +9,16 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Callable
 
 from core.config import validate
 from core.trainer import RunConfig, effective_sizes, fit
 
 
-def load_run_config(config_dir: str | Path, config_name: str = "config", overrides: list[str] | None = None) -> RunConfig:
+def load_run_config(config_dir: str | Path, config_name: str = "config", overrides: list[str] | None = None,
+                    schema: type = RunConfig) -> RunConfig:
+    """The recipe's Hydra config composed with ``overrides``, validated into ``schema`` (a recipe whose loop
+    differs passes its own dataclass that extends RunConfig with its section)."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
@@ -23,10 +27,11 @@ def load_run_config(config_dir: str | Path, config_name: str = "config", overrid
         raise FileNotFoundError(f"no {config_name}.yaml in {config_dir}")
     with initialize_config_dir(config_dir=str(config_dir), version_base=None):
         tree = compose(config_name=config_name, overrides=list(overrides or []))
-    return validate(RunConfig, OmegaConf.to_container(tree, resolve=True), where=str(config_dir / f"{config_name}.yaml"))
+    return validate(schema, OmegaConf.to_container(tree, resolve=True), where=str(config_dir / f"{config_name}.yaml"))
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, schema: type = RunConfig, make_step: Callable | None = None) -> int:
+    """The CLI; a recipe with its own loop calls it with its config ``schema`` and ``make_step(cfg) -> step_fn``."""
     p = argparse.ArgumentParser(prog="python -m core.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--config-dir", required=True, help="the recipe folder holding config.yaml")
     p.add_argument("--config-name", default="config")
@@ -34,14 +39,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="validate the config and print the effective batch sizes; start nothing")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.total_steps=5 actor.optim.lr=1e-5")
     a = p.parse_intermixed_args(argv)
-    cfg = load_run_config(a.config_dir, a.config_name, a.overrides)
+    cfg = load_run_config(a.config_dir, a.config_name, a.overrides, schema)
     if a.dry_run:
         pool = cfg.placement.pools[cfg.placement.roles["actor"]]
         dp = 1 if cfg.trainer.backend == "local" else pool.nnodes * pool.slots_per_node
         print(f"config valid: actor {cfg.actor.model} on {dp} {pool.device} rank(s)\neffective sizes:\n"
               + effective_sizes(cfg, dp))
         return 0
-    fit(cfg)
+    fit(cfg, make_step(cfg) if make_step else None)
     return 0
 
 

@@ -11,6 +11,7 @@ import json
 import random
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 from core.config.schema import PlacementConfig, TrainerConfig
 from core.engines.critic import CriticConfig, FSDPCritic
@@ -62,10 +63,14 @@ class RunConfig:
     algo: StepConfig = field(default_factory=StepConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
 
+    def prompts_trained_per_step(self) -> int:
+        """Prompts whose samples one step trains on (a recipe with its own loop may differ: DAPO keeps a count)."""
+        return self.data.prompts_per_step
+
 
 def effective_sizes(cfg: RunConfig, dp_size: int) -> str:
     """The batch-size arithmetic in words, printed at start."""
-    n, prompts = cfg.algo.sampling.n, cfg.data.prompts_per_step
+    n, prompts = cfg.algo.sampling.n, cfg.prompts_trained_per_step()
     samples = prompts * n
     mini = cfg.actor.ppo_mini_batch_size
     if samples % mini:
@@ -126,7 +131,10 @@ class PromptStream:
         return batch
 
 
-def fit(cfg: RunConfig) -> list[dict]:
+def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
+    """Run ``cfg``. ``step_fn(roles, draw, algo, reward_fn, update_actor=, kl_ctrl=) -> (batch, metrics)`` replaces
+    ``core.loop.step`` for an algorithm whose step differs (a recipe's own copy of the loop, e.g. DAPO's dynamic
+    sampling); ``draw()`` returns the next prompt batch, as many times as the step needs."""
     from tqdm import tqdm
 
     from core.data.dataset import load_rl_parquet
@@ -163,6 +171,7 @@ def fit(cfg: RunConfig) -> list[dict]:
     val_prompts = prompts_from_rows(val_rows) if val_rows else None
     history, start = [], 0
     kl_ctrl = kl_controller(cfg.algo)
+    run_step = step_fn or (lambda roles_, draw, *a, **k: step(roles_, draw(), *a, **k))
 
     val_sampling = replace(cfg.algo.val_sampling,
                            max_new_tokens=cfg.algo.val_sampling.max_new_tokens or cfg.algo.sampling.max_new_tokens)
@@ -194,8 +203,8 @@ def fit(cfg: RunConfig) -> list[dict]:
             for i in range(start, cfg.trainer.total_steps):
                 # a fresh sampling seed each step: the same seed would replay the same uniforms every step
                 algo = replace(cfg.algo, sampling=replace(cfg.algo.sampling, seed=cfg.algo.sampling.seed + i))
-                _, metrics = step(roles, prompts_from_rows(next(stream)), algo, reward_fn,
-                                  update_actor=i >= cfg.trainer.critic_warmup, kl_ctrl=kl_ctrl)
+                _, metrics = run_step(roles, lambda: prompts_from_rows(next(stream)), algo, reward_fn,
+                                      update_actor=i >= cfg.trainer.critic_warmup, kl_ctrl=kl_ctrl)
                 metrics = {"step": i + 1, **metrics}
                 last = i + 1 == cfg.trainer.total_steps
                 if val_prompts is not None and (last or (cfg.trainer.test_freq and (i + 1) % cfg.trainer.test_freq == 0)):

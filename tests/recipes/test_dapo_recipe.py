@@ -1,0 +1,71 @@
+"""recipes/dapo/train.py on a tiny real model (local backend): dynamic sampling draws more gen batches when groups
+do not vary, keeps exactly train_groups groups, and the overlong metrics follow the shaping formula."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from core.data.prepare import write_parquet
+from core.train import load_run_config
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "dapo"
+
+
+def dapo_module():
+    spec = importlib.util.spec_from_file_location("dapo_recipe_train", RECIPE / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve their annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def tiny_dapo_run(tmp_path: Path, model_dir: Path, train_groups: int, extra: str = "") -> Path:
+    rows = [{"data_source": "t", "prompt": [{"role": "user", "content": f"{a} + {a}?"}], "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": str(2 * a)}, "extra_info": {"index": a}} for a in range(16)]
+    write_parquet(rows, tmp_path / "train.parquet")
+    # acc varies with the sampled text: some groups vary, some do not
+    (tmp_path / "reward.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                                        "    acc = sum(map(ord, solution_str)) % 3 == 0\n"
+                                        "    return {'score': float(acc), 'acc': acc}\n")
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "config.yaml").write_text(f"""
+trainer: {{backend: local, total_steps: 2, output_dir: {tmp_path / 'out'}}}
+data: {{train_files: ["{tmp_path / 'train.parquet'}"], prompts_per_step: 2}}
+use_ref: false
+actor: {{model: "{model_dir}", dtype: float32, ppo_mini_batch_size: {4 * train_groups}, micro_batch_size: 4,
+        loss: {{clip_low: 0.2, clip_high: 0.28, dual_clip_c: 10.0}}, optim: {{lr: 0.001}}}}
+rollout: {{model: "{model_dir}", dtype: float32, max_prompt_length: 32}}
+algo: {{sampling: {{n: 4, temperature: 1.0, max_new_tokens: 6}}}}
+reward: {{path: "{tmp_path / 'reward.py'}"}}
+dapo: {{train_groups: {train_groups}, filter_metric: acc, max_num_gen_batches: 20, overlong_buffer: 4,
+       overlong_penalty: 1.0}}
+{extra}""")
+    return conf
+
+
+def test_dynamic_sampling_keeps_train_groups_from_several_gen_batches(tmp_path, tiny_model_dir):
+    from core.trainer import fit
+
+    dapo = dapo_module()
+    cfg = load_run_config(tiny_dapo_run(tmp_path, tiny_model_dir, train_groups=3), schema=dapo.DAPORunConfig)
+    assert cfg.dapo.train_groups == 3 and cfg.actor.loss.clip_high == 0.28
+    history = fit(cfg, dapo.make_step(cfg))
+    for m in history:
+        # 2 prompts per gen batch can give at most 2 groups: 3 groups always take 2 or more gen batches
+        assert m["dapo/num_gen_batches"] >= 2 and 0 < m["dapo/kept_group_frac"] <= 1
+        # max_new_tokens 6, buffer 4: every response longer than 2 tokens is penalised, a 6-token one by -1
+        assert m["dapo/overlong_frac"] > 0 and -1 <= m["dapo/overlong_penalty_mean"] < 0
+        assert "actor/grad_norm" in m
+
+
+def test_a_step_that_cannot_find_varying_groups_says_so(tmp_path, tiny_model_dir):
+    from core.trainer import fit
+
+    dapo = dapo_module()
+    conf = tiny_dapo_run(tmp_path, tiny_model_dir, train_groups=3)
+    cfg = load_run_config(conf, overrides=["dapo.max_num_gen_batches=1"], schema=dapo.DAPORunConfig)
+    with pytest.raises(RuntimeError, match=r"dapo: 1 gen batches kept only \d of 3 groups"):
+        fit(cfg, dapo.make_step(cfg))

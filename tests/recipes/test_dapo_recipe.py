@@ -69,3 +69,13 @@ def test_a_step_that_cannot_find_varying_groups_says_so(tmp_path, tiny_model_dir
     cfg = load_run_config(conf, overrides=["dapo.max_num_gen_batches=1"], schema=dapo.DAPORunConfig)
     with pytest.raises(RuntimeError, match=r"dapo: 1 gen batches kept only \d of 3 groups"):
         fit(cfg, dapo.make_step(cfg))
+
+
+@pytest.mark.parametrize("name", ["config", "demo_cpu"])
+def test_recipe_configs_validate_with_dapos_settings(name):
+    from core.trainer import effective_sizes, role_specs
+
+    cfg = load_run_config(RECIPE, name, schema=dapo_module().DAPORunConfig)
+    assert (cfg.actor.loss.clip_low, cfg.actor.loss.clip_high, cfg.actor.loss.dual_clip_c) == (0.2, 0.28, 10.0)
+    assert cfg.actor.loss_agg_mode == "token-mean" and cfg.actor.kl_loss_coef == 0 and "ref" not in role_specs(cfg)
+    assert f"samples per step           {cfg.dapo.train_groups * cfg.algo.sampling.n}" in effective_sizes(cfg, 2)

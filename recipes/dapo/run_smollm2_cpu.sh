@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# DAPO (its own step: recipes/dapo/train.py) with SmolLM2-135M-Instruct on CPU: 2 Ray workers, FSDP2 world size 2.
+#   bash recipes/dapo/run_smollm2_cpu.sh                  the CPU run: single-digit arithmetic, demo_cpu.yaml
+#   CONFIG=config bash recipes/dapo/run_smollm2_cpu.sh    GSM8K (config.yaml; data from ../shared/data/gsm8k)
+# Extra arguments are Hydra overrides, e.g.: bash recipes/dapo/run_smollm2_cpu.sh trainer.total_steps=2
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+cd "$root"
+PY="${PY:-$root/.venv/bin/python}"
+CONFIG="${CONFIG:-demo_cpu}"
+task=arith
+[ "$CONFIG" = config ] && task=gsm8k
+[ -f "outputs/data/$task/train.parquet" ] || "$PY" "$here/data.py" --task "$task" --out outputs/data
+exec "$PY" "$here/train.py" --config-dir "$here" --config-name "$CONFIG" "$@"

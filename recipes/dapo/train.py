@@ -54,7 +54,7 @@ class DAPORunConfig(RunConfig):
 def dapo_step(roles: Roles, draw: Callable[[], Batch], cfg: StepConfig, reward_fn: Callable, dapo: DAPOConfig,
               update_actor: bool = True, kl_ctrl=None) -> tuple[Batch, dict[str, float]]:
     timer, t0, n = Timer(), time.perf_counter(), cfg.sampling.n
-    kept, gen_batches, groups_seen, lengths, penalties = [], 0, 0, [], []
+    kept, gen_batches, groups_seen, lengths, penalties, raw = [], 0, 0, [], [], []
     # 1-2. generate, score, shape and filter gen batches until enough groups vary
     while sum(len(b) for b in kept) < dapo.train_groups * n:
         gen_batches += 1
@@ -78,6 +78,7 @@ def dapo_step(roles: Roles, draw: Callable[[], Batch], cfg: StepConfig, reward_f
         groups_seen += len(batch) // n
         lengths.append(length)
         penalties.append(shaped)
+        raw.append(scored.scores)
         kept.append(batch.index(keep.nonzero().squeeze(-1)))
     batch = Batch.concat(kept).index(slice(0, dapo.train_groups * n))
     batch["token_rewards"] = scores_to_token_rewards(batch["scores"], batch["response_mask"])
@@ -93,7 +94,11 @@ def dapo_step(roles: Roles, draw: Callable[[], Batch], cfg: StepConfig, reward_f
     timer.seconds["step"] = time.perf_counter() - t0
     all_len, all_pen = torch.cat(lengths), torch.cat(penalties)
     mask = batch["response_mask"]
-    return batch, {"reward/mean": float(batch["scores"].mean()), "reward/std": float(batch["scores"].std()),
+    # reward/mean: every generated sample's reward before shaping (what the policy scores); the trained batch's
+    # shaped scores are biased toward mixed groups by the filter
+    every = torch.cat(raw)
+    return batch, {"reward/mean": float(every.mean()), "reward/std": float(every.std()),
+                   "dapo/trained_score_mean": float(batch["scores"].mean()),
                    "response_length/mean": float(mask.sum(-1).mean()), "actor/kl_loss": 0.0, **actor, **sync,
                    "dapo/num_gen_batches": float(gen_batches),
                    "dapo/kept_group_frac": sum(len(b) for b in kept) / n / groups_seen,

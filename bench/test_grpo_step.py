@@ -49,23 +49,34 @@ def contains_answer(text: str, answer: str) -> float:
     return float(answer in re.findall(r"-?\d+", text))
 
 
-def ours_step_seconds(path: str, dtype: str, rows: list[dict], n: int, new: int, steps: int) -> tuple[float, float]:
-    """Median seconds per step after one warm-up step, and the mean response length."""
-    prompts_per_step, samples = len(rows), len(rows) * n
+def grpo_specs(path: str, dtype: str, samples: int) -> dict[str, RoleSpec]:
+    """Actor (2 updates of half the samples, micro-batches of a quarter, KL loss), reference and rollout."""
     actor = ActorConfig(model=path, dtype=dtype, ppo_mini_batch_size=samples // 2, micro_batch_size=samples // 4,
                         kl_loss_coef=KL, optim=OptimConfig(lr=LR, warmup_steps=0))
     ref = ActorConfig(model=path, dtype=dtype, trainable=False, micro_batch_size=samples // 4)
     rollout = RolloutConfig(model=path, dtype=dtype, max_batch_size=samples, max_prompt_length=64)
-    group = LocalWorkerGroup({"actor": RoleSpec(FSDPActor, {"cfg": actor}), "ref": RoleSpec(FSDPActor, {"cfg": ref}),
-                              "rollout": RoleSpec(RolloutWorker, {"cfg": rollout})})
-    cfg = StepConfig(sampling=SamplingParams(n=n, temperature=1.0, max_new_tokens=new),
-                     adv=AdvantageConfig(estimator="grpo"))
-    reward = lambda source, text, truth, extra=None: contains_answer(text, truth)  # noqa: E731
+    return {"actor": RoleSpec(FSDPActor, {"cfg": actor}), "ref": RoleSpec(FSDPActor, {"cfg": ref}),
+            "rollout": RoleSpec(RolloutWorker, {"cfg": rollout})}
+
+
+def grpo_step_config(n: int, new: int) -> StepConfig:
+    return StepConfig(sampling=SamplingParams(n=n, temperature=1.0, max_new_tokens=new),
+                      adv=AdvantageConfig(estimator="grpo"))
+
+
+def reward(source, text, truth, extra=None) -> float:
+    return contains_answer(text, truth)
+
+
+def ours_step_seconds(path: str, dtype: str, rows: list[dict], n: int, new: int, steps: int) -> tuple[float, float]:
+    """Median seconds per step after one warm-up step, and the mean response length."""
+    group = LocalWorkerGroup(grpo_specs(path, dtype, len(rows) * n))
+    cfg = grpo_step_config(n, new)
     roles = Roles(actor=group.role("actor"), rollout=group.role("rollout"), ref=group.role("ref"))
     times, lengths = [], []
     try:
         for i in range(steps + 1):
-            batch = prompts_from_rows(rows[:prompts_per_step])
+            batch = prompts_from_rows(rows)
             t = time.perf_counter()
             _, metrics = step(roles, batch, cfg, reward)
             if i:

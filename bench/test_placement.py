@@ -14,15 +14,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.test_grpo_step import arith_rows, contains_answer
+from bench.test_grpo_step import arith_rows, grpo_specs, grpo_step_config, reward
 from bench.test_rollout import matmul_flops_per_s
-from core.algos import AdvantageConfig
-from core.engines.fsdp import ActorConfig, FSDPActor, OptimConfig
-from core.engines.rollout import SamplingParams
 from core.loop import Roles, StepConfig, prompts_from_rows, step
 from core.models import resolve_model
-from core.roles import RolloutConfig, RolloutWorker
-from core.worker import RoleSpec
 from core.worker_group import ResourcePool, WorkerGroup
 
 
@@ -35,17 +30,7 @@ def ray_session():
     ray.shutdown()
 
 
-def specs(path: str, dtype: str, samples: int) -> dict[str, RoleSpec]:
-    actor = ActorConfig(model=path, dtype=dtype, ppo_mini_batch_size=samples // 2, micro_batch_size=samples // 4,
-                        kl_loss_coef=0.001, optim=OptimConfig(lr=1e-6))
-    ref = ActorConfig(model=path, dtype=dtype, trainable=False, micro_batch_size=samples // 4)
-    rollout = RolloutConfig(model=path, dtype=dtype, max_batch_size=samples, max_prompt_length=64)
-    return {"actor": RoleSpec(FSDPActor, {"cfg": actor}), "ref": RoleSpec(FSDPActor, {"cfg": ref}),
-            "rollout": RoleSpec(RolloutWorker, {"cfg": rollout})}
-
-
 def median_step_seconds(groups: list[WorkerGroup], roles: Roles, rows, cfg: StepConfig, steps: int) -> float:
-    reward = lambda source, text, truth, extra=None: contains_answer(text, truth)  # noqa: E731
     times = []
     try:
         for i in range(steps + 1):
@@ -62,9 +47,7 @@ def test_colocated_vs_split_placement(ray_session, full_size, report, tiny_model
     path = resolve_model("SmolLM2-135M-Instruct") if full_size else str(tiny_model_dir)
     P, n, new, steps = (8, 4, 32, 2) if full_size else (2, 4, 8, 1)
     dtype = "bfloat16" if matmul_flops_per_s(torch.bfloat16) > matmul_flops_per_s(torch.float32) else "float32"
-    rows, s = arith_rows(P), specs(path, dtype, P * n)
-    cfg = StepConfig(sampling=SamplingParams(n=n, temperature=1.0, max_new_tokens=new),
-                     adv=AdvantageConfig(estimator="grpo"))
+    rows, s, cfg = arith_rows(P), grpo_specs(path, dtype, P * n), grpo_step_config(n, new)
     main = WorkerGroup(ResourcePool(slots_per_node=2), s, name="main")
     colocated = median_step_seconds([main], Roles(main.role("actor"), main.role("rollout"), main.role("ref")),
                                     rows, cfg, steps)

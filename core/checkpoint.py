@@ -45,13 +45,13 @@ def begin(output_dir: str | Path, step: int) -> Path:
 def commit(tmp: Path, driver_state: dict, keep: int) -> Path:
     """Write the driver's state, make the checkpoint visible (rename, then ``latest``), drop all but the last
     ``keep`` (0 = keep all). Returns the final folder."""
-    _write_atomic(tmp / "trainer.json", json.dumps(driver_state, indent=1))
+    write_atomic(tmp / "trainer.json", json.dumps(driver_state, indent=1))
     final = tmp.parent / tmp.name[1:].removesuffix(".tmp")
     if final.exists():  # a checkpoint of this step from an earlier run that was resumed from before it
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync_dir(tmp.parent)
-    _write_atomic(tmp.parent / LATEST, final.name)
+    write_atomic(tmp.parent / LATEST, final.name)
     if keep > 0:
         for old in sorted(tmp.parent.glob("step_*"))[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -80,7 +80,8 @@ def driver_state(path: Path) -> dict:
     return json.loads((path / "trainer.json").read_text())
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temp file, fsync and ``os.replace``: readers see the old or the new file."""
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     with open(tmp, "w") as f:
         f.write(text)

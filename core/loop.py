@@ -9,11 +9,10 @@ from __future__ import annotations
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
-import torch
 
 from core.algos import (AdaptiveKLController, AdvantageConfig, FixedKLController, apply_kl_reward_penalty,
                         compute_advantages, scores_to_token_rewards, truncated_is_weights,

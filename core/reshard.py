@@ -17,10 +17,9 @@ The bucket travels through Ray's object store; at most one bucket is in flight.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
-
-from typing import TYPE_CHECKING
 
 from core.engines.fsdp import FSDPActor
 from core.engines.rollout import RolloutEngine

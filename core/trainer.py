@@ -13,14 +13,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from core import checkpoint
 from core.config.schema import PlacementConfig, TrainerConfig
 from core.engines.critic import CriticConfig, FSDPCritic
 from core.engines.fsdp import ActorConfig, FSDPActor
-from core import checkpoint
 from core.loop import Roles, StepConfig, kl_controller, prompts_from_rows, step, sync_rollout, validate
 from core.report import report
-from core.tracking import make_trackers
 from core.roles import RolloutConfig, RolloutWorker
+from core.tracking import make_trackers
 from core.worker import RoleSpec
 
 
@@ -237,7 +237,5 @@ def rewind_metrics(path: Path, step: int) -> list[dict]:
     from core.report import read_metrics
 
     rows = [m for m in read_metrics(path) if m["step"] <= step] if path.is_file() else []
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(m) + "\n" for m in rows))
-    tmp.replace(path)
+    checkpoint.write_atomic(path, "".join(json.dumps(m) + "\n" for m in rows))
     return rows

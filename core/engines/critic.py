@@ -16,9 +16,9 @@ import torch.nn.functional as F
 
 from core.algos import LossNorm, masked_mean, value_loss
 from core.engines.forward import trim_padding
-from core.engines.fsdp import OptimConfig, length_order, micro_batches
-from core.engines.sharding import (adamw_with_warmup, clipped_step, enable_checkpointing, load_state, save_state,
-                                   shard)
+from core.engines.fsdp import OptimConfig, length_order, micro_batches, restore_order
+from core.engines.sharding import (adamw_with_warmup, clipped_step, enable_checkpointing, equalise_passes, global_counts,
+                                   load_state, save_state, shard)
 from core.protocol import Batch
 from core.worker import WorkerContext
 
@@ -102,15 +102,11 @@ class FSDPCritic:
                  for mb in micro_batches(batch if order is None else batch.index(order), self.cfg.micro_batch_size,
                                          self.cfg.max_tokens_per_micro)]
         values = torch.cat(parts)
-        if order is not None:
-            values = torch.empty_like(values).index_copy_(0, order, values)
-        return Batch({"values": values})
+        return Batch({"values": values if order is None else restore_order(values, order)})
 
     def update(self, batch: Batch) -> dict[str, float]:
         """Value-loss epochs over this rank's share of the step batch; one optimizer step per mini-batch.
         Keys: the model inputs, responses, response_mask, values (old), returns."""
-        import torch.distributed as dist
-
         cfg, dp = self.cfg, self.ctx.world_size
         if cfg.ppo_mini_batch_size % dp:
             raise ValueError(f"critic.ppo_mini_batch_size {cfg.ppo_mini_batch_size} is not divisible by {dp} DP ranks")
@@ -118,15 +114,11 @@ class FSDPCritic:
         losses, clipfracs, vpreds, norms = [], [], [], []
         for epoch in range(cfg.ppo_epochs):
             for mini in batch.minibatches(cfg.ppo_mini_batch_size // dp, seed=cfg.seed + epoch, shuffle=epoch > 0):
-                counts = torch.tensor([float(mini["response_mask"].sum()), float(len(mini))], device=self.ctx.device)
-                dist.all_reduce(counts)
-                norm = LossNorm(cfg.loss_agg_mode, float(counts[0]), float(counts[1]), dp,
-                                float(mini["response_mask"].shape[-1]))
-                micros = micro_batches(mini, cfg.micro_batch_size, cfg.max_tokens_per_micro)
-                n = torch.tensor([len(micros)], device=self.ctx.device)
-                dist.all_reduce(n, op=dist.ReduceOp.MAX)  # every rank runs as many passes (FSDP collectives)
+                tokens, seqs = global_counts(mini["response_mask"], self.ctx.device)
+                norm = LossNorm(cfg.loss_agg_mode, tokens, seqs, dp, float(mini["response_mask"].shape[-1]))
                 loss_sum = 0.0
-                for mb in micros + [None] * (int(n) - len(micros)):
+                for mb in equalise_passes(micro_batches(mini, cfg.micro_batch_size, cfg.max_tokens_per_micro),
+                                          self.ctx.device):
                     dummy = mb is None
                     mb = (mini.index(slice(0, 1)) if dummy else mb).to(self.ctx.device)
                     v = response_values(self.model, mb, cfg.remove_padding)

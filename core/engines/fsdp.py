@@ -15,14 +15,13 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
-import torch.distributed as dist
 
 from core.algos import POLICY_LOSSES, LossNorm, PolicyLossConfig, entropy_bonus
 from core.algos.kl import kl_loss
 from core.algos.ops import masked_mean
 from core.engines.forward import response_logprobs
-from core.engines.sharding import (adamw_with_warmup, clipped_step, enable_checkpointing, load_state, save_state,
-                                   shard)
+from core.engines.sharding import (adamw_with_warmup, clipped_step, enable_checkpointing, equalise_passes, global_counts,
+                                   load_state, save_state, shard)
 from core.protocol import Batch
 from core.worker import WorkerContext
 
@@ -105,6 +104,11 @@ def length_order(batch: Batch) -> torch.Tensor:
     return torch.argsort(batch["attention_mask"].sum(-1), stable=True)
 
 
+def restore_order(rows: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """Rows computed in ``order`` (``length_order``) back in the caller's row order."""
+    return torch.empty_like(rows).index_copy_(0, order, rows)
+
+
 class FSDPActor:
     """A policy on FSDP2: log-probs for any batch; PPO-style updates when trainable."""
 
@@ -138,22 +142,11 @@ class FSDPActor:
             if with_entropy:
                 ents.append(ent.cpu())
         out = {"old_logprobs": torch.cat(logps)} | ({"entropy": torch.cat(ents)} if with_entropy else {})
-        if order is not None:  # back to the caller's row order
-            out = {k: torch.empty_like(v).index_copy_(0, order, v) for k, v in out.items()}
+        if order is not None:
+            out = {k: restore_order(v, order) for k, v in out.items()}
         return Batch(out)
 
     # ------------------------------------------------------------------------------------ training
-    def _global_counts(self, mask: torch.Tensor) -> tuple[float, float]:
-        t = torch.tensor([float(mask.sum()), float(mask.shape[0])], device=self.ctx.device)
-        dist.all_reduce(t)
-        return float(t[0]), float(t[1])
-
-    def _equalise(self, micros: list[Batch]) -> list[Batch | None]:
-        """Every rank must run as many forward/backward passes as the others (FSDP collectives inside)."""
-        n = torch.tensor([len(micros)], device=self.ctx.device)
-        dist.all_reduce(n, op=dist.ReduceOp.MAX)
-        return micros + [None] * (int(n) - len(micros))
-
     def update(self, batch: Batch) -> dict[str, float]:
         """PPO epochs over this rank's share of the step batch; one optimizer step per mini-batch."""
         if self.optim is None:
@@ -172,11 +165,11 @@ class FSDPActor:
 
         for epoch in range(cfg.ppo_epochs):
             for mini in batch.minibatches(cfg.ppo_mini_batch_size // dp, seed=cfg.seed + epoch, shuffle=epoch > 0):
-                tokens, seqs = self._global_counts(mini["response_mask"])
+                tokens, seqs = global_counts(mini["response_mask"], self.ctx.device)
                 norm = LossNorm(cfg.loss_agg_mode, tokens, seqs, dp, float(mini["response_mask"].shape[-1]))
                 if cfg.max_tokens_per_micro > 0:  # the loss sums over the mini-batch: row order is free
                     mini = mini.index(length_order(mini))
-                for mb in self._equalise(micro_batches(mini, cfg.micro_batch_size, cfg.max_tokens_per_micro)):
+                for mb in equalise_passes(micro_batches(mini, cfg.micro_batch_size, cfg.max_tokens_per_micro), self.ctx.device):
                     dummy = mb is None
                     mb = (mini.index(slice(0, 1)) if dummy else mb).to(self.ctx.device)
                     logp, ent = response_logprobs(self.model, mb, cfg.temperature, cfg.entropy_coef > 0,

@@ -12,6 +12,7 @@ import math
 import os
 
 import torch
+import torch.distributed as dist
 
 from core.worker import WorkerContext
 
@@ -57,6 +58,21 @@ def clipped_step(model: torch.nn.Module, optim, sched, clip: float) -> float:
     optim.zero_grad(set_to_none=True)
     sched.step()
     return norm
+
+
+def global_counts(mask: torch.Tensor, device: torch.device) -> tuple[float, float]:
+    """Valid tokens and sequences of a mini-batch summed over the DP ranks (the loss normalisers)."""
+    t = torch.tensor([float(mask.sum()), float(mask.shape[0])], device=device)
+    dist.all_reduce(t)
+    return float(t[0]), float(t[1])
+
+
+def equalise_passes(micros: list, device: torch.device) -> list:
+    """Pad this rank's micro-batches with None up to the most any rank has: every rank must run as many
+    forward/backward passes as the others (FSDP collectives inside)."""
+    n = torch.tensor([len(micros)], device=device)
+    dist.all_reduce(n, op=dist.ReduceOp.MAX)
+    return micros + [None] * (int(n) - len(micros))
 
 
 def save_state(path: str, model, optim, sched, rank: int) -> None:

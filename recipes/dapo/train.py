@@ -54,12 +54,12 @@ class DAPORunConfig(RunConfig):
 def dapo_step(roles: Roles, draw: Callable[[], Batch], cfg: StepConfig, reward_fn: Callable, dapo: DAPOConfig,
               update_actor: bool = True, kl_ctrl=None) -> tuple[Batch, dict[str, float]]:
     timer, t0, n = Timer(), time.perf_counter(), cfg.sampling.n
-    kept, gen_batches, groups_seen, lengths, penalties, raw = [], 0, 0, [], [], []
+    kept, kept_rows, gen_batches, groups_seen, lengths, penalties, raw = [], 0, 0, 0, [], [], []
     # 1-2. generate, score, shape and filter gen batches until enough groups vary
-    while sum(len(b) for b in kept) < dapo.train_groups * n:
+    while kept_rows < dapo.train_groups * n:
         gen_batches += 1
         if 0 < dapo.max_num_gen_batches < gen_batches:
-            raise RuntimeError(f"dapo: {dapo.max_num_gen_batches} gen batches kept only {sum(len(b) for b in kept) // n}"
+            raise RuntimeError(f"dapo: {dapo.max_num_gen_batches} gen batches kept only {kept_rows // n}"
                                f" of {dapo.train_groups} groups with varying {dapo.filter_metric}; raise "
                                f"dapo.max_num_gen_batches or data.prompts_per_step")
         with timer("gen"):
@@ -80,6 +80,7 @@ def dapo_step(roles: Roles, draw: Callable[[], Batch], cfg: StepConfig, reward_f
         penalties.append(shaped)
         raw.append(scored.scores)
         kept.append(batch.index(keep.nonzero().squeeze(-1)))
+        kept_rows += len(kept[-1])
     batch = Batch.concat(kept).index(slice(0, dapo.train_groups * n))
     batch["token_rewards"] = scores_to_token_rewards(batch["scores"], batch["response_mask"])
     # 3. old log-probs; 5. GRPO advantages; 6. update; 7. sync (no reference, no KL in DAPO)
@@ -101,7 +102,7 @@ def dapo_step(roles: Roles, draw: Callable[[], Batch], cfg: StepConfig, reward_f
                    "dapo/trained_score_mean": float(batch["scores"].mean()),
                    "response_length/mean": float(mask.sum(-1).mean()), "actor/kl_loss": 0.0, **actor, **sync,
                    "dapo/num_gen_batches": float(gen_batches),
-                   "dapo/kept_group_frac": sum(len(b) for b in kept) / n / groups_seen,
+                   "dapo/kept_group_frac": kept_rows / n / groups_seen,
                    "dapo/overlong_frac": float((all_pen < 0).float().mean()),
                    "dapo/overlong_penalty_mean": float(all_pen.mean()),
                    "dapo/gen_response_length/mean": float(all_len.mean()),

@@ -155,9 +155,10 @@ def tiny_random_model(out: str | Path, vocab_size: int = 128, hidden: int = 64, 
 
     out = Path(out)
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True, **overrides)
+    cfg = LlamaConfig(**{"vocab_size": vocab_size, "hidden_size": hidden, "intermediate_size": 2 * hidden,
+                         "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2,
+                         "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+                         "tie_word_embeddings": True} | overrides)
     LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
     _char_tokenizer(vocab_size).save_pretrained(out)
     return out

@@ -1,26 +1,38 @@
-"""Capacity planner: per-GPU memory of a colocated RL run (FSDP2 training + a rollout engine) before it starts.
+"""Capacity planner: per-GPU and per-node memory of a colocated RL run (FSDP2 training + a rollout engine),
+before it starts. ``python -m core.train --config-dir <recipe> --dry-run`` (and every recipe's run script with
+``--dry-run``) prints it for the resolved config and exits non-zero when the run does not fit.
 
 Every term is a formula of the model's shape and the run's settings (bytes; P = parameters, W = FSDP world
-size, T = tokens per micro-batch, h = hidden size, L = layers, V = vocabulary, t = rollout tensor parallel size):
+size, T = tokens per micro-batch, h = hidden size, i = MLP width, kvd = kv_heads x head_dim, L = layers,
+V = vocabulary, t = rollout tensor parallel size, k = 1 for tied embeddings else 2). They describe *our*
+implementation (core/engines): a rank never holds the full fp32 model, even while loading (meta-device build,
+then each rank reads its own rows: ``sharding.load_sharded_causal_lm``).
 
 training phase, per GPU
-    fp32 master weights        4P / W            (on the host with param offload)
-    fp32 gradients             4P / W            (on the host with param offload: FSDP2 offloads them together)
-    AdamW moments (fp32 m, v)  8P / W            (on the host with optimizer or param offload)
+    fp32 master weights        4P / W            (on the host with offload)
+    fp32 gradients             4P / W            (on the host with offload: FSDP2 offloads them together)
+    AdamW moments (fp32 m, v)  8P / W            (on the host with offload)
     gathered bf16 layers       2 x 2 P_layer     (the layer being computed and the one prefetched)
-    activations                T h L x 2         (checkpointed layer inputs, bf16) + 34 T h (one layer recomputed:
-                               Korthikanti et al. 2022, flash attention) -- without checkpointing: 34 T h L
-    logits                     8 T V             (fp32 logits and their gradient: the actor projects a micro-batch's
-                                                 response tokens onto the vocabulary at once)
+    embeddings + LM head       2 k V h + 2 V h   (the root module stays gathered in bf16 for forward and
+                                                 backward, plus the LM head's bf16 gradient)
+    activations                2 T h L           (checkpointed: each layer's bf16 input) + one layer recomputed:
+                               T (14 h + 4 kvd + 8 i) (bf16: 7 h-wide tensors -- norm in/out, q, attention out,
+                               ... -- 2 kv-wide (k, v) and 4 i-wide (gate, up, act, product); flash attention: no
+                               T^2 term). Without checkpointing: L times the layer term.
+    logits                     6 T V + 3 GiB     (bf16 logits, their bf16 gradient and its concatenation; fp32
+                                                 normalisation in 2^28-value chunks: ``forward.normalised_logprobs``)
+    reference policy           4P / W            (frozen fp32 shards, when the run has one)
 rollout phase, per GPU
-    the engine's share         gpu_memory_utilization x GPU memory (weights 2P / t, the rest its KV cache), while
-    what training keeps        the first three lines above, unless offloaded (colocated: phases alternate; the
-                               engine frees its KV cache and weights while training runs)
-KV cache per token             2 (K and V) x L x kv_heads x head_dim x 2 bytes / t
+    the engine's share         gpu_memory_utilization x GPU memory (weights 2P / t, the rest its KV cache)
+    what training keeps        the sharded states above unless offloaded (colocated: phases alternate)
+    embedded engine            keeps its weights (2P, no tensor parallelism) through the training phase too;
+                               vLLM / SGLang release the GPU while training (sleep; weights kept in host memory)
+KV cache per token             2 (K and V) x L x kvd x 2 bytes / t
 
-Host memory per node: the offloaded shards of its GPUs. ``fits`` checks every phase against the GPU memory
-(minus a reserve for the CUDA context and fragmentation) and the offloaded bytes against the host memory.
-Unit tests check the arithmetic by hand (tests/test_planner.py).
+Host memory per node: the offloaded states of its GPUs, plus the sleeping vLLM / SGLang weights (2P / t per
+GPU). ``fits`` checks each phase against the GPU memory (minus a reserve for the CUDA context and
+fragmentation) and the host total against the node's memory. Unit tests check the arithmetic by hand
+(tests/test_planner.py).
 """
 
 from __future__ import annotations
@@ -110,6 +122,10 @@ class RunShape:
     max_seq_len: int = 4096
     # GB per GPU kept free for the CUDA context, NCCL buffers and fragmentation
     reserve_gb: float = 4.0
+    # embedded (weights stay on the GPU through training, no TP), vllm or sglang (they sleep while training)
+    rollout_backend: str = "vllm"
+    # a frozen reference policy on the same GPUs
+    reference: bool = False
 
 
 @dataclass
@@ -117,6 +133,7 @@ class Plan:
     lines: list[tuple[str, float, str]] = field(default_factory=list)   # (item, bytes per GPU, phase / note)
     problems: list[str] = field(default_factory=list)
     kv_tokens: float = 0.0
+    host_per_node: float = 0.0
 
     @property
     def fits(self) -> bool:
@@ -129,9 +146,15 @@ class Plan:
         out = [f"  {item:<44} {b / GB:9.2f} GB   {phase}" for item, b, phase in self.lines]
         out.append(f"  {'training phase total':<44} {self.total('train') / GB:9.2f} GB")
         out.append(f"  {'rollout phase total':<44} {self.total('rollout') / GB:9.2f} GB")
+        out.append(f"  {'host memory per node':<44} {self.host_per_node / GB:9.2f} GB")
         out.append(f"  {'KV cache holds':<44} {self.kv_tokens:9.0f} tokens per rollout replica")
         out.append("fits" if self.fits else "DOES NOT FIT:\n" + "\n".join(f"  - {p}" for p in self.problems))
         return "\n".join(out)
+
+
+# fp32 work of one chunk of the log-prob normalisation (core.engines.forward.CHUNK_VALUES = 2^28 values): the
+# fp32 copy, the exp and the softmax gradient
+CHUNK_WORK = 3 * (1 << 28) * 4
 
 
 def plan(m: ModelShape, r: RunShape) -> Plan:
@@ -147,18 +170,28 @@ def plan(m: ModelShape, r: RunShape) -> Plan:
             host += b
         else:
             p.lines.append((item, b, "train"))
+    if r.reference:
+        sharded["reference fp32 shards (4P/W)"] = 4 * m.params / W
+        p.lines.append(("reference fp32 shards (4P/W)", 4 * m.params / W, "train"))
     p.lines.append(("gathered bf16 layers (2 x 2 P_layer)", 4 * m.layer_params, "train"))
+    k = 1 if m.tied else 2
+    p.lines.append(("embeddings + LM head, bf16 + grad (2kVh + 2Vh)", (2 * k + 2) * m.vocab * m.hidden, "train"))
     T = r.tokens_per_micro
-    act = (2 * T * m.hidden * m.layers + 34 * T * m.hidden) if r.gradient_checkpointing else 34 * T * m.hidden * m.layers
+    layer = T * (14 * m.hidden + 4 * m.kv_heads * m.head_dim + 8 * m.intermediate)
+    act = (2 * T * m.hidden * m.layers + layer) if r.gradient_checkpointing else layer * m.layers
     p.lines.append(("activations" + (" (checkpointed)" if r.gradient_checkpointing else ""), act, "train"))
-    p.lines.append(("logits fp32 + grad (8 T V)", 8 * T * m.vocab, "train"))
+    p.lines.append(("logits (6 T V + chunk work)", 6 * T * m.vocab + CHUNK_WORK, "train"))
+    embedded = r.rollout_backend == "embedded"
+    tp = 1 if embedded else r.rollout_tp
+    weights = 2 * m.params / tp
+    if embedded:
+        p.lines.append(("embedded engine weights (2P, kept)", weights, "train"))
     resident = sum(b for item, b, phase in p.lines if phase == "train" and item in sharded)
     engine = r.gpu_memory_utilization * gpu
-    weights = 2 * m.params / r.rollout_tp
-    p.lines.append(("rollout engine (utilization x GPU)", engine, "rollout"))
+    p.lines.append((f"rollout engine ({r.gpu_memory_utilization:g} x GPU; weights 2P/{tp})", engine, "rollout"))
     if resident:
         p.lines.append(("training state kept during rollout", resident, "rollout"))
-    kv_per_token = 2 * m.layers * m.kv_heads * m.head_dim * 2 / r.rollout_tp
+    kv_per_token = 2 * m.layers * m.kv_heads * m.head_dim * 2 / tp
     p.kv_tokens = max(0.0, engine - weights - 0.05 * gpu) / kv_per_token  # 5% of the GPU: engine activations
     limit = gpu - r.reserve_gb * GB
     for phase in ("train", "rollout"):
@@ -166,12 +199,91 @@ def plan(m: ModelShape, r: RunShape) -> Plan:
             p.problems.append(f"{phase} phase needs {p.total(phase) / GB:.1f} GB per GPU, more than the "
                               f"{limit / GB:.1f} GB available ({r.gpu_memory_gb:g} GB - {r.reserve_gb:g} GB reserve)")
     if weights > engine:
-        p.problems.append(f"rollout weights {weights / GB:.1f} GB per GPU (TP {r.rollout_tp}) exceed the engine's "
+        p.problems.append(f"rollout weights {weights / GB:.1f} GB per GPU (TP {tp}) exceed the engine's "
                           f"{engine / GB:.1f} GB (gpu_memory_utilization {r.gpu_memory_utilization})")
     elif p.kv_tokens < r.max_seq_len:
         p.problems.append(f"the KV cache holds {p.kv_tokens:.0f} tokens, less than one {r.max_seq_len}-token sequence")
-    if host * r.gpus_per_node > r.host_memory_gb * GB:
-        p.problems.append(f"offloaded state {host * r.gpus_per_node / GB:.0f} GB per node exceeds the host's "
-                          f"{r.host_memory_gb:g} GB")
-    p.lines.append(("(offloaded to host, per GPU)", host, "host"))
+    p.lines.append(("(offloaded training state, host, per GPU)", host, "host"))
+    asleep = 0.0 if embedded else weights
+    p.lines.append(("(sleeping engine weights, host, per GPU)", asleep, "host"))
+    node = (host + asleep) * r.gpus_per_node
+    p.host_per_node = node
+    if node > r.host_memory_gb * GB:
+        p.problems.append(f"host memory: {node / GB:.0f} GB per node ({r.gpus_per_node} GPUs x ({host / GB:.1f} GB "
+                          f"offloaded training state + {asleep / GB:.1f} GB sleeping engine weights)) exceeds the "
+                          f"node's {r.host_memory_gb:g} GB")
     return p
+
+
+def importable() -> dict[str, str]:
+    """Which optional backends this Python can import (the run's machines may differ: the plan says so)."""
+    import importlib.util
+
+    import torch
+
+    def has(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # a missing parent package
+            return False
+
+    found = {name: ("yes" if has(mod) else "no") for name, mod in (
+        ("ray", "ray"), ("vllm", "vllm"), ("sglang", "sglang"), ("megatron", "megatron.core"), ("flash_attn", "flash_attn"))}
+
+    found["cuda"] = f"{torch.cuda.device_count()} GPU(s)" if torch.cuda.is_available() else "no GPU here"
+    return found
+
+
+def _machine_memory_gb() -> tuple[float, float]:
+    import os
+
+    import torch
+
+    gpu = torch.cuda.get_device_properties(0).total_memory / GB if torch.cuda.is_available() else 0.0
+    return gpu, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GB
+
+
+def run_shape(cfg) -> RunShape:
+    """The RunShape of a validated run config (core.trainer.RunConfig or a recipe's extension of it)."""
+    pool = cfg.placement.pools[cfg.placement.roles["actor"]]
+    gpu_here, host_here = _machine_memory_gb()
+    max_seq = cfg.rollout.max_prompt_length + cfg.algo.sampling.max_new_tokens
+    tokens = cfg.actor.max_tokens_per_micro if cfg.actor.max_tokens_per_micro > 0 else cfg.actor.micro_batch_size * max_seq
+    reference = cfg.use_ref or cfg.actor.kl_loss_coef > 0 or cfg.algo.kl_in_reward.coef > 0
+    return RunShape(nnodes=pool.nnodes, gpus_per_node=pool.slots_per_node,
+                    gpu_memory_gb=pool.gpu_memory_gb or gpu_here, host_memory_gb=pool.host_memory_gb or host_here,
+                    param_offload=cfg.actor.offload, optimizer_offload=cfg.actor.offload,
+                    gradient_checkpointing=cfg.actor.gradient_checkpointing, tokens_per_micro=tokens,
+                    rollout_tp=cfg.rollout.tensor_parallel_size,
+                    gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, max_seq_len=max_seq,
+                    rollout_backend=cfg.rollout.backend, reference=reference)
+
+
+def plan_run(cfg) -> tuple[str, bool]:
+    """The dry-run report of a validated run config: backends, placement, per-GPU memory plan, verdict."""
+    pool_name = cfg.placement.roles["actor"]
+    pool = cfg.placement.pools[pool_name]
+    found = importable()
+    out = ["backends importable here: " + ", ".join(f"{k} {v}" for k, v in found.items())]
+    if cfg.rollout.backend != "embedded" and found.get(cfg.rollout.backend) != "yes":
+        out.append(f"  note: rollout.backend={cfg.rollout.backend} is not importable on this machine; the plan is "
+                   f"for the cluster's (pip install -e '.[{cfg.rollout.backend}]' there)")
+    roles = ", ".join(f"{role} -> {p}" for role, p in cfg.placement.roles.items())
+    out.append(f"placement: {roles}; pool {pool_name!r}: {pool.nnodes} node(s) x {pool.slots_per_node} "
+               f"{pool.device} rank(s)")
+    if pool.device != "cuda":
+        out.append("memory plan: only for GPU pools (device cuda); a CPU run keeps everything in host memory")
+        return "\n".join(out), True
+    r = run_shape(cfg)
+    m = model_shape(cfg.actor.model)
+    replicas = r.nnodes * r.gpus_per_node // (1 if r.rollout_backend == "embedded" else r.rollout_tp)
+    out.append(f"model {cfg.actor.model}: {m.params / 1e9:.2f}B parameters, {m.layers} layers, hidden {m.hidden}, "
+               f"vocab {m.vocab}")
+    out.append(f"FSDP2 world size {r.nnodes * r.gpus_per_node}, offload {'on' if r.param_offload else 'off'}, "
+               f"{r.tokens_per_micro} tokens per micro-batch, rollout {r.rollout_backend} TP "
+               f"{1 if r.rollout_backend == 'embedded' else r.rollout_tp} x {replicas} replicas at "
+               f"{r.gpu_memory_utilization:g} of {r.gpu_memory_gb:g} GB; host {r.host_memory_gb:g} GB per node")
+    p = plan(m, r)
+    out.append("per-GPU memory plan (GB):")
+    out.append(p.text())
+    return "\n".join(out), p.fits

@@ -35,6 +35,21 @@ class RolloutConfig:
     # free the KV cache after each generate call, so the colocated trainer gets that memory for its phases
     # (the next call allocates it again)
     sleep_after_generate: bool = True
+    # embedded (core/engines/rollout.py, CPU or GPU), vllm or sglang (GPU, optional extras: pip install -e '.[vllm]')
+    backend: str = "embedded"
+    # vllm / sglang: GPUs per engine replica (tensor parallel); the embedded engine has none (1)
+    tensor_parallel_size: int = 1
+    # vllm / sglang: share of each GPU's memory the engine takes (weights + KV cache) while it generates
+    gpu_memory_utilization: float = 0.5
+
+    def __post_init__(self):
+        if self.backend not in ("embedded", "vllm", "sglang"):
+            raise ValueError(f"rollout.backend must be embedded, vllm or sglang, got {self.backend!r}")
+        if self.backend == "embedded" and self.tensor_parallel_size != 1:
+            raise ValueError(f"rollout.tensor_parallel_size={self.tensor_parallel_size}: the embedded engine has no "
+                             f"tensor parallelism (use rollout.backend=vllm or sglang, or 1)")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"rollout.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 
 
 class RolloutWorker:
@@ -44,6 +59,9 @@ class RolloutWorker:
         from core.models import load_causal_lm, load_tokenizer, resolve_dtype
 
         self.ctx, self.cfg = ctx, cfg
+        if cfg.backend != "embedded":
+            raise NotImplementedError(f"rollout.backend={cfg.backend} has no adapter in this version; run with "
+                                      f"rollout.backend=embedded (`--dry-run` plans either)")
         model = load_causal_lm(cfg.model, dtype=resolve_dtype(cfg.dtype, ctx.device), device=ctx.device)
         self.engine = RolloutEngine(model, load_tokenizer(cfg.model), cfg.max_batch_size)
 

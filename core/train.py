@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from core.config import validate
+from core.planner import plan_run
 from core.trainer import RunConfig, effective_sizes, fit
 
 
@@ -36,7 +37,8 @@ def main(argv: list[str] | None = None, schema: type = RunConfig, make_step: Cal
     p.add_argument("--config-dir", required=True, help="the recipe folder holding config.yaml")
     p.add_argument("--config-name", default="config")
     p.add_argument("--dry-run", action="store_true",
-                   help="validate the config and print the effective batch sizes; start nothing")
+                   help="validate the config, print the effective batch sizes and the capacity plan (core.planner); "
+                        "start nothing; exit 1 when the plan does not fit")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.total_steps=5 actor.optim.lr=1e-5")
     a = p.parse_intermixed_args(argv)
     cfg = load_run_config(a.config_dir, a.config_name, a.overrides, schema)
@@ -45,7 +47,9 @@ def main(argv: list[str] | None = None, schema: type = RunConfig, make_step: Cal
         dp = 1 if cfg.trainer.backend == "local" else pool.nnodes * pool.slots_per_node
         print(f"config valid: actor {cfg.actor.model} on {dp} {pool.device} rank(s)\neffective sizes:\n"
               + effective_sizes(cfg, dp))
-        return 0
+        text, fits = plan_run(cfg)
+        print(text)
+        return 0 if fits else 1
     fit(cfg, make_step(cfg) if make_step else None)
     return 0
 

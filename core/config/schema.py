@@ -18,6 +18,10 @@ class PoolConfig:
     device: str = "cpu"
     # CPUs reserved per rank; also its torch thread count
     cpus_per_slot: float = 1.0
+    # memory of one GPU and of one machine, GB: the capacity planner's budget (`--dry-run`); 0 = not stated
+    # (the planner then asks this machine)
+    gpu_memory_gb: float = 0.0
+    host_memory_gb: float = 0.0
 
     def __post_init__(self):
         if self.device not in ("cpu", "cuda"):
@@ -69,6 +73,10 @@ class TrainerConfig:
     experiment_name: str = ""
     # offline: trackers write under output_dir only; online: swanlab / wandb upload (their own login)
     tracker_mode: str = "offline"
+    # the cluster's shape under verl's names, for a config to interpolate into its pools
+    # (placement.pools.main.nnodes: ${trainer.nnodes}); 0 = not used
+    nnodes: int = 0
+    n_gpus_per_node: int = 0
 
     def __post_init__(self):
         if self.backend not in ("ray", "local"):

@@ -6,6 +6,7 @@ import inspect
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from core.protocol import Batch
 
@@ -31,6 +32,48 @@ def trim_padding(batch: Batch) -> Batch:
                   "position_ids": batch["position_ids"][:, cols], "responses": batch["responses"][:, :keep]})
 
 
+# fp32 logits normalised at once: 2^28 values (1 GiB) bound that memory peak whatever the vocabulary and length
+CHUNK_VALUES = 1 << 28
+
+
+def _normalise(logits: torch.Tensor, ids: torch.Tensor, temperature: float, with_entropy: bool):
+    x = logits.float()
+    if temperature != 1.0:
+        x = x / temperature
+    logz = torch.logsumexp(x, dim=-1)
+    logp = x.gather(-1, ids[..., None]).squeeze(-1) - logz
+    if not with_entropy:
+        return logp
+    return logp, logz - (x.softmax(-1) * x).sum(-1)
+
+
+def normalised_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False,
+                        chunk_values: int = CHUNK_VALUES) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(logits / T)[ids] (B, Tr) and the entropy, from the model's (B, Tr, V) logits in its dtype.
+
+    Done at once, the fp32 copy, the logsumexp's exp and, in backward, the softmax and the gradient each take
+    4 B T V bytes: 14 B T V at the peak with the bf16 logits, 48 GB for one 22k-token sequence of a 152k
+    vocabulary. Response positions beyond ``chunk_values / (B V)`` go in chunks, each under activation
+    checkpointing: backward recomputes a chunk's fp32 values, so what stays is the bf16 logits and their bf16 gradient (about 6 B T V
+    with the chunk gradients and their concatenation) plus one chunk's fp32 work. Positions are independent, so the
+    values and gradients are the same as at once
+    (tests/engines/test_forward.py)."""
+    B, Tr, V = logits.shape
+    cols = max(1, chunk_values // (V * B))        # response positions per chunk
+    if Tr <= cols:
+        out = _normalise(logits, ids, temperature, with_entropy)
+        return out if with_entropy else (out, None)
+    # torch.split (views of the strided logits, no copy), not slicing: split's backward concatenates the chunk
+    # gradients once, where each slice's backward would build a zero-filled gradient of the whole tensor
+    grad = torch.is_grad_enabled() and logits.requires_grad
+    outs = [checkpoint(_normalise, x, i, temperature, with_entropy, use_reentrant=False) if grad
+            else _normalise(x, i, temperature, with_entropy)
+            for x, i in zip(torch.split(logits, cols, dim=1), torch.split(ids, cols, dim=1))]
+    if not with_entropy:
+        return torch.cat(outs, dim=1), None
+    return torch.cat([o[0] for o in outs], dim=1), torch.cat([o[1] for o in outs], dim=1)
+
+
 def response_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: bool = False,
                       remove_padding: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(response_t | context) under ``logits / temperature`` (B, Tr), and the per-token entropy (B, Tr).
@@ -47,14 +90,7 @@ def response_logprobs(model, batch: Batch, temperature: float = 1.0, with_entrop
     keep = {"logits_to_keep": Tr + 1} if keeps_logits(model) else {}
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                 position_ids=batch["position_ids"], use_cache=False, **keep)
-    logits = out.logits[:, -Tr - 1:-1].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logz = torch.logsumexp(logits, dim=-1)
-    logp = logits.gather(-1, batch["responses"][..., None]).squeeze(-1) - logz
-    entropy = None
-    if with_entropy:
-        entropy = logz - (logits.softmax(-1) * logits).sum(-1)
+    logp, entropy = normalised_logprobs(out.logits[:, -Tr - 1:-1], batch["responses"], temperature, with_entropy)
     if Tr < full:  # trimmed response columns are padding: zero log-prob and entropy there
         logp = F.pad(logp, (0, full - Tr))
         entropy = F.pad(entropy, (0, full - Tr)) if entropy is not None else None

@@ -20,8 +20,8 @@ from core.algos import POLICY_LOSSES, LossNorm, PolicyLossConfig, entropy_bonus
 from core.algos.kl import kl_loss
 from core.algos.ops import masked_mean
 from core.engines.forward import response_logprobs
-from core.engines.sharding import (adamw_with_warmup, clipped_step, enable_checkpointing, equalise_passes, global_counts,
-                                   load_state, save_state, shard)
+from core.engines.sharding import (adamw_with_warmup, clipped_step, equalise_passes, global_counts, load_sharded_causal_lm,
+                                   load_state, save_state)
 from core.protocol import Batch
 from core.worker import WorkerContext
 
@@ -113,15 +113,13 @@ class FSDPActor:
     """A policy on FSDP2: log-probs for any batch; PPO-style updates when trainable."""
 
     def __init__(self, ctx: WorkerContext, cfg: ActorConfig):
-        from core.models import load_causal_lm, resolve_dtype
+        from core.models import resolve_dtype
 
         self.ctx, self.cfg = ctx, cfg
         torch.manual_seed(cfg.seed)
-        model = load_causal_lm(cfg.model, dtype=torch.float32, device=ctx.device)
-        if cfg.gradient_checkpointing:
-            enable_checkpointing(model)
         self.compute_dtype = resolve_dtype(cfg.dtype, ctx.device)
-        self.model = shard(model, ctx, self.compute_dtype, cfg.offload, "actor")
+        self.model = load_sharded_causal_lm(cfg.model, ctx, self.compute_dtype, cfg.offload, "actor",
+                                            cfg.gradient_checkpointing)
         self.optim = self.sched = None
         if cfg.trainable:
             self.optim, self.sched = adamw_with_warmup(self.model, cfg.optim)

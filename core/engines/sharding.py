@@ -36,6 +36,85 @@ def shard(model: torch.nn.Module, ctx: WorkerContext, compute: torch.dtype, offl
     return model
 
 
+def load_sharded_causal_lm(name_or_path: str, ctx: WorkerContext, compute: torch.dtype, offload: bool, role: str,
+                           checkpointing: bool = False) -> torch.nn.Module:
+    """The model built on the meta device, sharded, then filled shard by shard from its safetensors files.
+
+    Why: loading the full fp32 model on every rank first costs 4 P bytes per rank -- 131 GB per GPU for a 32B
+    model, which no 80 GB GPU holds, and 1 TB of host memory per 8-GPU node. Here a rank reads only the rows of
+    each tensor its shard holds (``safe_open(...).get_slice``; the files are memory-mapped and the page cache is
+    shared by the node's ranks), so the peak is its fp32 shard. Buffers that are not in the checkpoint (rotary
+    frequencies) are computed on the host at construction, as transformers does, and kept. A folder without
+    safetensors files (or a hub id that cannot be fetched) falls back to the full load."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from core.models import load_causal_lm, resolve_model
+
+    files = _safetensors_files(resolve_model(name_or_path))
+    if not files:
+        model = load_causal_lm(name_or_path, dtype=torch.float32, device=ctx.device)
+        if checkpointing:
+            enable_checkpointing(model)
+        return shard(model, ctx, compute, offload, role)
+    config = AutoConfig.from_pretrained(files[0].parent)
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.tie_weights()  # on meta, from_config leaves tied embeddings as two parameters
+    if checkpointing:
+        enable_checkpointing(model)
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    model = shard(model, ctx, compute, offload, role)
+    model.to_empty(device="cpu" if offload else ctx.device)   # FSDP2 CPU offload keeps the shards on the host
+    for name, b in buffers.items():
+        module, _, attr = name.rpartition(".")
+        model.get_submodule(module)._buffers[attr] = b.to(ctx.device)
+    _fill_shards(model, files, f"{role} rank {ctx.rank}")
+    return model.eval()
+
+
+def _safetensors_files(path: str) -> list:
+    from pathlib import Path
+
+    folder = Path(path)
+    if not folder.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(path, allow_patterns=["*.json", "*.safetensors"]))
+        except Exception:  # offline or no such repo: the full load reports it
+            return []
+    return sorted(folder.glob("*.safetensors"))
+
+
+@torch.no_grad()
+def _fill_shards(model: torch.nn.Module, files: list, who: str) -> None:
+    """Copy each parameter's rows of this rank (FSDP2 shards dim 0 as ``torch.chunk`` does) from the files."""
+    from safetensors import safe_open
+
+    where = {}
+    handles = [safe_open(str(f), framework="pt") for f in files]
+    for h in handles:
+        for key in h.keys():
+            where[key] = h
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    filled = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in filled:
+            continue  # a tied weight: the same parameter under its other name
+        if name not in where:
+            if tied and name.endswith("lm_head.weight"):
+                continue
+            raise KeyError(f"{who}: parameter {name!r} is in the model but not in {[str(f) for f in files]}")
+        local = param.to_local() if hasattr(param, "to_local") else param
+        rows = where[name].get_slice(name).get_shape()[0]
+        start = param.device_mesh.get_local_rank() * -(-rows // param.device_mesh.size()) if hasattr(
+            param, "device_mesh") else 0
+        if local.shape[0]:
+            local.copy_(where[name].get_slice(name)[start:start + local.shape[0]])
+        filled.add(id(param))
+
+
 def enable_checkpointing(model: torch.nn.Module) -> None:
     """Recompute activations in backward (transformers 5 renamed the method; older versions have the first)."""
     getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from core.expected import check, hardware_missing, load_expected, run_figures
+from core.expected import check, hardware_missing, load_expected, metric_figures, run_figures
 from core.report import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +32,7 @@ def test_recipe_reproduces_its_expected_scores(recipe, tier, full_size, report, 
         pytest.skip(f"{recipe.name} {tier} tier: {missing}")
     subprocess.run(["bash", str(recipe / spec["run"]), f"trainer.output_dir={tmp_path}"], cwd=ROOT,
                    env=dict(os.environ, PY=sys.executable), check=True)
-    figures = run_figures(read_metrics(tmp_path / "metrics.jsonl"))
+    history = read_metrics(tmp_path / "metrics.jsonl")
+    figures = run_figures(history) | metric_figures(history, spec["bounds"])
     report(f"scores_{recipe.name}_{tier}", **figures)
     assert check(figures, spec, f"recipes/{recipe.name}/expected.yaml {tier}") == []

@@ -11,7 +11,8 @@
       hardware: {gpus: 8, gpu_memory_gb: 80}
       bounds: {val_end: {min: 0.87}}
 
-A bound is ``{min: x}``, ``{max: x}`` or both, on a figure that ``run_figures`` computes.
+A bound is ``{min: x}``, ``{max: x}`` or both, on a figure that ``run_figures`` computes, or on any logged metric
+as ``last:<key>`` (its last logged value) or ``max:<key>`` (its largest), e.g. ``last:val/aime24/avg@32``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,18 @@ def load_expected(recipe_dir: str | Path) -> dict:
             if not isinstance(bound, dict) or not bound or set(bound) - {"min", "max"}:
                 raise ValueError(f"{path}: tiers.{name}.bounds.{key} must be {{min: x}} and/or {{max: x}}, got {bound!r}")
     return tiers
+
+
+def metric_figures(history: list[dict], names) -> dict[str, float]:
+    """``last:<key>`` and ``max:<key>`` figures of the run's logged metrics, for the names asked (absent keys are
+    left out, so ``check`` reports them)."""
+    out = {}
+    for name in names:
+        how, _, key = name.partition(":")
+        values = [m[key] for m in history if key in m]
+        if how in ("last", "max") and values:
+            out[name] = values[-1] if how == "last" else max(values)
+    return out
 
 
 def run_figures(history: list[dict]) -> dict[str, float]:

@@ -25,8 +25,10 @@ training phase, per GPU
 rollout phase, per GPU
     the engine's share         gpu_memory_utilization x GPU memory (weights 2P / t, the rest its KV cache)
     what training keeps        the sharded states above unless offloaded (colocated: phases alternate)
-    embedded engine            keeps its weights (2P, no tensor parallelism) through the training phase too;
-                               vLLM / SGLang release the GPU while training (sleep; weights kept in host memory)
+    embedded engine            weights 2P (no tensor parallelism), kept through the training phase too, + a KV
+                               cache of max_batch_size slots x the longest sequence + fp32 logits (slots x V x 4),
+                               freed after each rollout; vLLM / SGLang release the GPU while training (sleep;
+                               weights kept in host memory)
 KV cache per token             2 (K and V) x L x kvd x 2 bytes / t
 
 Host memory per node: the offloaded states of its GPUs, plus the sleeping vLLM / SGLang weights (2P / t per
@@ -126,6 +128,8 @@ class RunShape:
     rollout_backend: str = "vllm"
     # a frozen reference policy on the same GPUs
     reference: bool = False
+    # embedded engine: sequences decoded together (rollout.max_batch_size): its KV cache has that many slots
+    rollout_batch: int = 64
 
 
 @dataclass
@@ -187,18 +191,23 @@ def plan(m: ModelShape, r: RunShape) -> Plan:
     if embedded:
         p.lines.append(("embedded engine weights (2P, kept)", weights, "train"))
     resident = sum(b for item, b, phase in p.lines if phase == "train" and item in sharded)
-    engine = r.gpu_memory_utilization * gpu
-    p.lines.append((f"rollout engine ({r.gpu_memory_utilization:g} x GPU; weights 2P/{tp})", engine, "rollout"))
+    kv_per_token = 2 * m.layers * m.kv_heads * m.head_dim * 2 / tp
+    if embedded:
+        p.kv_tokens = float(r.rollout_batch * r.max_seq_len)
+        engine = weights + p.kv_tokens * kv_per_token + r.rollout_batch * m.vocab * 4
+        p.lines.append((f"embedded engine: weights + KV {r.rollout_batch} x {r.max_seq_len} + logits", engine, "rollout"))
+    else:
+        engine = r.gpu_memory_utilization * gpu
+        p.lines.append((f"rollout engine ({r.gpu_memory_utilization:g} x GPU; weights 2P/{tp})", engine, "rollout"))
+        p.kv_tokens = max(0.0, engine - weights - 0.05 * gpu) / kv_per_token  # 5% of the GPU: engine activations
     if resident:
         p.lines.append(("training state kept during rollout", resident, "rollout"))
-    kv_per_token = 2 * m.layers * m.kv_heads * m.head_dim * 2 / tp
-    p.kv_tokens = max(0.0, engine - weights - 0.05 * gpu) / kv_per_token  # 5% of the GPU: engine activations
     limit = gpu - r.reserve_gb * GB
     for phase in ("train", "rollout"):
         if p.total(phase) > limit:
             p.problems.append(f"{phase} phase needs {p.total(phase) / GB:.1f} GB per GPU, more than the "
                               f"{limit / GB:.1f} GB available ({r.gpu_memory_gb:g} GB - {r.reserve_gb:g} GB reserve)")
-    if weights > engine:
+    if not embedded and weights > engine:
         p.problems.append(f"rollout weights {weights / GB:.1f} GB per GPU (TP {tp}) exceed the engine's "
                           f"{engine / GB:.1f} GB (gpu_memory_utilization {r.gpu_memory_utilization})")
     elif p.kv_tokens < r.max_seq_len:
@@ -256,7 +265,7 @@ def run_shape(cfg) -> RunShape:
                     gradient_checkpointing=cfg.actor.gradient_checkpointing, tokens_per_micro=tokens,
                     rollout_tp=cfg.rollout.tensor_parallel_size,
                     gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, max_seq_len=max_seq,
-                    rollout_backend=cfg.rollout.backend, reference=reference)
+                    rollout_backend=cfg.rollout.backend, reference=reference, rollout_batch=cfg.rollout.max_batch_size)
 
 
 def plan_run(cfg) -> tuple[str, bool]:
@@ -285,5 +294,10 @@ def plan_run(cfg) -> tuple[str, bool]:
                f"{r.gpu_memory_utilization:g} of {r.gpu_memory_gb:g} GB; host {r.host_memory_gb:g} GB per node")
     p = plan(m, r)
     out.append("per-GPU memory plan (GB):")
+    if r.gpu_memory_gb <= 0 or r.host_memory_gb <= 0:
+        # nothing to check against: the needs, without a verdict
+        out.append("\n".join(p.text().splitlines()[:-1 - len(p.problems) if p.problems else -1]))
+        out.append(f"no verdict: state placement.pools.{pool_name}.gpu_memory_gb and host_memory_gb (no GPU here)")
+        return "\n".join(out), True
     out.append(p.text())
     return "\n".join(out), p.fits

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from core.expected import check, hardware_missing, load_expected, run_figures
+from core.expected import check, hardware_missing, load_expected, metric_figures, run_figures
 
 RECIPES = sorted(p.parent for p in (Path(__file__).resolve().parents[1] / "recipes").glob("*/expected.yaml"))
 
@@ -48,3 +48,14 @@ def test_a_gpu_tier_says_what_this_cpu_machine_lacks():
 
     if not torch.cuda.is_available():
         assert hardware_missing({"hardware": {"gpus": 8}}) == "needs 8 GPUs, this machine has 0"
+
+
+def test_last_and_max_of_any_logged_metric():
+    rows = [{"step": 1, "dapo/num_gen_batches": 1}, {"step": 2, "dapo/num_gen_batches": 4, "val/a/avg@32": 0.3},
+            {"step": 3, "dapo/num_gen_batches": 2, "val/a/avg@32": 0.5}]
+    f = metric_figures(rows, ["max:dapo/num_gen_batches", "last:dapo/num_gen_batches", "last:val/a/avg@32",
+                              "last:absent", "reward_end"])
+    assert f == {"max:dapo/num_gen_batches": 4, "last:dapo/num_gen_batches": 2, "last:val/a/avg@32": 0.5}
+    tier = {"bounds": {"max:dapo/num_gen_batches": {"min": 5}, "last:absent": {"min": 0}}}
+    failures = check(f, tier, "t")
+    assert failures[0] == "t: max:dapo/num_gen_batches = 4 < min 5" and "'last:absent' is not" in failures[1]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from core.planner import GB, KNOWN, ModelShape, RunShape, model_shape, plan
+from core.planner import CHUNK_WORK, GB, KNOWN, ModelShape, RunShape, model_shape, plan
 
 
 def lines(p):
@@ -19,7 +19,7 @@ def test_a_7b_models_sharded_training_state_under_fsdp_world_size_8():
     assert got["AdamW moments (8P/W)"] == pytest.approx(7.0 * GB)
     # everything offloaded: the three go to the host, 14 GB per GPU
     off = plan(m, RunShape(nnodes=1, gpus_per_node=8, gpu_memory_gb=80, param_offload=True))
-    assert "AdamW moments (8P/W)" not in lines(off) and lines(off)["(offloaded to host, per GPU)"] == pytest.approx(14 * GB)
+    assert "AdamW moments (8P/W)" not in lines(off) and lines(off)["(offloaded training state, host, per GPU)"] == pytest.approx(14 * GB)
 
 
 def test_qwen25_7b_parameter_count_from_its_config():
@@ -36,9 +36,13 @@ def test_activation_logit_and_kv_terms_by_hand():
     r = RunShape(nnodes=16, gpus_per_node=8, gpu_memory_gb=80, tokens_per_micro=1000,
                  rollout_tp=4, gpu_memory_utilization=0.8)
     got = lines(plan(m, r))
-    # checkpointed: 2 T h L + 34 T h = 2*1000*5120*64 + 34*1000*5120 = 655,360,000 + 174,080,000
-    assert got["activations (checkpointed)"] == 829_440_000
-    assert got["logits fp32 + grad (8 T V)"] == 8 * 1000 * 152064
+    # checkpointed: 2 T h L = 2*1000*5120*64 = 655,360,000, + one layer recomputed T (14 h + 4 kvd + 8 i)
+    # = 1000 * (71,680 + 4,096 + 221,184) = 296,960,000
+    assert got["activations (checkpointed)"] == 952_320_000
+    # chunked logits: 6 T V = 912,384,000 bytes + 3 chunks of 2^28 fp32 values
+    assert got["logits (6 T V + chunk work)"] == 912_384_000 + 3 * 2**28 * 4 == 912_384_000 + CHUNK_WORK
+    # untied embeddings + LM head gathered in bf16 (2 x 2 V h) + the LM head's bf16 gradient (2 V h) = 6 V h
+    assert got["embeddings + LM head, bf16 + grad (2kVh + 2Vh)"] == 6 * 152064 * 5120 == 4_671_406_080
     # KV per token at TP 4: 2 x 64 layers x 8 heads x 128 x 2 bytes / 4 = 65,536 bytes
     p = plan(m, r)
     weights = 2 * m.params / 4
@@ -62,3 +66,48 @@ def test_an_unknown_model_is_an_error_listing_the_table():
     with pytest.raises(KeyError, match="not in the planner's table"):
         model_shape("nobody/NoModel-1B")
     assert "Qwen/Qwen2.5-32B" in KNOWN
+
+
+def test_host_memory_per_node_by_hand_and_its_limit():
+    # 32B on 1 node of 8, everything offloaded: 16 P / 8 per GPU = 65.53 GB; vLLM TP 4 sleeping weights 2 P / 4 =
+    # 16.38 GB per GPU; x 8 GPUs = 8 x 81.9 = 655.3 GB per node
+    m = model_shape("Qwen/Qwen2.5-32B")
+    P = m.params
+    r = RunShape(nnodes=1, gpus_per_node=8, gpu_memory_gb=80, param_offload=True, optimizer_offload=True,
+                 tokens_per_micro=22528, rollout_tp=4, gpu_memory_utilization=0.8, max_seq_len=22528, host_memory_gb=1024)
+    p = plan(m, r)
+    assert p.host_per_node == pytest.approx(8 * (16 * P / 8 + 2 * P / 4)) == pytest.approx(655.27e9, rel=1e-4)
+    assert p.fits, p.text()
+    small = plan(m, RunShape(**{**r.__dict__, "host_memory_gb": 512}))
+    assert not small.fits and small.problems == [
+        "host memory: 655 GB per node (8 GPUs x (65.5 GB offloaded training state + 16.4 GB sleeping engine "
+        "weights)) exceeds the node's 512 GB"]
+    # 16 nodes: the training state is spread 16x thinner; the sleeping weights are per GPU whatever the size
+    big = plan(m, RunShape(**{**r.__dict__, "nnodes": 16}))
+    assert big.host_per_node == pytest.approx(8 * (16 * P / 128 + 2 * P / 4))
+
+
+def test_the_embedded_engine_keeps_full_weights_and_a_32b_model_does_not_fit_it():
+    m = model_shape("Qwen/Qwen2.5-32B")
+    r = RunShape(nnodes=16, gpus_per_node=8, gpu_memory_gb=80, param_offload=True, optimizer_offload=True,
+                 tokens_per_micro=22528, rollout_tp=4, gpu_memory_utilization=0.8, max_seq_len=22528,
+                 rollout_backend="embedded")
+    p = plan(m, r)
+    # no tensor parallelism: 2 P = 65.5 GB of bf16 weights on every GPU, through the training phase as well
+    assert lines(p)["embedded engine weights (2P, kept)"] == pytest.approx(2 * m.params)
+    assert not p.fits
+    # with the KV cache of 64 slots x 22,528 tokens x 262,144 bytes (2 x 64 layers x 8 x 128 x 2) = 378 GB
+    assert p.kv_tokens == 64 * 22528
+    assert p.total("rollout") == pytest.approx(2 * m.params + 64 * 22528 * 262_144 + 64 * 152064 * 4)
+    assert p.problems[0] == "train phase needs 117.4 GB per GPU, more than the 76.0 GB available (80 GB - 4 GB reserve)"
+
+
+def test_without_offload_one_node_cannot_hold_a_32b_models_training_state():
+    m = model_shape("Qwen/Qwen2.5-32B")
+    r = RunShape(nnodes=1, gpus_per_node=8, gpu_memory_gb=80, tokens_per_micro=22528, rollout_tp=4,
+                 gpu_memory_utilization=0.8, max_seq_len=22528)
+    p = plan(m, r)
+    # 16 P / 8 = 65.5 GB of sharded state per GPU stays through both phases: 65.5 + 64 > 76 while generating
+    assert lines(p)["AdamW moments (8P/W)"] == pytest.approx(8 * m.params / 8)
+    assert p.total("rollout") == pytest.approx(0.8 * 80 * GB + 16 * m.params / 8)
+    assert not p.fits and len(p.problems) == 2, p.problems

@@ -20,9 +20,10 @@ exec "$PY" -m core.train --config-dir "$here" --config-name config \
     'data.train_files=[outputs/data/gsm8k/train.parquet]' 'data.val_files=[outputs/data/gsm8k/test.parquet]' \
     data.prompts_per_step=1024 \
     'placement.pools={main: {nnodes: 1, slots_per_node: 8, device: cuda, cpus_per_slot: 8}}' \
+    ++placement.pools.main.gpu_memory_gb=80 ++placement.pools.main.host_memory_gb=1024 \
     actor.model=Qwen/Qwen2-7B-Instruct rollout.model=Qwen/Qwen2-7B-Instruct \
     actor.optim.lr=1e-6 actor.optim.warmup_steps=0 actor.ppo_mini_batch_size=1280 actor.micro_batch_size=8 \
     actor.max_tokens_per_micro=24000 actor.gradient_checkpointing=true \
     actor.kl_loss_coef=0.001 actor.kl_loss_type=low_var_kl actor.temperature=1.0 \
-    rollout.max_prompt_length=512 rollout.max_batch_size=640 \
+    rollout.max_prompt_length=512 rollout.max_batch_size=256 \
     algo.sampling.n=5 algo.sampling.temperature=1.0 algo.sampling.max_new_tokens=1024 "$@"

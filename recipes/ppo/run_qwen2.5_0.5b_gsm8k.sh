@@ -21,6 +21,7 @@ exec "$PY" -m core.train --config-dir "$here" --config-name config \
     'data.train_files=[outputs/data/gsm8k/train.parquet]' 'data.val_files=[outputs/data/gsm8k/test.parquet]' \
     data.prompts_per_step=256 \
     'placement.pools={main: {nnodes: 1, slots_per_node: 2, device: cuda, cpus_per_slot: 8}}' \
+    ++placement.pools.main.gpu_memory_gb=80 ++placement.pools.main.host_memory_gb=1024 \
     actor.model=$model rollout.model=$model critic.model=$model \
     actor.optim.lr=1e-6 actor.ppo_mini_batch_size=64 actor.micro_batch_size=16 \
     use_ref=true actor.kl_loss_coef=0.001 actor.kl_loss_type=low_var_kl \

@@ -71,7 +71,7 @@ def test_a_step_that_cannot_find_varying_groups_says_so(tmp_path, tiny_model_dir
         fit(cfg, dapo.make_step(cfg))
 
 
-@pytest.mark.parametrize("name", ["config", "demo_cpu"])
+@pytest.mark.parametrize("name", ["config", "demo_cpu", "qwen32b"])
 def test_recipe_configs_validate_with_dapos_settings(name):
     from core.trainer import effective_sizes, role_specs
 
@@ -79,3 +79,55 @@ def test_recipe_configs_validate_with_dapos_settings(name):
     assert (cfg.actor.loss.clip_low, cfg.actor.loss.clip_high, cfg.actor.loss.dual_clip_c) == (0.2, 0.28, 10.0)
     assert cfg.actor.loss_agg_mode == "token-mean" and cfg.actor.kl_loss_coef == 0 and "ref" not in role_specs(cfg)
     assert f"samples per step           {cfg.dapo.train_groups * cfg.algo.sampling.n}" in effective_sizes(cfg, 2)
+
+
+def dapo_data_module():
+    spec = importlib.util.spec_from_file_location("dapo_recipe_data", RECIPE / "data.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dapo_math_rows_from_hub_rows_and_raw_records_deduplicated():
+    data = dapo_data_module()
+    hub_row = {"data_source": "math_dapo", "prompt": [{"role": "user", "content": "Solve ... 1+1 ... Answer:"}],
+               "ability": "MATH", "reward_model": {"ground_truth": "2", "style": "rule-lighteval/MATH_v2"},
+               "extra_info": {"index": "a"}}
+    raw = {"problem": "What is 3 * 4?", "answer": " 12 "}
+    rows = data.dapo_math_rows([hub_row, dict(hub_row), raw, dict(raw)], "f.jsonl")
+    assert len(rows) == 2                                   # the repeats are dropped
+    assert rows[0]["prompt"][0]["content"] == "Solve ... 1+1 ... Answer:" and rows[0]["reward_model"]["ground_truth"] == "2"
+    assert rows[1]["prompt"][0]["content"] == data.TEMPLATE_DAPO.format(question="What is 3 * 4?")
+    assert rows[1]["reward_model"]["ground_truth"] == "12" and {r["data_source"] for r in rows} == {"math_dapo"}
+    with pytest.raises(ValueError, match=r"f.jsonl: row 2: no answer"):
+        data.dapo_math_rows([raw, {"problem": "x"}], "f.jsonl")
+
+
+def test_the_recipe_reward_scores_dapo_data_by_the_answer_line():
+    spec = importlib.util.spec_from_file_location("dapo_recipe_reward", RECIPE / "reward.py")
+    reward = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reward)
+    assert reward.compute_score("aime24", "so it is 204.\nAnswer: 204", "204")["score"] == 1.0
+    assert reward.compute_score("math_dapo", "the answer is 204", "204")["score"] == -1.0   # no Answer: line
+    assert reward.compute_score("hybridrl/arith", "#### 12", "12")["score"] == 1.0
+
+
+def run_qwen32b(*args):
+    import subprocess
+
+    return subprocess.run(["bash", str(RECIPE / "run_qwen32b.sh"), "--dry-run", *args], capture_output=True,
+                          text=True, env={**__import__("os").environ, "PY": sys.executable}, timeout=120)
+
+
+def test_run_qwen32b_dry_run_fits_on_16_nodes_and_not_on_one_without_offload():
+    out = run_qwen32b()
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "FSDP2 world size 128" in out.stdout and "rollout vllm TP 4 x 32 replicas" in out.stdout
+    assert out.stdout.rstrip().endswith("fits")
+    # one node without offload: 16 P / 8 = 65.5 GB of training state per GPU
+    out = run_qwen32b("trainer.nnodes=1", "actor.offload=false")
+    assert out.returncode == 1
+    assert "DOES NOT FIT" in out.stdout and "train phase needs 117.4 GB per GPU, more than the 76.0 GB" in out.stdout
+    # one node with offload: the node must hold 655 GB of offloaded state and sleeping weights
+    out = run_qwen32b("trainer.nnodes=1", "placement.pools.main.host_memory_gb=512")
+    assert out.returncode == 1 and "host memory: 655 GB per node" in out.stdout, out.stdout

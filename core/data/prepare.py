@@ -71,15 +71,20 @@ def read_records(name: str, split: str, src: str | Path) -> tuple[list[dict], st
     path = Path(src) / name / f"{split}.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{name} {split}: no file {path} (pass --src DIR with {name}/{split}.jsonl, or --src hub)")
+    return read_jsonl(path), str(path)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """One record per non-blank line; a bad line is an error naming the file and line number."""
     records = []
-    with path.open() as f:
+    with Path(path).open() as f:
         for line_no, line in enumerate(f, 1):
             if line.strip():
                 try:
                     records.append(json.loads(line))
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
-    return records, str(path)
+    return records
 
 
 def make_rows(name: str, split: str, records: list[dict], where: str, template: str = "{question}",

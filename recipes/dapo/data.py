@@ -17,11 +17,10 @@ Usage: python recipes/dapo/data.py [--task dapo_math|aime24|gsm8k|arith] [--src 
 """
 
 import argparse
-import json
 import random
 from pathlib import Path
 
-from core.data.prepare import DEFAULT_SRC, prepare, write_parquet
+from core.data.prepare import DEFAULT_SRC, prepare, read_jsonl, write_parquet
 
 # DAPO-Math-17k's own prompt wording (the hub rows carry it already; raw records and AIME get it here)
 TEMPLATE_DAPO = ("Solve the following math problem step by step. The last line of your response should be of the "
@@ -85,14 +84,7 @@ def read_dapo_math(src: str) -> tuple[list[dict], str]:
 
         return pd.read_parquet(path).to_dict("records"), str(path)
     if path.suffix == ".jsonl":
-        records = []
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-        return records, str(path)
+        return read_jsonl(path), str(path)
     raise ValueError(f"--src {src}: expected 'hub', a .parquet or a .jsonl file")
 
 

@@ -45,22 +45,31 @@ def load_sharded_causal_lm(name_or_path: str, ctx: WorkerContext, compute: torch
     each tensor its shard holds (``safe_open(...).get_slice``; the files are memory-mapped and the page cache is
     shared by the node's ranks), so the peak is its fp32 shard. Buffers that are not in the checkpoint (rotary
     frequencies) are computed on the host at construction, as transformers does, and kept. A folder without
-    safetensors files (or a hub id that cannot be fetched) falls back to the full load."""
+    safetensors files (or a hub id that cannot be fetched), or with tensor names other than the model's, falls
+    back to the full load."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from core.models import load_causal_lm, resolve_model
 
     files = _safetensors_files(resolve_model(name_or_path))
-    if not files:
+    model = where = None
+    if files:
+        config = AutoConfig.from_pretrained(files[0].parent)
+        with init_empty_weights(include_buffers=False):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.tie_weights()  # on meta, from_config leaves tied embeddings as two parameters
+        where = _tensor_files(files)
+        missing = {n for n, p in model.named_parameters()} - set(where)
+        if missing:  # checkpoint names transformers renames while loading (older formats): its own load does it
+            print(f"{role} rank {ctx.rank}: {len(missing)} parameter(s) (e.g. {sorted(missing)[0]}) are not under "
+                  f"their names in {files[0].parent}; loading the full model instead of shard by shard", flush=True)
+            model = None
+    if model is None:
         model = load_causal_lm(name_or_path, dtype=torch.float32, device=ctx.device)
         if checkpointing:
             enable_checkpointing(model)
         return shard(model, ctx, compute, offload, role)
-    config = AutoConfig.from_pretrained(files[0].parent)
-    with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.tie_weights()  # on meta, from_config leaves tied embeddings as two parameters
     if checkpointing:
         enable_checkpointing(model)
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
@@ -69,7 +78,7 @@ def load_sharded_causal_lm(name_or_path: str, ctx: WorkerContext, compute: torch
     for name, b in buffers.items():
         module, _, attr = name.rpartition(".")
         model.get_submodule(module)._buffers[attr] = b.to(ctx.device)
-    _fill_shards(model, files, f"{role} rank {ctx.rank}")
+    _fill_shards(model, where)
     return model.eval()
 
 
@@ -87,32 +96,28 @@ def _safetensors_files(path: str) -> list:
     return sorted(folder.glob("*.safetensors"))
 
 
-@torch.no_grad()
-def _fill_shards(model: torch.nn.Module, files: list, who: str) -> None:
-    """Copy each parameter's rows of this rank (FSDP2 shards dim 0 as ``torch.chunk`` does) from the files."""
+def _tensor_files(files: list) -> dict:
+    """Tensor name -> the open (memory-mapped) safetensors file that holds it."""
     from safetensors import safe_open
 
     where = {}
-    handles = [safe_open(str(f), framework="pt") for f in files]
-    for h in handles:
-        for key in h.keys():
-            where[key] = h
-    tied = bool(getattr(model.config, "tie_word_embeddings", False))
-    filled = set()
-    for name, param in model.named_parameters(remove_duplicate=False):
-        if id(param) in filled:
-            continue  # a tied weight: the same parameter under its other name
-        if name not in where:
-            if tied and name.endswith("lm_head.weight"):
-                continue
-            raise KeyError(f"{who}: parameter {name!r} is in the model but not in {[str(f) for f in files]}")
+    for f in files:
+        handle = safe_open(str(f), framework="pt")
+        where.update((key, handle) for key in handle.keys())
+    return where
+
+
+@torch.no_grad()
+def _fill_shards(model: torch.nn.Module, where: dict) -> None:
+    """Copy each parameter's rows of this rank (FSDP2 shards dim 0 as ``torch.chunk`` does) from the files.
+    named_parameters() lists a tied weight once, under its first name (the embeddings)."""
+    for name, param in model.named_parameters():
         local = param.to_local() if hasattr(param, "to_local") else param
         rows = where[name].get_slice(name).get_shape()[0]
-        start = param.device_mesh.get_local_rank() * -(-rows // param.device_mesh.size()) if hasattr(
-            param, "device_mesh") else 0
+        start = (param.device_mesh.get_local_rank() * -(-rows // param.device_mesh.size())
+                 if hasattr(param, "device_mesh") else 0)
         if local.shape[0]:
             local.copy_(where[name].get_slice(name)[start:start + local.shape[0]])
-        filled.add(id(param))
 
 
 def enable_checkpointing(model: torch.nn.Module) -> None:

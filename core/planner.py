@@ -131,6 +131,11 @@ class RunShape:
     # embedded engine: sequences decoded together (rollout.max_batch_size): its KV cache has that many slots
     rollout_batch: int = 64
 
+    @property
+    def engine_tp(self) -> int:
+        """GPUs per rollout replica: the embedded engine has no tensor parallelism."""
+        return 1 if self.rollout_backend == "embedded" else self.rollout_tp
+
 
 @dataclass
 class Plan:
@@ -146,13 +151,14 @@ class Plan:
     def total(self, phase: str) -> float:
         return sum(b for _, b, p in self.lines if p == phase)
 
-    def text(self) -> str:
+    def text(self, verdict: bool = True) -> str:
         out = [f"  {item:<44} {b / GB:9.2f} GB   {phase}" for item, b, phase in self.lines]
         out.append(f"  {'training phase total':<44} {self.total('train') / GB:9.2f} GB")
         out.append(f"  {'rollout phase total':<44} {self.total('rollout') / GB:9.2f} GB")
         out.append(f"  {'host memory per node':<44} {self.host_per_node / GB:9.2f} GB")
         out.append(f"  {'KV cache holds':<44} {self.kv_tokens:9.0f} tokens per rollout replica")
-        out.append("fits" if self.fits else "DOES NOT FIT:\n" + "\n".join(f"  - {p}" for p in self.problems))
+        if verdict:
+            out.append("fits" if self.fits else "DOES NOT FIT:\n" + "\n".join(f"  - {p}" for p in self.problems))
         return "\n".join(out)
 
 
@@ -186,7 +192,7 @@ def plan(m: ModelShape, r: RunShape) -> Plan:
     p.lines.append(("activations" + (" (checkpointed)" if r.gradient_checkpointing else ""), act, "train"))
     p.lines.append(("logits (6 T V + chunk work)", 6 * T * m.vocab + CHUNK_WORK, "train"))
     embedded = r.rollout_backend == "embedded"
-    tp = 1 if embedded else r.rollout_tp
+    tp = r.engine_tp
     weights = 2 * m.params / tp
     if embedded:
         p.lines.append(("embedded engine weights (2P, kept)", weights, "train"))
@@ -238,7 +244,6 @@ def importable() -> dict[str, str]:
 
     found = {name: ("yes" if has(mod) else "no") for name, mod in (
         ("ray", "ray"), ("vllm", "vllm"), ("sglang", "sglang"), ("megatron", "megatron.core"), ("flash_attn", "flash_attn"))}
-
     found["cuda"] = f"{torch.cuda.device_count()} GPU(s)" if torch.cuda.is_available() else "no GPU here"
     return found
 
@@ -258,14 +263,13 @@ def run_shape(cfg) -> RunShape:
     gpu_here, host_here = _machine_memory_gb()
     max_seq = cfg.rollout.max_prompt_length + cfg.algo.sampling.max_new_tokens
     tokens = cfg.actor.max_tokens_per_micro if cfg.actor.max_tokens_per_micro > 0 else cfg.actor.micro_batch_size * max_seq
-    reference = cfg.use_ref or cfg.actor.kl_loss_coef > 0 or cfg.algo.kl_in_reward.coef > 0
     return RunShape(nnodes=pool.nnodes, gpus_per_node=pool.slots_per_node,
                     gpu_memory_gb=pool.gpu_memory_gb or gpu_here, host_memory_gb=pool.host_memory_gb or host_here,
                     param_offload=cfg.actor.offload, optimizer_offload=cfg.actor.offload,
                     gradient_checkpointing=cfg.actor.gradient_checkpointing, tokens_per_micro=tokens,
                     rollout_tp=cfg.rollout.tensor_parallel_size,
                     gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, max_seq_len=max_seq,
-                    rollout_backend=cfg.rollout.backend, reference=reference, rollout_batch=cfg.rollout.max_batch_size)
+                    rollout_backend=cfg.rollout.backend, reference=cfg.has_reference(), rollout_batch=cfg.rollout.max_batch_size)
 
 
 def plan_run(cfg) -> tuple[str, bool]:
@@ -285,19 +289,17 @@ def plan_run(cfg) -> tuple[str, bool]:
         return "\n".join(out), True
     r = run_shape(cfg)
     m = model_shape(cfg.actor.model)
-    replicas = r.nnodes * r.gpus_per_node // (1 if r.rollout_backend == "embedded" else r.rollout_tp)
+    replicas = r.nnodes * r.gpus_per_node // r.engine_tp
     out.append(f"model {cfg.actor.model}: {m.params / 1e9:.2f}B parameters, {m.layers} layers, hidden {m.hidden}, "
                f"vocab {m.vocab}")
     out.append(f"FSDP2 world size {r.nnodes * r.gpus_per_node}, offload {'on' if r.param_offload else 'off'}, "
                f"{r.tokens_per_micro} tokens per micro-batch, rollout {r.rollout_backend} TP "
-               f"{1 if r.rollout_backend == 'embedded' else r.rollout_tp} x {replicas} replicas at "
+               f"{r.engine_tp} x {replicas} replicas at "
                f"{r.gpu_memory_utilization:g} of {r.gpu_memory_gb:g} GB; host {r.host_memory_gb:g} GB per node")
     p = plan(m, r)
     out.append("per-GPU memory plan (GB):")
-    if r.gpu_memory_gb <= 0 or r.host_memory_gb <= 0:
-        # nothing to check against: the needs, without a verdict
-        out.append("\n".join(p.text().splitlines()[:-1 - len(p.problems) if p.problems else -1]))
+    known = r.gpu_memory_gb > 0 and r.host_memory_gb > 0   # else nothing to check against: the needs, no verdict
+    out.append(p.text(verdict=known))
+    if not known:
         out.append(f"no verdict: state placement.pools.{pool_name}.gpu_memory_gb and host_memory_gb (no GPU here)")
-        return "\n".join(out), True
-    out.append(p.text())
-    return "\n".join(out), p.fits
+    return "\n".join(out), p.fits or not known

@@ -63,6 +63,10 @@ class RunConfig:
     algo: StepConfig = field(default_factory=StepConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
 
+    def has_reference(self) -> bool:
+        """A frozen reference policy is placed: asked for, or needed by a KL loss or a KL reward penalty."""
+        return self.use_ref or self.actor.kl_loss_coef > 0 or self.algo.kl_in_reward.coef > 0
+
     def prompts_trained_per_step(self) -> int:
         """Prompts whose samples one step trains on (a recipe with its own loop may differ: DAPO keeps a count)."""
         return self.data.prompts_per_step
@@ -93,7 +97,7 @@ def effective_sizes(cfg: RunConfig, dp_size: int) -> str:
 def role_specs(cfg: RunConfig) -> dict[str, RoleSpec]:
     specs = {"actor": RoleSpec(FSDPActor, {"cfg": cfg.actor}),
              "rollout": RoleSpec(RolloutWorker, {"cfg": cfg.rollout})}
-    if cfg.use_ref or cfg.actor.kl_loss_coef > 0 or cfg.algo.kl_in_reward.coef > 0:
+    if cfg.has_reference():
         ref = ActorConfig(model=cfg.actor.model, dtype=cfg.actor.dtype, trainable=False,
                           micro_batch_size=cfg.actor.micro_batch_size, max_tokens_per_micro=cfg.actor.max_tokens_per_micro,
                           temperature=cfg.actor.temperature)

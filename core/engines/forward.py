@@ -54,10 +54,9 @@ def normalised_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: fl
     Done at once, the fp32 copy, the logsumexp's exp and, in backward, the softmax and the gradient each take
     4 B T V bytes: 14 B T V at the peak with the bf16 logits, 48 GB for one 22k-token sequence of a 152k
     vocabulary. Response positions beyond ``chunk_values / (B V)`` go in chunks, each under activation
-    checkpointing: backward recomputes a chunk's fp32 values, so what stays is the bf16 logits and their bf16 gradient (about 6 B T V
-    with the chunk gradients and their concatenation) plus one chunk's fp32 work. Positions are independent, so the
-    values and gradients are the same as at once
-    (tests/engines/test_forward.py)."""
+    checkpointing: backward recomputes a chunk's fp32 values, so what stays is the bf16 logits and their bf16
+    gradient (about 6 B T V with the chunk gradients and their concatenation) plus one chunk's fp32 work.
+    Positions are independent, so the values and gradients are the same as at once (tests/engines/test_forward.py)."""
     B, Tr, V = logits.shape
     cols = max(1, chunk_values // (V * B))        # response positions per chunk
     if Tr <= cols:

@@ -47,31 +47,16 @@ def load_sharded_causal_lm(name_or_path: str, ctx: WorkerContext, compute: torch
     frequencies) are computed on the host at construction, as transformers does, and kept. A folder without
     safetensors files (or a hub id that cannot be fetched), or with tensor names other than the model's, falls
     back to the full load."""
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     from core.models import load_causal_lm, resolve_model
 
     files = _safetensors_files(resolve_model(name_or_path))
-    model = where = None
-    if files:
-        config = AutoConfig.from_pretrained(files[0].parent)
-        with init_empty_weights(include_buffers=False):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        model.tie_weights()  # on meta, from_config leaves tied embeddings as two parameters
-        where = _tensor_files(files)
-        missing = {n for n, p in model.named_parameters()} - set(where)
-        if missing:  # checkpoint names transformers renames while loading (older formats): its own load does it
-            print(f"{role} rank {ctx.rank}: {len(missing)} parameter(s) (e.g. {sorted(missing)[0]}) are not under "
-                  f"their names in {files[0].parent}; loading the full model instead of shard by shard", flush=True)
-            model = None
+    model, where = _meta_model(files, f"{role} rank {ctx.rank}") if files else (None, None)
     if model is None:
         model = load_causal_lm(name_or_path, dtype=torch.float32, device=ctx.device)
-        if checkpointing:
-            enable_checkpointing(model)
-        return shard(model, ctx, compute, offload, role)
     if checkpointing:
         enable_checkpointing(model)
+    if where is None:
+        return shard(model, ctx, compute, offload, role)
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     model = shard(model, ctx, compute, offload, role)
     model.to_empty(device="cpu" if offload else ctx.device)   # FSDP2 CPU offload keeps the shards on the host
@@ -80,6 +65,25 @@ def load_sharded_causal_lm(name_or_path: str, ctx: WorkerContext, compute: torch
         model.get_submodule(module)._buffers[attr] = b.to(ctx.device)
     _fill_shards(model, where)
     return model.eval()
+
+
+def _meta_model(files: list, who: str) -> tuple:
+    """The model on the meta device (buffers on the host) and where each of its tensors is in ``files``; (None,
+    None) when the checkpoint names tensors otherwise (older formats transformers renames while loading)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(files[0].parent)
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.tie_weights()  # on meta, from_config leaves tied embeddings as two parameters
+    where = _tensor_files(files)
+    missing = sorted(set(dict(model.named_parameters())) - set(where))
+    if missing:
+        print(f"{who}: {len(missing)} parameter(s) (e.g. {missing[0]}) are not under their names in "
+              f"{files[0].parent}; loading the full model instead of shard by shard", flush=True)
+        return None, None
+    return model, where
 
 
 def _safetensors_files(path: str) -> list:
@@ -113,11 +117,12 @@ def _fill_shards(model: torch.nn.Module, where: dict) -> None:
     named_parameters() lists a tied weight once, under its first name (the embeddings)."""
     for name, param in model.named_parameters():
         local = param.to_local() if hasattr(param, "to_local") else param
-        rows = where[name].get_slice(name).get_shape()[0]
+        stored = where[name].get_slice(name)
+        rows = stored.get_shape()[0]
         start = (param.device_mesh.get_local_rank() * -(-rows // param.device_mesh.size())
                  if hasattr(param, "device_mesh") else 0)
         if local.shape[0]:
-            local.copy_(where[name].get_slice(name)[start:start + local.shape[0]])
+            local.copy_(stored[start:start + local.shape[0]])
 
 
 def enable_checkpointing(model: torch.nn.Module) -> None:

@@ -97,12 +97,22 @@ for _alias, _base in (("Qwen/Qwen2.5-Math-7B", "Qwen/Qwen2.5-7B"), ("Qwen/Qwen2.
 
 
 def model_shape(name_or_path: str) -> ModelShape:
-    """A local folder's config.json, else the built-in table; an unknown name is an error that lists the table."""
+    """A local folder's config.json, else the built-in table, else the folder the run itself would load
+    (``core.models.resolve_model``: the model cache, SmolLM2 from its wheel); an unknown name is an error that
+    lists the table."""
     cfg = Path(name_or_path).expanduser() / "config.json"
     if cfg.is_file():
         return ModelShape.from_config(json.loads(cfg.read_text()))
     if name_or_path in KNOWN:
         return ModelShape.from_config(KNOWN[name_or_path])
+    from core.models import ModelNotFoundError, resolve_model
+
+    try:
+        cfg = Path(resolve_model(name_or_path)) / "config.json"
+    except ModelNotFoundError:
+        cfg = None
+    if cfg is not None and cfg.is_file():
+        return ModelShape.from_config(json.loads(cfg.read_text()))
     raise KeyError(f"model {name_or_path!r}: no local config.json and not in the planner's table {sorted(KNOWN)}; "
                    f"pass a local folder that holds config.json")
 

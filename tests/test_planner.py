@@ -62,6 +62,18 @@ def test_a_32b_run_fits_on_16_nodes_with_offload_and_not_on_one_node_without():
     assert any(s.startswith("train phase needs") and "GB per GPU" in s for s in p.problems), p.problems
 
 
+def test_a_name_the_run_resolves_through_the_model_cache_is_planned_from_its_config(tmp_path, monkeypatch):
+    from core.models import tiny_random_model
+
+    # what core.models.resolve_model finds for a bare name: <cache>/models/<name> (SmolLM2's alias lands there too)
+    monkeypatch.setenv("HYBRIDRL_CACHE", str(tmp_path))
+    tiny_random_model(tmp_path / "models" / "tiny-llama", vocab_size=128, hidden=64, layers=2)
+    m = model_shape("tiny-llama")
+    # per layer: 2 x 64^2 + 2 x 64 x (2 x 16) + 3 x 64 x 128 + 2 x 64 = 8192 + 4096 + 24576 + 128 = 36,992;
+    # x 2 layers + tied embeddings 128 x 64 + final norm 64 = 73,984 + 8,192 + 64 = 82,240
+    assert (m.layer_params, m.params, m.tied) == (36_992, 82_240, True)
+
+
 def test_an_unknown_model_is_an_error_listing_the_table():
     with pytest.raises(KeyError, match="not in the planner's table"):
         model_shape("nobody/NoModel-1B")

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
+from core.engines import cpu_kernels
+
 
 class SlotKVCache(Cache):
     def __init__(self, num_layers: int, slots: int, max_len: int, kv_heads: int, head_dim: int,
@@ -67,9 +69,12 @@ class SlotKVCache(Cache):
                 return key_states, value_states
             return k[self._rows, :, :o + q], v[self._rows, :, :o + q]
         n = key_states.shape[0]
-        idx = torch.arange(n, device=k.device)
-        k[idx, :, self._pos] = key_states[:, :, 0]
-        v[idx, :, self._pos] = value_states[:, :, 0]
+        if k.device.type == "cpu" and not torch.is_grad_enabled() and cpu_kernels.available():
+            cpu_kernels.write_decode(k, v, key_states, value_states, self._pos)  # memcpy, not two index_puts
+        else:
+            idx = torch.arange(n, device=k.device)
+            k[idx, :, self._pos] = key_states[:, :, 0]
+            v[idx, :, self._pos] = value_states[:, :, 0]
         return k[:n, :, :self._kv_len], v[:n, :, :self._kv_len]
 
     # ------------------------------------------------------------------ slot moves

@@ -1,0 +1,295 @@
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+inline float bf16_to_f32(uint16_t x) {
+  uint32_t u = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t f32_to_bf16(float f) {  // round to nearest even, as c10::BFloat16
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if (std::isnan(f)) return 0x7fc0;
+  u += 0x7fff + ((u >> 16) & 1);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+#if defined(__AVX512F__)
+inline __m512 load_bf16(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+inline __m512 load_bf16_masked(const uint16_t* p, __mmask16 k) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, p)), 16));
+}
+// x rounded to the nearest bf16 (ties to even), still as fp32; NaN stays NaN
+inline __m512 round_bf16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)),
+                                     _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_castsi512_ps(r), x);
+}
+inline void store_bf16(uint16_t* p, __m512 x) {  // x already a bf16 value (round_bf16)
+  _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16)));
+}
+
+// e^x for x <= 0 (softmax after subtracting the max): 2^(x log2 e) = 2^n * 2^f, f in [-0.5, 0.5], degree-6 polynomial
+inline __m512 exp512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.693147180559945309f));
+  __m512 p = _mm512_set1_ps(1.f / 720);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// The 16 horizontal sums of v[0..15] as one vector (lane j = sum of v[j]): three shuffle-and-add levels, ~40
+// instructions where 16 separate reductions take ~130.
+inline __m512 reduce16(const __m512* v) {
+  __m512 w[8], x[4];
+  for (int i = 0; i < 8; ++i)
+    w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)
+    x[i] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 z01 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 z23 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(z01, z23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(z01, z23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// q . k over D = 32 * C32 as a 16-lane partial sum (C32 compile-time: everything stays in registers)
+#if defined(__AVX512BF16__)
+template <int C32>
+struct Dot {
+  __m512bh q[C32];
+  void load(const uint16_t* p) { for (int c = 0; c < C32; ++c) q[c] = (__m512bh)_mm512_loadu_si512(p + 32 * c); }
+  __m512 partial(const uint16_t* k) const {
+    __m512 a = _mm512_dpbf16_ps(_mm512_setzero_ps(), q[0], (__m512bh)_mm512_loadu_si512(k));
+    for (int c = 1; c < C32; ++c) a = _mm512_dpbf16_ps(a, q[c], (__m512bh)_mm512_loadu_si512(k + 32 * c));
+    return a;
+  }
+};
+#else
+template <int C32>
+struct Dot {
+  __m512 q[2 * C32];
+  void load(const uint16_t* p) { for (int c = 0; c < 2 * C32; ++c) q[c] = load_bf16(p + 16 * c); }
+  __m512 partial(const uint16_t* k) const {
+    __m512 a = _mm512_mul_ps(q[0], load_bf16(k));
+    for (int c = 1; c < 2 * C32; ++c) a = _mm512_fmadd_ps(q[c], load_bf16(k + 16 * c), a);
+    return a;
+  }
+};
+#endif
+
+// softmax over each of the G rows of s (G x T), in place
+inline void softmax_rows(float* s, int64_t G, int64_t T) {
+  for (int64_t g = 0; g < G; ++g) {
+    float* sg = s + g * T;
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t t = 0; t < T; t += 16) {
+      __mmask16 km = T - t >= 16 ? 0xffff : (__mmask16)((1u << (T - t)) - 1);
+      mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), km, sg + t));
+    }
+    const __m512 mxv = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t t = 0; t < T; t += 16) {
+      __mmask16 km = T - t >= 16 ? 0xffff : (__mmask16)((1u << (T - t)) - 1);
+      __m512 e = _mm512_maskz_mov_ps(km, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(km, sg + t), mxv)));
+      _mm512_mask_storeu_ps(sg + t, km, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sum));
+    for (int64_t t = 0; t < T; t += 16) {
+      __mmask16 km = T - t >= 16 ? 0xffff : (__mmask16)((1u << (T - t)) - 1);
+      _mm512_mask_storeu_ps(sg + t, km, _mm512_mul_ps(_mm512_maskz_loadu_ps(km, sg + t), inv));
+    }
+  }
+}
+
+// attend() for D = 32 * C32: per query head, scores 16 positions at a time, then the values with the
+// accumulator in registers (the values are re-read per head from L1: a head's T x D block is ~10 KB)
+template <int C32>
+void attend_avx512(const uint16_t* q, int64_t qs_head, const uint16_t* k, int64_t ks_t, const uint16_t* v,
+                   int64_t vs_t, const float* m, int64_t G, int64_t T, float scale, float* s, uint16_t* out) {
+  constexpr int D = 32 * C32, C = 2 * C32;
+  const __m512 scv = _mm512_set1_ps(scale);
+  for (int64_t g = 0; g < G; ++g) {
+    Dot<C32> dot;
+    dot.load(q + g * qs_head);
+    float* sg = s + g * T;
+    int64_t t = 0;
+    for (; t + 16 <= T; t += 16) {
+      __m512 part[16];
+      for (int j = 0; j < 16; ++j) part[j] = dot.partial(k + (t + j) * ks_t);
+      _mm512_storeu_ps(sg + t, _mm512_fmadd_ps(reduce16(part), scv, _mm512_loadu_ps(m + t)));
+    }
+    for (; t < T; ++t) sg[t] = _mm512_reduce_add_ps(dot.partial(k + t * ks_t)) * scale + m[t];
+  }
+  softmax_rows(s, G, T);
+  for (int64_t g = 0; g < G; ++g) {
+    __m512 acc[C];
+    for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+    const float* sg = s + g * T;
+    for (int64_t t = 0; t < T; ++t) {
+      const __m512 p = _mm512_set1_ps(sg[t]);
+      for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(p, load_bf16(v + t * vs_t + 16 * c), acc[c]);
+    }
+    for (int c = 0; c < C; ++c) store_bf16(out + g * D + 16 * c, round_bf16(acc[c]));
+  }
+}
+#endif
+
+// One (sequence, kv head): the G query heads that share it against its T keys and values.
+void attend(const uint16_t* q, int64_t qs_head, const uint16_t* k, int64_t ks_t, const uint16_t* v, int64_t vs_t,
+            const float* m, int64_t G, int64_t T, int64_t D, float scale, float* s, uint16_t* out) {
+#if defined(__AVX512F__)
+  if (D == 64) return attend_avx512<2>(q, qs_head, k, ks_t, v, vs_t, m, G, T, scale, s, out);
+  if (D == 128) return attend_avx512<4>(q, qs_head, k, ks_t, v, vs_t, m, G, T, scale, s, out);
+#endif
+  std::vector<float> qf(G * D), acc(G * D, 0.f);
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t d = 0; d < D; ++d) qf[g * D + d] = bf16_to_f32(q[g * qs_head + d]) * scale;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t g = 0; g < G; ++g) {
+      float a = 0.f;
+      for (int64_t d = 0; d < D; ++d) a += qf[g * D + d] * bf16_to_f32(k[t * ks_t + d]);
+      s[g * T + t] = a + m[t];
+    }
+  for (int64_t g = 0; g < G; ++g) {
+    float* sg = s + g * T;
+    const float mx = *std::max_element(sg, sg + T);
+    float sum = 0.f;
+    for (int64_t t = 0; t < T; ++t) sum += (sg[t] = std::exp(sg[t] - mx));
+    for (int64_t t = 0; t < T; ++t) sg[t] /= sum;
+  }
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t d = 0; d < D; ++d) acc[g * D + d] += s[g * T + t] * bf16_to_f32(v[t * vs_t + d]);
+  for (int64_t i = 0; i < G * D; ++i) out[i] = f32_to_bf16(acc[i]);
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                            double scale) {
+  // q (B, H, 1, D); k, v (B, KVH, T, D), any strides but a unit one on D; mask (B or 1, 1, 1, T) fp32 additive
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 && v.scalar_type() == at::kBFloat16,
+              "decode_attention: bf16 q, k, v");
+  TORCH_CHECK(q.dim() == 4 && q.size(2) == 1 && k.dim() == 4 && v.dim() == 4, "decode_attention: one query per sequence");
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "decode_attention: head_dim must have unit stride");
+  TORCH_CHECK(mask.scalar_type() == at::kFloat && mask.is_contiguous() && mask.size(-1) == k.size(2), "decode_attention: mask");
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(3), KVH = k.size(1), T = k.size(2), G = H / KVH;
+  TORCH_CHECK(H % KVH == 0, "decode_attention: heads not a multiple of kv heads");
+  auto out = at::empty({B, 1, H, D}, q.options());
+  const auto* qp = reinterpret_cast<const uint16_t*>(q.data_ptr());
+  const auto* kp = reinterpret_cast<const uint16_t*>(k.data_ptr());
+  const auto* vp = reinterpret_cast<const uint16_t*>(v.data_ptr());
+  const float* mp = mask.data_ptr<float>();
+  auto* op = reinterpret_cast<uint16_t*>(out.data_ptr());
+  const int64_t ms = mask.size(0) == 1 ? 0 : T;
+  at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> s(G * T);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / KVH, kh = task % KVH;
+      attend(qp + b * q.stride(0) + kh * G * q.stride(1), q.stride(1), kp + b * k.stride(0) + kh * k.stride(1),
+             k.stride(2), vp + b * v.stride(0) + kh * v.stride(1), v.stride(2), mp + b * ms, G, T, D,
+             static_cast<float>(scale), s.data(), op + (b * H + kh * G) * D);
+    }
+  });
+  return out;
+}
+
+// x (..., N) bf16, weight (N) bf16 -> bf16: the Llama RMSNorm rounding steps, bf16(w * bf16(x * rsqrt(mean(x^2) + eps)))
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16, "rms_norm: bf16");
+  TORCH_CHECK(weight.dim() == 1 && x.size(-1) == weight.size(0) && weight.is_contiguous(), "rms_norm: weight shape");
+  const auto xc = x.contiguous();
+  auto out = at::empty_like(xc);
+  const int64_t N = x.size(-1), rows = xc.numel() / std::max<int64_t>(N, 1);
+  const auto* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr());
+  const auto* wp = reinterpret_cast<const uint16_t*>(weight.data_ptr());
+  auto* op = reinterpret_cast<uint16_t*>(out.data_ptr());
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const uint16_t* xr = xp + r * N;
+#if defined(__AVX512F__)
+      if (N % 16 == 0) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t i = 0; i < N; i += 16) { const __m512 f = load_bf16(xr + i); acc = _mm512_fmadd_ps(f, f, acc); }
+        const __m512 inv = _mm512_set1_ps(1.f / std::sqrt(_mm512_reduce_add_ps(acc) / static_cast<float>(N)
+                                                          + static_cast<float>(eps)));
+        for (int64_t i = 0; i < N; i += 16) {
+          const __m512 y = round_bf16(_mm512_mul_ps(load_bf16(xr + i), inv));
+          store_bf16(op + r * N + i, round_bf16(_mm512_mul_ps(load_bf16(wp + i), y)));
+        }
+        continue;
+      }
+#endif
+      float ss = 0.f;
+      for (int64_t i = 0; i < N; ++i) { const float f = bf16_to_f32(xr[i]); ss += f * f; }
+      const float inv = 1.f / std::sqrt(ss / static_cast<float>(N) + static_cast<float>(eps));
+      for (int64_t i = 0; i < N; ++i) {
+        const float y = bf16_to_f32(f32_to_bf16(bf16_to_f32(xr[i]) * inv));
+        op[r * N + i] = f32_to_bf16(bf16_to_f32(wp[i]) * y);
+      }
+    }
+  });
+  return out;
+}
+
+// One decode step's keys and values into the slot cache: cache[b, :, pos[b]] = new[b, :, 0] for b < n
+void write_decode(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& k_new, const at::Tensor& v_new,
+                  const at::Tensor& pos) {
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && pos.scalar_type() == at::kLong, "write_decode");
+  TORCH_CHECK(k_new.stride(3) == 1 && v_new.stride(3) == 1 && k_new.scalar_type() == k_cache.scalar_type()
+              && v_new.scalar_type() == v_cache.scalar_type(), "write_decode: new keys/values");
+  const auto posc = pos.contiguous();
+  const int64_t n = k_new.size(0), H = k_cache.size(1), M = k_cache.size(2), D = k_cache.size(3);
+  const int64_t es = k_cache.element_size();
+  const int64_t* pp = posc.data_ptr<int64_t>();
+  for (int64_t b = 0; b < n; ++b) TORCH_CHECK(pp[b] >= 0 && pp[b] < M, "write_decode: position out of the cache");
+  auto* kc = static_cast<char*>(k_cache.data_ptr());
+  auto* vc = static_cast<char*>(v_cache.data_ptr());
+  const auto* kn = static_cast<const char*>(k_new.data_ptr());
+  const auto* vn = static_cast<const char*>(v_new.data_ptr());
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t dst = ((b * H + h) * M + pp[b]) * D * es;
+      std::memcpy(kc + dst, kn + (b * k_new.stride(0) + h * k_new.stride(1)) * es, D * es);
+      std::memcpy(vc + dst, vn + (b * v_new.stride(0) + h * v_new.stride(1)) * es, D * es);
+    }
+}
+
+}  // namespace
+
+TORCH_LIBRARY(hybridrl_cpu, m) {
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("write_decode(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, Tensor pos) -> ()");
+}
+TORCH_LIBRARY_IMPL(hybridrl_cpu, CPU, m) {
+  m.impl("decode_attention", decode_attention);
+  m.impl("rms_norm", rms_norm);
+  m.impl("write_decode", write_decode);
+}

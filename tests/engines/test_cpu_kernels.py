@@ -1,0 +1,125 @@
+"""core.engines.cpu_kernels: the fused decode attention equals an fp32 reference on strided cache views (both
+vectorised head sizes, the scalar fallback, tails of positions, masks); the fused RMSNorm is bit-identical to
+transformers' LlamaRMSNorm and is installed only where it reproduces the module; write_decode equals the
+index_put it replaces; a bf16 engine on the kernels keeps its log-probs consistent with a teacher-forced forward."""
+
+import pytest
+import torch
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from core.engines import cpu_kernels
+from core.engines.rollout import RolloutEngine, SamplingParams
+from core.models import load_causal_lm, load_tokenizer
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="CPU kernels could not be built here")
+bf16 = torch.bfloat16
+
+
+def reference_attention(q, k, v, mask, scale):
+    """fp32 math on the same bf16 inputs: q (B, H, 1, D), k/v (B, KVH, T, D), additive mask (B|1, 1, 1, T)."""
+    G = q.shape[1] // k.shape[1]
+    kf, vf = k.float().repeat_interleave(G, 1), v.float().repeat_interleave(G, 1)
+    s = q.float() @ kf.transpose(-1, -2) * scale + mask.float()
+    return (s.softmax(-1) @ vf).transpose(1, 2)                                 # (B, 1, H, D)
+
+
+@pytest.mark.parametrize("B,H,KVH,D,T", [(5, 9, 3, 64, 80), (4, 4, 4, 128, 37), (3, 6, 2, 48, 21), (2, 8, 1, 64, 5)])
+def test_decode_attention_equals_fp32_reference_on_strided_views(B, H, KVH, D, T):
+    g = torch.Generator().manual_seed(B * 100 + T)
+    cache_k = torch.randn(B + 3, KVH, T + 9, D, generator=g).to(bf16)
+    cache_v = torch.randn(B + 3, KVH, T + 9, D, generator=g).to(bf16)
+    k, v = cache_k[:B, :, :T], cache_v[:B, :, :T]                              # strided, as the slot cache passes
+    q = torch.randn(B, 1, H, D, generator=g).to(bf16).transpose(1, 2)          # (B, H, 1, D), strided like HF's
+    allowed = torch.rand(B, 1, 1, T, generator=g) > 0.3
+    allowed[..., -1] = True
+    mask = torch.zeros(B, 1, 1, T).masked_fill(~allowed, torch.finfo(bf16).min)
+    got = cpu_kernels.decode_attention(q, k, v, mask.to(bf16), scale=D ** -0.5)
+    want = reference_attention(q, k, v, mask, D ** -0.5)
+    assert got.dtype == bf16 and got.shape == (B, 1, H, D)
+    # the kernel rounds only its output to bf16: within half a bf16 ulp of the fp32 result (plus summation order)
+    torch.testing.assert_close(got.float(), want, atol=2e-3, rtol=8e-3)
+    # masked positions carry no weight: changing their keys and values changes nothing
+    k2, v2 = k.clone(), v.clone()
+    k2.masked_fill_(~allowed.transpose(-1, -2), 7.0)
+    v2.masked_fill_(~allowed.transpose(-1, -2), -7.0)
+    assert torch.equal(cpu_kernels.decode_attention(q, k2, v2, mask, scale=D ** -0.5), got)
+
+
+def test_decode_attention_without_mask_and_broadcast_mask():
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(3, 6, 1, 64, generator=g).to(bf16)
+    k, v = torch.randn(3, 2, 19, 64, generator=g).to(bf16), torch.randn(3, 2, 19, 64, generator=g).to(bf16)
+    zero = torch.zeros(1, 1, 1, 19)
+    want = reference_attention(q, k, v, zero, 0.125)
+    torch.testing.assert_close(cpu_kernels.decode_attention(q, k, v, None, 0.125).float(), want, atol=2e-3, rtol=8e-3)
+    torch.testing.assert_close(cpu_kernels.decode_attention(q, k, v, zero, 0.125).float(), want, atol=2e-3, rtol=8e-3)
+
+
+@pytest.mark.parametrize("shape", [(64, 1, 576), (3, 17, 576), (2, 5, 100), (7, 64)])
+def test_rms_norm_is_bit_identical_to_llama_rmsnorm(shape):
+    g = torch.Generator().manual_seed(shape[-1])
+    norm = LlamaRMSNorm(shape[-1], eps=1e-5).to(bf16)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(shape[-1], generator=g))
+        x = (torch.randn(*shape, generator=g) * 3).to(bf16)
+        assert torch.equal(torch.ops.hybridrl_cpu.rms_norm(x, norm.weight, 1e-5), norm(x))
+
+
+class OnePlusWeightRMSNorm(torch.nn.Module):
+    """Gemma's variant: scales by (1 + weight). Same name pattern, different math: must not be swapped."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.weight, self.eps = torch.nn.Parameter(torch.randn(n, dtype=bf16)), 1e-6
+
+    def forward(self, x):
+        y = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * (1.0 + self.weight.float())).to(x.dtype)
+
+
+def test_swap_rms_norms_installs_only_where_it_reproduces_the_module():
+    model = torch.nn.ModuleDict({"a": LlamaRMSNorm(64).to(bf16), "b": OnePlusWeightRMSNorm(64),
+                                 "c": LlamaRMSNorm(64).float()})            # fp32 weights: not the kernel's dtype
+    assert cpu_kernels.swap_rms_norms(model) == 1
+    assert "forward" in model["a"].__dict__ and "forward" not in model["b"].__dict__
+    assert "forward" not in model["c"].__dict__
+    assert cpu_kernels.swap_rms_norms(model) == 0                             # already swapped: left alone
+    x = torch.randn(4, 64).to(bf16)
+    with torch.no_grad():
+        fused = model["a"](x)
+    y = model["a"](x.requires_grad_())                                        # autograd: the module's own forward
+    assert y.requires_grad and torch.equal(y.detach(), fused)
+
+
+def test_write_decode_equals_index_put():
+    g = torch.Generator().manual_seed(2)
+    k, v = torch.randn(8, 3, 20, 64, generator=g).to(bf16), torch.randn(8, 3, 20, 64, generator=g).to(bf16)
+    kn = torch.randn(5, 1, 3, 64, generator=g).to(bf16).transpose(1, 2)      # (n, KVH, 1, D) strided
+    vn = torch.randn(5, 1, 3, 64, generator=g).to(bf16).transpose(1, 2)
+    pos = torch.tensor([3, 7, 0, 19, 5])
+    k2, v2 = k.clone(), v.clone()
+    k2[torch.arange(5), :, pos] = kn[:, :, 0]
+    v2[torch.arange(5), :, pos] = vn[:, :, 0]
+    cpu_kernels.write_decode(k, v, kn, vn, pos)
+    assert torch.equal(k, k2) and torch.equal(v, v2)
+    with pytest.raises(RuntimeError, match="position out of the cache"):
+        cpu_kernels.write_decode(k, v, kn, vn, torch.tensor([3, 7, 0, 20, 5]))
+
+
+def test_bf16_engine_on_the_kernels_matches_a_teacher_forced_forward(tiny_model_dir):
+    """The engine's bf16 decode (fused attention, norms, cache writes) against the model's own SDPA forward over
+    the generated sequences: the sampled tokens' log-probs agree to bf16 accuracy."""
+    path = str(tiny_model_dir)
+    model, tok = load_causal_lm(path, dtype=bf16), load_tokenizer(path)
+    engine = RolloutEngine(model, tok, max_batch_size=8)
+    assert engine.fused_norms == 2 * model.config.num_hidden_layers + 1
+    prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16, 17]]
+    out = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=24, ignore_eos=True, seed=3))
+    reference = load_causal_lm(path, dtype=bf16)                              # SDPA, no kernels, no packing
+    with torch.no_grad():
+        logits = reference(input_ids=out["input_ids"], attention_mask=out["attention_mask"],
+                           position_ids=out["position_ids"]).logits.float()
+    Tp = out["prompts"].shape[1]
+    logp = logits[:, Tp - 1:-1].log_softmax(-1).gather(-1, out["responses"][..., None]).squeeze(-1)
+    diff = (logp - out["rollout_logprobs"]).abs()[out["response_mask"] > 0]
+    assert diff.max() < 0.1 and diff.mean() < 0.02, (diff.max(), diff.mean())

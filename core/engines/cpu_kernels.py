@@ -11,10 +11,10 @@ Why: a SmolLM2 decode step at batch 64 spent ~30 of its ~52 ms outside the linea
 AVX-512 paths (with avx512_bf16 dot products where the CPU has them), scalar fallbacks elsewhere.
 
 Built with ``torch.utils.cpp_extension`` (gcc and ninja; ~7 s on 2 cores) into ``$HYBRIDRL_CACHE/torch_extensions``
-and reused by every later process. ``-fopenmp`` so that ``at::parallel_for`` spreads over torch's threads (without it the pragma is ignored: one thread);
-``-march=native``: the build is for this machine, the cache key includes the
-flags and torch version. When the build is impossible (no compiler) the engine keeps its PyTorch path and says so
-once; ``HYBRIDRL_CPU_KERNELS=0`` turns the kernels off.
+and reused by every later process. ``-fopenmp``: ``at::parallel_for`` spreads over torch's threads (without it
+the pragma is ignored: one thread, 2x slower). ``-march=native``: the build is for this machine; its folder is
+named by the torch version and a hash of the CPU's model and flags. When the build is impossible (no compiler)
+the engine keeps its PyTorch path and says so once; ``HYBRIDRL_CPU_KERNELS=0`` turns the kernels off.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _load() -> bool:
     from core.models import cache_dir
     from torch.utils.cpp_extension import load
 
-    build = cache_dir() / "torch_extensions" / f"cpu_kernels-torch{torch.__version__.replace('+', '-')}"
+    build = cache_dir() / "torch_extensions" / f"cpu_kernels-torch{torch.__version__.replace('+', '-')}-{_cpu_id()}"
     build.mkdir(parents=True, exist_ok=True)
     try:
         load(name="hybridrl_cpu_kernels", sources=[str(_SOURCE)], build_directory=str(build),
@@ -54,6 +54,20 @@ def _load() -> bool:
                       "the rollout engine runs its PyTorch attention path")
         return False
     return True
+
+
+def _cpu_id() -> str:
+    """A short hash of this CPU's model and flags: a ``-march=native`` build in a home folder shared by several
+    machines (a Ray cluster on NFS) must not be loaded by a CPU without the instructions it was built for."""
+    import hashlib
+    import platform
+
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        key = "\n".join(sorted({ln for ln in lines if ln.startswith(("model name", "flags"))}))
+    except OSError:
+        key = platform.processor() + platform.machine()
+    return hashlib.sha1(key.encode()).hexdigest()[:10]
 
 
 def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,

@@ -46,8 +46,9 @@ inline void store_bf16(uint16_t* p, __m512 x) {  // x already a bf16 value (roun
   _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16)));
 }
 
-// e^x for x <= 0 (softmax after subtracting the max): 2^(x log2 e) = 2^n * 2^f, f in [-0.5, 0.5], degree-6 polynomial
+// e^x for x <= 0 (softmax after subtracting the max), 0 below -87: 2^(x log2 e) = 2^n * 2^f, f in [-0.5, 0.5], degree-6 polynomial
 inline __m512 exp512(__m512 x) {
+  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);  // below: exactly 0 (and -inf)
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
   __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
   __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -59,7 +60,7 @@ inline __m512 exp512(__m512 x) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
+  return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, n));
 }
 
 // The 16 horizontal sums of v[0..15] as one vector (lane j = sum of v[j]): three shuffle-and-add levels, ~40
@@ -281,15 +282,91 @@ void write_decode(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& k_ne
     }
 }
 
+// One token per row of logits (B, V) from softmax(logits * inv_temperature), by inverse CDF with the row's uniform
+// u[b] in [0, 1): the first index whose cumulative weight exceeds u * total. Returns (tokens (B,) int64, their
+// log-probs (B,) fp32). Three passes per row: max, exp and sum (weights kept in a per-thread buffer), the scan.
+std::tuple<at::Tensor, at::Tensor> sample_rows(const at::Tensor& logits, double inv_temperature, const at::Tensor& u) {
+  TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1, "sample_rows: logits (B, V) with unit stride on V");
+  TORCH_CHECK(logits.scalar_type() == at::kBFloat16 || logits.scalar_type() == at::kFloat, "sample_rows: bf16 or fp32");
+  TORCH_CHECK(u.scalar_type() == at::kFloat && u.numel() == logits.size(0), "sample_rows: one fp32 uniform per row");
+  const int64_t B = logits.size(0), V = logits.size(1), rs = logits.stride(0);
+  const bool is_bf16 = logits.scalar_type() == at::kBFloat16;
+  const auto uc = u.contiguous();
+  const float* up = uc.data_ptr<float>();
+  auto tok = at::empty({B}, logits.options().dtype(at::kLong));
+  auto logp = at::empty({B}, logits.options().dtype(at::kFloat));
+  int64_t* tp = tok.data_ptr<int64_t>();
+  float* lp = logp.data_ptr<float>();
+  const float it = static_cast<float>(inv_temperature);
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> w(V);
+    for (int64_t b = begin; b < end; ++b) {
+      // the row as fp32, scaled by 1 / temperature
+      if (is_bf16) {
+        const auto* x = reinterpret_cast<const uint16_t*>(logits.data_ptr()) + b * rs;
+        for (int64_t i = 0; i < V; ++i) w[i] = bf16_to_f32(x[i]) * it;
+      } else {
+        const float* x = logits.data_ptr<float>() + b * rs;
+        for (int64_t i = 0; i < V; ++i) w[i] = x[i] * it;
+      }
+      float mx = -INFINITY, total = 0.f;
+      int64_t i = 0;
+#if defined(__AVX512F__)
+      __m512 mv = _mm512_set1_ps(-INFINITY);
+      for (; i + 16 <= V; i += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(w.data() + i));
+      mx = _mm512_reduce_max_ps(mv);
+#endif
+      for (; i < V; ++i) mx = std::max(mx, w[i]);
+      i = 0;
+#if defined(__AVX512F__)
+      const __m512 mxv = _mm512_set1_ps(mx);
+      __m512 sv = _mm512_setzero_ps();
+      for (; i + 16 <= V; i += 16) {
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(w.data() + i), mxv));
+        _mm512_storeu_ps(w.data() + i, e);
+        sv = _mm512_add_ps(sv, e);
+      }
+      total = _mm512_reduce_add_ps(sv);
+#endif
+      for (; i < V; ++i) total += (w[i] = std::exp(w[i] - mx));
+      // the scan: 16-wide block sums first, then inside the block
+      const float target = up[b] * total;
+      float acc = 0.f;
+      int64_t pick = -1;
+      i = 0;
+#if defined(__AVX512F__)
+      for (; i + 16 <= V; i += 16) {
+        const float blk = _mm512_reduce_add_ps(_mm512_loadu_ps(w.data() + i));
+        if (acc + blk > target) break;
+        acc += blk;
+      }
+#endif
+      for (; i < V; ++i) {
+        acc += w[i];
+        if (acc > target && w[i] > 0.f) { pick = i; break; }
+      }
+      if (pick < 0) {  // rounding left the target at or past the total: the last index with weight (the max has 1)
+        pick = V - 1;
+        while (w[pick] <= 0.f) --pick;
+      }
+      tp[b] = pick;
+      lp[b] = std::log(w[pick]) - std::log(total);
+    }
+  });
+  return {tok, logp};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(hybridrl_cpu, m) {
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("sample_rows(Tensor logits, float inv_temperature, Tensor u) -> (Tensor, Tensor)");
   m.def("write_decode(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, Tensor pos) -> ()");
 }
 TORCH_LIBRARY_IMPL(hybridrl_cpu, CPU, m) {
   m.impl("decode_attention", decode_attention);
   m.impl("rms_norm", rms_norm);
   m.impl("write_decode", write_decode);
+  m.impl("sample_rows", sample_rows);
 }

@@ -123,3 +123,30 @@ def test_bf16_engine_on_the_kernels_matches_a_teacher_forced_forward(tiny_model_
     logp = logits[:, Tp - 1:-1].log_softmax(-1).gather(-1, out["responses"][..., None]).squeeze(-1)
     diff = (logp - out["rollout_logprobs"]).abs()[out["response_mask"] > 0]
     assert diff.max() < 0.1 and diff.mean() < 0.02, (diff.max(), diff.mean())
+
+
+@pytest.mark.parametrize("dtype,V", [(bf16, 49152), (torch.float32, 1000), (bf16, 37)])
+def test_sample_rows_is_the_inverse_cdf_of_the_tempered_softmax(dtype, V):
+    g = torch.Generator().manual_seed(V)
+    logits = (torch.randn(6, V, generator=g) * 4).to(dtype)
+    logits[:, 5] = float("-inf")                                              # a masked token: weight exactly 0
+    u = torch.rand(6, generator=g)
+    tok, logp = cpu_kernels.sample_rows(logits, 1 / 0.7, u)
+    x = logits.double() / 0.7
+    probs = x.softmax(-1)
+    cdf = probs.cumsum(-1)
+    want = torch.searchsorted(cdf, u.double()[:, None] * cdf[:, -1:], right=True).squeeze(-1)
+    assert torch.equal(tok, want) and not bool((tok == 5).any())
+    torch.testing.assert_close(logp.double(), x.log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1),
+                               atol=1e-5, rtol=0)
+
+
+def test_sample_rows_draws_the_distribution_and_never_a_zero():
+    probs = torch.tensor([0.5, 0.0, 0.3, 0.2] + [0.0] * 29)                 # 33 entries: a vector block and a tail
+    logits = probs.log()[None].repeat(20000, 1)
+    tok, _ = cpu_kernels.sample_rows(logits, 1.0, torch.rand(20000, generator=torch.Generator().manual_seed(0)))
+    freq = torch.bincount(tok, minlength=33).float() / len(tok)
+    assert freq[1] == 0 and freq[4:].sum() == 0
+    torch.testing.assert_close(freq, probs, atol=0.015, rtol=0)
+    edge, _ = cpu_kernels.sample_rows(logits[:2], 1.0, torch.tensor([0.0, 1.0 - 1e-7]))
+    assert edge.tolist() == [0, 3]                                            # u -> 0: the first; u -> 1: the last live

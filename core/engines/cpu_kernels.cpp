@@ -356,12 +356,92 @@ std::tuple<at::Tensor, at::Tensor> sample_rows(const at::Tensor& logits, double 
   return {tok, logp};
 }
 
+inline uint16_t mul_bf16(uint16_t a, uint16_t b) { return f32_to_bf16(bf16_to_f32(a) * bf16_to_f32(b)); }
+
+// Llama's apply_rotary_pos_emb (unsqueeze_dim 1) for one tensor x (B, H, T, D), cos/sin (B, T, D), with its bf16
+// rounding steps: bf16(bf16(x * cos) + bf16(rotate_half(x) * sin)); rotate_half(x) = cat(-x[D/2:], x[:D/2]).
+at::Tensor rotary_one(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t B = x.size(0), H = x.size(1), T = x.size(2), D = x.size(3), half = D / 2;
+  auto out = at::empty({B, H, T, D}, x.options());
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  const auto* cp = reinterpret_cast<const uint16_t*>(cos.data_ptr());
+  const auto* sp = reinterpret_cast<const uint16_t*>(sin.data_ptr());
+  auto* op = reinterpret_cast<uint16_t*>(out.data_ptr());
+  const int64_t cb = cos.size(0) == 1 ? 0 : cos.stride(0), sb = sin.size(0) == 1 ? 0 : sin.stride(0);
+  at::parallel_for(0, B * H * T, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t b = r / (H * T), h = (r / T) % H, t = r % T;
+      const uint16_t* xr = xp + b * x.stride(0) + h * x.stride(1) + t * x.stride(2);
+      const uint16_t* c = cp + b * cb + t * cos.stride(1);
+      const uint16_t* s = sp + b * sb + t * sin.stride(1);
+      uint16_t* o = op + r * D;
+      for (int64_t d = 0; d < D; ++d) {
+        const uint16_t rot = d < half ? static_cast<uint16_t>(xr[d + half] ^ 0x8000) : xr[d - half];
+        o[d] = f32_to_bf16(bf16_to_f32(mul_bf16(xr[d], c[d])) + bf16_to_f32(mul_bf16(rot, s[d])));
+      }
+    }
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                          const at::Tensor& sin) {
+  for (const auto* t : {&q, &k, &cos, &sin})
+    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->stride(-1) == 1, "rotary: bf16 with unit stride on head_dim");
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && cos.dim() == 3 && sin.dim() == 3 && q.size(3) % 2 == 0
+              && cos.size(2) == q.size(3) && sin.sizes() == cos.sizes() && cos.size(1) == q.size(2)
+              && k.size(2) == q.size(2) && k.size(3) == q.size(3), "rotary: shapes");
+  return {rotary_one(q, cos, sin), rotary_one(k, cos, sin)};
+}
+
+// The gated MLP's activation: bf16(bf16(silu(gate)) * up); gate/up (..., I) may be strided views (one fused matmul)
+at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
+  TORCH_CHECK(gate.scalar_type() == at::kBFloat16 && up.scalar_type() == at::kBFloat16 && gate.sizes() == up.sizes()
+              && gate.stride(-1) == 1 && up.stride(-1) == 1, "silu_mul: bf16 gate and up of one shape");
+  const int64_t I = gate.size(-1), rows = gate.numel() / std::max<int64_t>(I, 1);
+  const auto g2 = gate.reshape({rows, I}), u2 = up.reshape({rows, I});  // views when the rows are uniformly strided
+  auto out = at::empty(gate.sizes(), gate.options());
+  const auto* gp = reinterpret_cast<const uint16_t*>(g2.data_ptr());
+  const auto* upp = reinterpret_cast<const uint16_t*>(u2.data_ptr());
+  auto* op = reinterpret_cast<uint16_t*>(out.data_ptr());
+  const int64_t gs = g2.stride(0), us = u2.stride(0);
+  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const uint16_t* g = gp + r * gs;
+      const uint16_t* u = upp + r * us;
+      uint16_t* o = op + r * I;
+      int64_t i = 0;
+#if defined(__AVX512F__)
+      for (; i + 16 <= I; i += 16) {
+        const __m512 x = load_bf16(g + i);
+        const __m512 e = exp512(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), x), _mm512_setzero_ps()));
+        // silu(x) = x * sigmoid(x); for x >= 0: x / (1 + e^-x), for x < 0: x * e^x / (1 + e^x) -- e^(-|x|) only
+        const __mmask16 neg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
+        const __m512 en = exp512(_mm512_min_ps(x, _mm512_setzero_ps()));
+        const __m512 sig = _mm512_mask_blend_ps(neg, _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_add_ps(_mm512_set1_ps(1.f), e)),
+                                                _mm512_div_ps(en, _mm512_add_ps(_mm512_set1_ps(1.f), en)));
+        const __m512 y = round_bf16(_mm512_mul_ps(x, sig));
+        store_bf16(o + i, round_bf16(_mm512_mul_ps(y, load_bf16(u + i))));
+      }
+#endif
+      for (; i < I; ++i) {
+        const float x = bf16_to_f32(g[i]);
+        const float y = bf16_to_f32(f32_to_bf16(x / (1.f + std::exp(-x))));
+        o[i] = f32_to_bf16(y * bf16_to_f32(u[i]));
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(hybridrl_cpu, m) {
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("sample_rows(Tensor logits, float inv_temperature, Tensor u) -> (Tensor, Tensor)");
+  m.def("rotary(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
+  m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
   m.def("write_decode(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, Tensor pos) -> ()");
 }
 TORCH_LIBRARY_IMPL(hybridrl_cpu, CPU, m) {
@@ -369,4 +449,6 @@ TORCH_LIBRARY_IMPL(hybridrl_cpu, CPU, m) {
   m.impl("rms_norm", rms_norm);
   m.impl("write_decode", write_decode);
   m.impl("sample_rows", sample_rows);
+  m.impl("rotary", rotary);
+  m.impl("silu_mul", silu_mul);
 }

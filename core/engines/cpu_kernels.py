@@ -6,7 +6,9 @@ Why: a SmolLM2 decode step at batch 64 spent ~30 of its ~52 ms outside the linea
   in place (SDPA's CPU flash kernel is built for long queries: 1.9 ms per layer here). This one reads the cache
   views directly: scores 16 positions at a time (bf16 dot products, fp32 sums), an fp32 softmax, the values.
 - ``rms_norm``: the Llama RMSNorm's 8 ops in one pass, the same rounding steps (bit-identical in the tests);
-  27 -> 7 us per call, 61 calls a step. ``swap_rms_norms`` installs it on a model's norms that it reproduces.
+  27 -> 7 us per call, 61 calls a step. ``rotary`` (apply_rotary_pos_emb's ~10 ops per layer, bit-identical) and
+  ``silu_mul`` (the gated MLP's activation times up) likewise. ``install`` puts a model on them where they
+  reproduce what they replace.
 - ``write_decode``: a step's keys and values into the cache, two ``index_put`` (25 us each) -> memcpy.
 - ``sample_rows``: temperature sampling straight from the model's logits (no fp32 copy): max, exp-sum and the
   inverse-CDF scan per row in one call, where the PyTorch path took ~8 ops over (64, 49,152) fp32 a step.
@@ -94,34 +96,102 @@ def write_decode(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tens
     torch.ops.hybridrl_cpu.write_decode(k_cache, v_cache, k_new, v_new, pos)
 
 
-def swap_rms_norms(model: torch.nn.Module) -> int:
-    """Run each RMSNorm of ``model`` (a module named ``*RMSNorm`` with a 1-D weight and an epsilon) on the fused
-    kernel when it reproduces the module on a random bf16 input; returns how many were swapped. Norms with other
-    math (Gemma's ``1 + weight``, a different dtype order) fail the check and keep their own forward. The
-    swapped forward falls back to the module's own under autograd or for non-bf16 / non-CPU inputs."""
-    swapped = 0
-    for module in model.modules():
-        w = getattr(module, "weight", None)
-        eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
-        if (not type(module).__name__.lower().endswith("rmsnorm") or not isinstance(w, torch.Tensor) or w.dim() != 1
-                or w.dtype != torch.bfloat16 or w.device.type != "cpu" or not isinstance(eps, float)
-                or "forward" in module.__dict__):
-            continue
-        own = module.forward
-        fused = _fused_rms_norm(own, w, eps)
-        x = torch.randn(2, 3, w.shape[0], generator=torch.Generator().manual_seed(0)).mul_(3).to(torch.bfloat16)
-        with torch.no_grad():
-            want, got = own(x), fused(x)
-        if want.shape == got.shape and want.dtype == got.dtype and bool(
-                (want.float() - got.float()).abs().max() <= 1e-2 * want.float().abs().max()):
-            module.forward = fused
-            swapped += 1
-    return swapped
+def install(model: torch.nn.Module) -> dict[str, int]:
+    """Put ``model``'s bf16 CPU inference on the fused kernels wherever a kernel reproduces what it replaces, checked
+    on a random input (a module with other math -- Gemma's ``1 + weight`` norm, a GELU MLP -- fails the check and
+    keeps its own code). Every replacement falls back to the original under autograd and for non-bf16 or non-CPU
+    inputs, so a trainer's forward and backward never run on them. Returns how many of each kind were installed.
+
+    - ``norms``: modules named ``*RMSNorm`` with a 1-D weight and an epsilon (their ``forward``, per instance);
+    - ``mlps``: gated MLPs (``gate_proj``, ``up_proj``, ``down_proj``, ``act_fn``): the activation and product;
+    - ``rotary``: the ``apply_rotary_pos_emb`` of the modeling module that defines the model's attention: a
+      module-level function the attention calls by name, replaced in that module (process-wide; the same hook
+      transformers' own hub-kernel mechanism uses for it).
+    """
+    return {"norms": sum(_install_rms_norm(m) for m in model.modules()),
+            "mlps": sum(_install_gated_mlp(m) for m in model.modules()),
+            "rotary": _install_rotary(model)}
 
 
-def _fused_rms_norm(own, weight: torch.Tensor, eps: float):
+def _inference(x: torch.Tensor) -> bool:
+    return not torch.is_grad_enabled() and x.dtype == torch.bfloat16 and x.device.type == "cpu"
+
+
+def _reproduces(want, got) -> bool:
+    if not isinstance(want, torch.Tensor):
+        return all(_reproduces(w, g) for w, g in zip(want, got))
+    return (want.shape == got.shape and want.dtype == got.dtype
+            and bool((want.float() - got.float()).abs().max() <= 1e-2 * want.float().abs().max()))
+
+
+def _random(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).mul_(3).to(torch.bfloat16)
+
+
+def _install_rms_norm(module: torch.nn.Module) -> int:
+    w = getattr(module, "weight", None)
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    if (not type(module).__name__.lower().endswith("rmsnorm") or not isinstance(w, torch.Tensor) or w.dim() != 1
+            or w.dtype != torch.bfloat16 or w.device.type != "cpu" or not isinstance(eps, float)
+            or "forward" in module.__dict__):
+        return 0
+    own = module.forward
+
     def forward(x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() or x.dtype != torch.bfloat16 or x.device.type != "cpu":
-            return own(x)
-        return torch.ops.hybridrl_cpu.rms_norm(x, weight, eps)
-    return forward
+        return torch.ops.hybridrl_cpu.rms_norm(x, w, eps) if _inference(x) else own(x)
+
+    x = _random(2, 3, w.shape[0])
+    with torch.no_grad():
+        if not _reproduces(own(x), forward(x)):
+            return 0
+    module.forward = forward
+    return 1
+
+
+def _install_gated_mlp(module: torch.nn.Module) -> int:
+    gate, up, down = (getattr(module, n, None) for n in ("gate_proj", "up_proj", "down_proj"))
+    if (not all(isinstance(m, torch.nn.Linear) for m in (gate, up, down)) or not hasattr(module, "act_fn")
+            or gate.weight.dtype != torch.bfloat16 or gate.weight.device.type != "cpu"
+            or "forward" in module.__dict__):
+        return 0
+    own = module.forward
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return down(torch.ops.hybridrl_cpu.silu_mul(gate(x), up(x))) if _inference(x) else own(x)
+
+    x = _random(2, 3, gate.in_features)
+    with torch.no_grad():
+        if not _reproduces(own(x), forward(x)):
+            return 0
+    module.forward = forward
+    return 1
+
+
+def _install_rotary(model: torch.nn.Module) -> int:
+    """1 when the attention's modeling module runs (or now runs) the fused rotary, else 0."""
+    import sys
+
+    for module in model.modules():
+        modeling = sys.modules.get(type(module).__module__)
+        own = getattr(modeling, "apply_rotary_pos_emb", None)
+        if own is None or not hasattr(module, "head_dim") or not callable(own):
+            continue
+        if getattr(own, "_hybridrl_fused", False):
+            return 1
+
+        def fused(q, k, cos, sin, *args, _own=own, **kwargs):
+            if (args or kwargs.get("unsqueeze_dim", 1) != 1 or set(kwargs) - {"unsqueeze_dim"} or cos.dim() != 3
+                    or not (_inference(q) and _inference(k) and _inference(cos) and _inference(sin))):
+                return _own(q, k, cos, sin, *args, **kwargs)
+            return torch.ops.hybridrl_cpu.rotary(q, k, cos, sin)
+
+        fused._hybridrl_fused = True
+        D = module.head_dim
+        q, k = _random(2, 4, 3, D, seed=1).transpose(1, 2).contiguous().transpose(1, 2), _random(2, 2, 3, D, seed=2)
+        cos, sin = _random(2, 3, D, seed=3).div_(3), _random(2, 3, D, seed=4).div_(3)
+        with torch.no_grad():
+            if not _reproduces(own(q, k, cos, sin), fused(q, k, cos, sin)):
+                return 0
+        modeling.apply_rotary_pos_emb = fused
+        return 1
+    return 0

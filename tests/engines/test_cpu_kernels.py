@@ -5,7 +5,9 @@ index_put it replaces; a bf16 engine on the kernels keeps its log-probs consiste
 
 import pytest
 import torch
-from transformers.models.llama.modeling_llama import LlamaRMSNorm
+from transformers import LlamaConfig
+from transformers.models.llama import modeling_llama
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 from core.engines import cpu_kernels
 from core.engines.rollout import RolloutEngine, SamplingParams
@@ -77,13 +79,17 @@ class OnePlusWeightRMSNorm(torch.nn.Module):
         return (y * (1.0 + self.weight.float())).to(x.dtype)
 
 
-def test_swap_rms_norms_installs_only_where_it_reproduces_the_module():
+def test_install_only_where_the_kernel_reproduces_the_module():
     model = torch.nn.ModuleDict({"a": LlamaRMSNorm(64).to(bf16), "b": OnePlusWeightRMSNorm(64),
-                                 "c": LlamaRMSNorm(64).float()})            # fp32 weights: not the kernel's dtype
-    assert cpu_kernels.swap_rms_norms(model) == 1
+                                 "c": LlamaRMSNorm(64).float(),             # fp32 weights: not the kernel's dtype
+                                 "mlp": LlamaMLP(LlamaConfig(hidden_size=64, intermediate_size=96)).to(bf16),
+                                 "gelu": LlamaMLP(LlamaConfig(hidden_size=64, intermediate_size=96,
+                                                             hidden_act="gelu")).to(bf16)})
+    assert cpu_kernels.install(model) == {"norms": 1, "mlps": 1, "rotary": 0}
     assert "forward" in model["a"].__dict__ and "forward" not in model["b"].__dict__
     assert "forward" not in model["c"].__dict__
-    assert cpu_kernels.swap_rms_norms(model) == 0                             # already swapped: left alone
+    assert "forward" in model["mlp"].__dict__ and "forward" not in model["gelu"].__dict__
+    assert cpu_kernels.install(model) == {"norms": 0, "mlps": 0, "rotary": 0}  # already installed: left alone
     x = torch.randn(4, 64).to(bf16)
     with torch.no_grad():
         fused = model["a"](x)
@@ -112,7 +118,9 @@ def test_bf16_engine_on_the_kernels_matches_a_teacher_forced_forward(tiny_model_
     path = str(tiny_model_dir)
     model, tok = load_causal_lm(path, dtype=bf16), load_tokenizer(path)
     engine = RolloutEngine(model, tok, max_batch_size=8)
-    assert engine.fused_norms == 2 * model.config.num_hidden_layers + 1
+    L = model.config.num_hidden_layers
+    assert engine.fused == {"norms": 2 * L + 1, "mlps": L, "rotary": 1}
+    assert getattr(modeling_llama.apply_rotary_pos_emb, "_hybridrl_fused", False)
     prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16, 17]]
     out = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=24, ignore_eos=True, seed=3))
     reference = load_causal_lm(path, dtype=bf16)                              # SDPA, no kernels, no packing
@@ -150,3 +158,41 @@ def test_sample_rows_draws_the_distribution_and_never_a_zero():
     torch.testing.assert_close(freq, probs, atol=0.015, rtol=0)
     edge, _ = cpu_kernels.sample_rows(logits[:2], 1.0, torch.tensor([0.0, 1.0 - 1e-7]))
     assert edge.tolist() == [0, 3]                                            # u -> 0: the first; u -> 1: the last live
+
+
+def test_rotary_is_bit_identical_to_llamas_and_falls_back_under_autograd():
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(3, 1, 9, 64, generator=g).to(bf16).transpose(1, 2)       # (B, H, T=1, D) as HF passes it
+    k = torch.randn(3, 3, 1, 64, generator=g).to(bf16)
+    cos, sin = torch.randn(3, 1, 64, generator=g).to(bf16), torch.randn(3, 1, 64, generator=g).to(bf16)
+    rot = modeling_llama.rotate_half  # Llama's formula spelled out with its own rotate_half (eager bf16 ops)
+    got_q, got_k = torch.ops.hybridrl_cpu.rotary(q, k, cos, sin)
+    assert torch.equal(got_q, q * cos[:, None] + rot(q) * sin[:, None])
+    assert torch.equal(got_k, k * cos[:, None] + rot(k) * sin[:, None])
+    q7, k7 = torch.randn(2, 4, 7, 64, generator=g).to(bf16), torch.randn(2, 2, 7, 64, generator=g).to(bf16)
+    c7, s7 = torch.randn(2, 7, 64, generator=g).to(bf16), torch.randn(2, 7, 64, generator=g).to(bf16)
+    got = torch.ops.hybridrl_cpu.rotary(q7, k7, c7, s7)                      # a prefill: several positions
+    assert torch.equal(got[0], q7 * c7[:, None] + rot(q7) * s7[:, None])
+    assert torch.equal(got[1], k7 * c7[:, None] + rot(k7) * s7[:, None])
+    # the installed function: the module's own code under autograd (a trainer's backward), the kernel without
+    attention = modeling_llama.LlamaAttention(LlamaConfig(hidden_size=576, num_attention_heads=9,
+                                                          num_key_value_heads=3), layer_idx=0).to(bf16)
+    assert cpu_kernels.install(attention)["rotary"] == 1
+    fused = modeling_llama.apply_rotary_pos_emb
+    assert fused._hybridrl_fused
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(fused(q, k, cos, sin), (got_q, got_k)))
+    out_q, _ = fused(q.detach().clone().requires_grad_(), k, cos, sin)
+    assert out_q.requires_grad and torch.equal(out_q.detach(), got_q)
+
+
+def test_silu_mul_matches_the_gated_mlp_activation_on_strided_slices():
+    g = torch.Generator().manual_seed(6)
+    fused = (torch.randn(5, 1, 2 * 200, generator=g) * 4).to(bf16)           # one gate|up product, as packed
+    gate, up = fused.split(200, dim=-1)
+    want = torch.nn.functional.silu(gate) * up
+    got = torch.ops.hybridrl_cpu.silu_mul(gate, up)
+    assert got.shape == want.shape
+    # torch's silu and ours may round one value to the neighbouring bf16: at most 1 ulp, on few elements
+    diff = (got.float() - want.float()).abs()
+    assert bool((diff <= want.float().abs() * 2 ** -7 + 1e-30).all()) and (got != want).float().mean() < 0.02

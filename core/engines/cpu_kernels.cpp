@@ -134,7 +134,8 @@ inline void softmax_rows(float* s, int64_t G, int64_t T) {
 // accumulator in registers (the values are re-read per head from L1: a head's T x D block is ~10 KB)
 template <int C32>
 void attend_avx512(const uint16_t* q, int64_t qs_head, const uint16_t* k, int64_t ks_t, const uint16_t* v,
-                   int64_t vs_t, const float* m, int64_t G, int64_t T, float scale, float* s, uint16_t* out) {
+                   int64_t vs_t, const float* m, int64_t G, int64_t T, float scale, float* s, uint16_t* out,
+                   const uint16_t* next_k) {
   constexpr int D = 32 * C32, C = 2 * C32;
   const __m512 scv = _mm512_set1_ps(scale);
   for (int64_t g = 0; g < G; ++g) {
@@ -143,6 +144,9 @@ void attend_avx512(const uint16_t* q, int64_t qs_head, const uint16_t* k, int64_
     float* sg = s + g * T;
     int64_t t = 0;
     for (; t + 16 <= T; t += 16) {
+      if (g == 0)  // the values of these positions are read after the softmax: start fetching them now
+        for (int j = 0; j < 16; ++j)
+          for (int c = 0; c < D; c += 32) _mm_prefetch(reinterpret_cast<const char*>(v + (t + j) * vs_t + c), _MM_HINT_T0);
       __m512 part[16];
       for (int j = 0; j < 16; ++j) part[j] = dot.partial(k + (t + j) * ks_t);
       _mm512_storeu_ps(sg + t, _mm512_fmadd_ps(reduce16(part), scv, _mm512_loadu_ps(m + t)));
@@ -150,25 +154,36 @@ void attend_avx512(const uint16_t* q, int64_t qs_head, const uint16_t* k, int64_
     for (; t < T; ++t) sg[t] = _mm512_reduce_add_ps(dot.partial(k + t * ks_t)) * scale + m[t];
   }
   softmax_rows(s, G, T);
-  for (int64_t g = 0; g < G; ++g) {
-    __m512 acc[C];
-    for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
-    const float* sg = s + g * T;
+  // values: GB heads at a time, so each value row is converted to fp32 once per block, not once per head
+  constexpr int GB = C <= 4 ? 4 : 2;
+  for (int64_t g0 = 0; g0 < G; g0 += GB) {
+    const int64_t gb = std::min<int64_t>(GB, G - g0);
+    __m512 acc[GB * C];
+    for (int i = 0; i < GB * C; ++i) acc[i] = _mm512_setzero_ps();
     for (int64_t t = 0; t < T; ++t) {
-      const __m512 p = _mm512_set1_ps(sg[t]);
-      for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(p, load_bf16(v + t * vs_t + 16 * c), acc[c]);
+      if (next_k != nullptr && g0 == 0)  // the next (sequence, kv head)'s keys, while this one's values stream
+        for (int c = 0; c < D; c += 32) _mm_prefetch(reinterpret_cast<const char*>(next_k + t * ks_t + c), _MM_HINT_T0);
+      __m512 vc[C];
+      for (int c = 0; c < C; ++c) vc[c] = load_bf16(v + t * vs_t + 16 * c);
+      for (int j = 0; j < GB; ++j) {
+        if (j >= gb) break;
+        const __m512 p = _mm512_set1_ps(s[(g0 + j) * T + t]);
+        for (int c = 0; c < C; ++c) acc[j * C + c] = _mm512_fmadd_ps(p, vc[c], acc[j * C + c]);
+      }
     }
-    for (int c = 0; c < C; ++c) store_bf16(out + g * D + 16 * c, round_bf16(acc[c]));
+    for (int64_t j = 0; j < gb; ++j)
+      for (int c = 0; c < C; ++c) store_bf16(out + (g0 + j) * D + 16 * c, round_bf16(acc[j * C + c]));
   }
 }
 #endif
 
 // One (sequence, kv head): the G query heads that share it against its T keys and values.
 void attend(const uint16_t* q, int64_t qs_head, const uint16_t* k, int64_t ks_t, const uint16_t* v, int64_t vs_t,
-            const float* m, int64_t G, int64_t T, int64_t D, float scale, float* s, uint16_t* out) {
+            const float* m, int64_t G, int64_t T, int64_t D, float scale, float* s, uint16_t* out,
+            const uint16_t* next_k) {
 #if defined(__AVX512F__)
-  if (D == 64) return attend_avx512<2>(q, qs_head, k, ks_t, v, vs_t, m, G, T, scale, s, out);
-  if (D == 128) return attend_avx512<4>(q, qs_head, k, ks_t, v, vs_t, m, G, T, scale, s, out);
+  if (D == 64) return attend_avx512<2>(q, qs_head, k, ks_t, v, vs_t, m, G, T, scale, s, out, next_k);
+  if (D == 128) return attend_avx512<4>(q, qs_head, k, ks_t, v, vs_t, m, G, T, scale, s, out, next_k);
 #endif
   std::vector<float> qf(G * D), acc(G * D, 0.f);
   for (int64_t g = 0; g < G; ++g)
@@ -213,9 +228,11 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
     std::vector<float> s(G * T);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / KVH, kh = task % KVH;
+      const int64_t nb = (task + 1) / KVH, nkh = (task + 1) % KVH;
+      const uint16_t* next_k = task + 1 < end ? kp + nb * k.stride(0) + nkh * k.stride(1) : nullptr;
       attend(qp + b * q.stride(0) + kh * G * q.stride(1), q.stride(1), kp + b * k.stride(0) + kh * k.stride(1),
              k.stride(2), vp + b * v.stride(0) + kh * v.stride(1), v.stride(2), mp + b * ms, G, T, D,
-             static_cast<float>(scale), s.data(), op + (b * H + kh * G) * D);
+             static_cast<float>(scale), s.data(), op + (b * H + kh * G) * D, next_k);
     }
   });
   return out;
@@ -414,12 +431,11 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
 #if defined(__AVX512F__)
       for (; i + 16 <= I; i += 16) {
         const __m512 x = load_bf16(g + i);
-        const __m512 e = exp512(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), x), _mm512_setzero_ps()));
-        // silu(x) = x * sigmoid(x); for x >= 0: x / (1 + e^-x), for x < 0: x * e^x / (1 + e^x) -- e^(-|x|) only
+        // sigmoid from e = e^(-|x|) alone: 1 / (1 + e) for x >= 0, e / (1 + e) for x < 0 (no overflow either way)
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x)));
+        const __m512 r = _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_add_ps(_mm512_set1_ps(1.f), e));
         const __mmask16 neg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
-        const __m512 en = exp512(_mm512_min_ps(x, _mm512_setzero_ps()));
-        const __m512 sig = _mm512_mask_blend_ps(neg, _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_add_ps(_mm512_set1_ps(1.f), e)),
-                                                _mm512_div_ps(en, _mm512_add_ps(_mm512_set1_ps(1.f), en)));
+        const __m512 sig = _mm512_mask_mul_ps(r, neg, r, e);
         const __m512 y = round_bf16(_mm512_mul_ps(x, sig));
         store_bf16(o + i, round_bf16(_mm512_mul_ps(y, load_bf16(u + i))));
       }

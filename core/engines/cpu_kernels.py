@@ -1,4 +1,4 @@
-"""Fused CPU kernels for the rollout engine's decode steps, compiled once on first use (``cpu_kernels.cpp``).
+"""Fused CPU kernels for the rollout engine's decode steps, compiled once on first use (``csrc/``).
 
 Why: a SmolLM2 decode step at batch 64 spent ~30 of its ~52 ms outside the linears, in ~1,500 small ops:
 - ``decode_attention``: ~12 ms went to attention over the slot cache -- copying each layer's live keys and values
@@ -14,7 +14,7 @@ Why: a SmolLM2 decode step at batch 64 spent ~30 of its ~52 ms outside the linea
   inverse-CDF scan per row in one call, where the PyTorch path took ~8 ops over (64, 49,152) fp32 a step.
 AVX-512 paths (with avx512_bf16 dot products where the CPU has them), scalar fallbacks elsewhere.
 
-Built with ``torch.utils.cpp_extension`` (gcc and ninja; ~7 s on 2 cores) into ``$HYBRIDRL_CACHE/torch_extensions``
+Built with ``torch.utils.cpp_extension`` (gcc and ninja; ~15 s on 2 cores) into ``$HYBRIDRL_CACHE/torch_extensions``
 and reused by every later process. ``-fopenmp``: ``at::parallel_for`` spreads over torch's threads (without it
 the pragma is ignored: one thread, 2x slower). ``-march=native``: the build is for this machine; its folder is
 named by the torch version and a hash of the CPU's model and flags. When the build is impossible (no compiler)
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-_SOURCE = Path(__file__).with_suffix(".cpp")
+_SOURCES = [Path(__file__).parent / "csrc" / f for f in ("attention.cpp", "elementwise.cpp", "ops.cpp")]
 _state: dict[str, bool] = {}
 
 
@@ -51,11 +51,11 @@ def _load() -> bool:
     build = cache_dir() / "torch_extensions" / f"cpu_kernels-torch{torch.__version__.replace('+', '-')}-{_cpu_id()}"
     build.mkdir(parents=True, exist_ok=True)
     try:
-        load(name="hybridrl_cpu_kernels", sources=[str(_SOURCE)], build_directory=str(build),
+        load(name="hybridrl_cpu_kernels", sources=[str(f) for f in _SOURCES], build_directory=str(build),
              extra_cflags=["-O3", "-march=native", "-fopenmp"], is_python_module=False, verbose=False)
     except Exception as err:  # no compiler / ninja, or a build error: the PyTorch path still works
         warnings.warn(f"hybridrl CPU kernels not built ({type(err).__name__}: {str(err)[:200]}); "
-                      "the rollout engine runs its PyTorch attention path")
+                      "the rollout engine runs its PyTorch paths")
         return False
     return True
 

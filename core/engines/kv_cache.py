@@ -27,7 +27,7 @@ class SlotKVCache(Cache):
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.slots, self.max_len = slots, max_len
-        self._rows: torch.Tensor | None = None   # prefill: slot of each batch row
+        self._rows: torch.Tensor | slice | None = None  # prefill: slot of each batch row (a slice: a range)
         self._offset = 0                          # prefill: first column it writes (after a shared prefix)
         self._pos: torch.Tensor | None = None    # decode: write position of each of slots [0, n)
         self._kv_len = 0
@@ -49,7 +49,7 @@ class SlotKVCache(Cache):
         return len(self.keys)
 
     # ------------------------------------------------------------------ where the next forward writes
-    def prefill_into(self, rows: torch.Tensor, offset: int = 0) -> None:
+    def prefill_into(self, rows: torch.Tensor | slice, offset: int = 0) -> None:
         """The next forward is a prefill of ``len(rows)`` left-padded prompts, written to those slots at
         [offset, offset + q); with ``offset`` > 0 it attends to the prefix already at [0, offset) too."""
         self._rows, self._offset, self._pos = rows, offset, None
@@ -88,7 +88,7 @@ class SlotKVCache(Cache):
         """A copy of slot ``slot``'s first ``length`` positions, per layer (a shared prefix, kept aside)."""
         return [(k[slot, :, :length].clone(), v[slot, :, :length].clone()) for k, v in zip(self.keys, self.values)]
 
-    def write(self, rows: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def write(self, rows: torch.Tensor | slice, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Put ``kv`` (from ``read``) at the start of every slot in ``rows``."""
         for (k, v), (pk, pv) in zip(zip(self.keys, self.values), kv):
             k[rows, :, :pk.shape[1]] = pk

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from core.engines.attention import NAME, decode_attention
-from core.engines.rollout import sample_inverse_cdf
+from core.engines.sampling import sample_inverse_cdf
 from core.models import load_causal_lm
 
 

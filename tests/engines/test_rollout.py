@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from core.engines.rollout import RolloutEngine, SamplingParams, filter_logits
+from core.engines.rollout import RolloutEngine, SamplingParams
+from core.engines.sampling import filter_logits
 from core.models import load_causal_lm, load_tokenizer
 
 PROMPTS = ["hi", "a longer prompt here", "xyz 123, abc"]

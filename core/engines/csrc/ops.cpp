@@ -1,0 +1,21 @@
+// The op schemas, torch.ops.hybridrl_cpu.*, and their CPU implementations.
+#include <torch/library.h>
+
+#include "kernels.h"
+
+TORCH_LIBRARY(hybridrl_cpu, m) {
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("sample_rows(Tensor logits, float inv_temperature, Tensor u) -> (Tensor, Tensor)");
+  m.def("rotary(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
+  m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
+  m.def("write_decode(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, Tensor pos) -> ()");
+}
+TORCH_LIBRARY_IMPL(hybridrl_cpu, CPU, m) {
+  m.impl("decode_attention", hybridrl::decode_attention);
+  m.impl("rms_norm", hybridrl::rms_norm);
+  m.impl("write_decode", hybridrl::write_decode);
+  m.impl("sample_rows", hybridrl::sample_rows);
+  m.impl("rotary", hybridrl::rotary);
+  m.impl("silu_mul", hybridrl::silu_mul);
+}

@@ -136,16 +136,8 @@ def _install_rms_norm(module: torch.nn.Module) -> int:
             or "forward" in module.__dict__):
         return 0
     own = module.forward
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.hybridrl_cpu.rms_norm(x, w, eps) if _inference(x) else own(x)
-
-    x = _random(2, 3, w.shape[0])
-    with torch.no_grad():
-        if not _reproduces(own(x), forward(x)):
-            return 0
-    module.forward = forward
-    return 1
+    return _swap_forward(module, lambda x: torch.ops.hybridrl_cpu.rms_norm(x, w, eps) if _inference(x) else own(x),
+                         w.shape[0])
 
 
 def _install_gated_mlp(module: torch.nn.Module) -> int:
@@ -155,13 +147,16 @@ def _install_gated_mlp(module: torch.nn.Module) -> int:
             or "forward" in module.__dict__):
         return 0
     own = module.forward
+    return _swap_forward(
+        module, lambda x: down(torch.ops.hybridrl_cpu.silu_mul(gate(x), up(x))) if _inference(x) else own(x),
+        gate.in_features)
 
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        return down(torch.ops.hybridrl_cpu.silu_mul(gate(x), up(x))) if _inference(x) else own(x)
 
-    x = _random(2, 3, gate.in_features)
+def _swap_forward(module: torch.nn.Module, forward, width: int) -> int:
+    """Install ``forward`` on ``module`` (1) if it reproduces the module's own on a random (2, 3, width) input."""
+    x = _random(2, 3, width)
     with torch.no_grad():
-        if not _reproduces(own(x), forward(x)):
+        if not _reproduces(module.forward(x), forward(x)):
             return 0
     module.forward = forward
     return 1

@@ -14,7 +14,7 @@ Why: a SmolLM2 decode step at batch 64 spent ~30 of its ~52 ms outside the linea
   inverse-CDF scan per row in one call, where the PyTorch path took ~8 ops over (64, 49,152) fp32 a step.
 AVX-512 paths (with avx512_bf16 dot products where the CPU has them), scalar fallbacks elsewhere.
 
-Built with ``torch.utils.cpp_extension`` (gcc and ninja; ~15 s on 2 cores) into ``$HYBRIDRL_CACHE/torch_extensions``
+Built with ``torch.utils.cpp_extension`` (gcc and ninja; ~11 s on 2 cores) into ``$HYBRIDRL_CACHE/torch_extensions``
 and reused by every later process. ``-fopenmp``: ``at::parallel_for`` spreads over torch's threads (without it
 the pragma is ignored: one thread, 2x slower). ``-march=native``: the build is for this machine; its folder is
 named by the torch version and a hash of the CPU's model and flags. When the build is impossible (no compiler)

@@ -10,7 +10,7 @@ positions on 2 cores, where two batched matmuls took 0.45 ms. So:
   Keys and values may be strided views of a larger cache (the slot cache's ``[:n, :, :T]``); they are copied to
   contiguous memory first, which measured faster than batched matmuls over the strided views.
 - bf16 on CPU with no autograd: the same math in one fused kernel that reads the cache views in place
-  (``core.engines.cpu_kernels``; measured 6.8 ms against ~12 ms per SmolLM2 step at batch 64).
+  (``core.engines.cpu_kernels``; measured 3.9 ms against ~12 ms per SmolLM2 step at batch 64).
 - anything else (prefill, teacher-forced forwards, training, sliding windows, soft-capping, sinks): SDPA,
   exactly as transformers runs it.
 

@@ -43,8 +43,6 @@ def available() -> bool:
 def _load() -> bool:
     if os.environ.get("HYBRIDRL_CPU_KERNELS", "1") == "0":
         return False
-    if hasattr(torch.ops, "hybridrl_cpu") and hasattr(torch.ops.hybridrl_cpu, "decode_attention"):
-        return True
     from core.models import cache_dir
     from torch.utils.cpp_extension import load
 

@@ -246,8 +246,9 @@ class _Run:
             self.e.cache.write(rows, self.prefix_kv)
         self.e.cache.prefill_into(rows, offset=P)
         logits = self.e._forward(ids.to(dev), pos.to(dev), _additive(allowed[:, None], self.e.dtype).to(dev))
-        for r in range(m if n > 1 else 0):
-            self.e.cache.copy(int(first[r]), slice(int(first[r]) + 1, int(first[r]) + n), q)
+        if n > 1:
+            for r in range(m):
+                self.e.cache.copy(int(first[r]), slice(int(first[r]) + 1, int(first[r]) + n), q)
         slots = slice(self.live, self.live + m * n)
         self.start[slots] = start.repeat_interleave(n).to(dev)
         self.pos[slots] = q

@@ -1,7 +1,8 @@
 """core.engines.cpu_kernels: the fused decode attention equals an fp32 reference on strided cache views (both
-vectorised head sizes, the scalar fallback, tails of positions, masks); the fused RMSNorm is bit-identical to
-transformers' LlamaRMSNorm and is installed only where it reproduces the module; write_decode equals the
-index_put it replaces; a bf16 engine on the kernels keeps its log-probs consistent with a teacher-forced forward."""
+vectorised head sizes, the scalar fallback, tails of positions, masks); the fused RMSNorm and rotary are
+bit-identical to Llama's, SiLU*up within a bf16 ulp; kernels are installed only where they reproduce the module;
+write_decode equals the index_put it replaces; sample_rows is the inverse CDF of the tempered softmax; a bf16
+engine on the kernels keeps its log-probs consistent with a teacher-forced forward."""
 
 import pytest
 import torch
@@ -123,7 +124,7 @@ def test_bf16_engine_on_the_kernels_matches_a_teacher_forced_forward(tiny_model_
     assert getattr(modeling_llama.apply_rotary_pos_emb, "_hybridrl_fused", False)
     prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16, 17]]
     out = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=24, ignore_eos=True, seed=3))
-    reference = load_causal_lm(path, dtype=bf16)                              # SDPA, no kernels, no packing
+    reference = load_causal_lm(path, dtype=bf16)  # SDPA, own norms and MLPs, no packing (rotary: bit-identical)
     with torch.no_grad():
         logits = reference(input_ids=out["input_ids"], attention_mask=out["attention_mask"],
                            position_ids=out["position_ids"]).logits.float()

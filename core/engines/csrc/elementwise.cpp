@@ -66,7 +66,7 @@ void write_decode(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& k_ne
 
 // One token per row of logits (B, V) from softmax(logits * inv_temperature), by inverse CDF with the row's uniform
 // u[b] in [0, 1): the first index whose cumulative weight exceeds u * total. Returns (tokens (B,) int64, their
-// log-probs (B,) fp32). Three passes per row: max, exp and sum (weights kept in a per-thread buffer), the scan.
+// log-probs (B,) fp32). Per row, in a per-thread fp32 buffer: the scaled row, its max, exp and sum, the scan.
 std::tuple<at::Tensor, at::Tensor> sample_rows(const at::Tensor& logits, double inv_temperature, const at::Tensor& u) {
   TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1, "sample_rows: logits (B, V) with unit stride on V");
   TORCH_CHECK(logits.scalar_type() == at::kBFloat16 || logits.scalar_type() == at::kFloat, "sample_rows: bf16 or fp32");

@@ -15,7 +15,6 @@
 
 namespace hybridrl {
 
-
 inline float bf16_to_f32(uint16_t x) {
   uint32_t u = static_cast<uint32_t>(x) << 16;
   float f;

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-_SOURCES = [Path(__file__).parent / "csrc" / f for f in ("attention.cpp", "elementwise.cpp", "ops.cpp")]
+_SOURCES = [Path(__file__).parent / "csrc" / f for f in ("attention.cpp", "elementwise.cpp", "linear.cpp", "ops.cpp")]
 _state: dict[str, bool] = {}
 
 

@@ -1,11 +1,16 @@
-"""CPU bf16 linears in oneDNN's blocked weight layout, with sibling linears that read the same input fused.
+"""CPU bf16 linears on weights packed once, with sibling linears that read the same input fused.
 
-Why: a decode step is ~100 small matmuls (64 rows x 576 x 192..1536 for SmolLM2). ``F.linear`` re-lays out the
-weight on every call; a weight packed once (``mkldnn._reorder_linear_weight``) skips that, and one matmul
-against the concatenated q/k/v (or gate/up) weights replaces three (or two) calls. Measured on 2 cores with
-avx512_bf16, 64 rows: q,k,v 140 us plain, 113 us packed, 89 us packed and fused; the whole bench rollout ~1.3x.
-In bf16 the packed and fused products are bit-identical to ``F.linear`` (tests/engines/test_packed.py); fp32 is
-not packed, so fp32 runs stay token-for-token equal to transformers.
+Why: a decode step is ~120 small matmuls (64 rows x 576 x 192..1536 for SmolLM2). ``F.linear`` re-lays out the
+weight on every call; a weight packed once skips that, and one matmul against the concatenated q/k/v (or
+gate/up) weights replaces three (or two) calls. Two packed formats:
+- ours (``kernel``), ``csrc/linear.cpp``: AVX512-BF16 dot products on a [K/2][48 columns][2] layout, each
+  thread's next tile prefetched while one is in use. On 2 cores, 64 rows, the 121 matmuls of a SmolLM2 decode
+  step with their weights streamed from DRAM: 19 ms, against 26 ms on oneDNN's packed format. fp32 sums rounded
+  once to bf16 as oneDNN does, up to the order of the additions: within a bf16 rounding of the fp32 product
+  (tests/engines/test_packed.py).
+- oneDNN's (``mkldnn._reorder_linear_weight`` + ``_linear_pointwise``) where ours is not built or the CPU lacks
+  AVX512-BF16 (oneDNN still runs bf16 natively on AMX): bit-identical to ``F.linear`` (tests).
+fp32 is not packed, so fp32 runs stay token-for-token equal to transformers.
 
 The model's own modules still run: each packed ``nn.Linear`` gets an instance ``forward`` that calls the packed
 kernel. Which linears are siblings is found, not hard-coded: one calibration forward records which linears are
@@ -25,19 +30,31 @@ import torch
 
 
 def can_pack(model: torch.nn.Module) -> bool:
-    """bf16 weights on a CPU whose oneDNN runs bf16 natively (avx512_bf16 / AMX)."""
+    """bf16 weights on a CPU that runs bf16 dot products natively (our kernel, or oneDNN on avx512_bf16 / AMX)."""
     p = next(model.parameters())
-    return (p.device.type == "cpu" and p.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    return p.device.type == "cpu" and p.dtype == torch.bfloat16 and (kernel_usable() or _onednn_usable())
+
+
+def kernel_usable() -> bool:
+    """Our packed linear (``csrc/linear.cpp``) is built and this CPU has AVX512-BF16."""
+    from core.engines import cpu_kernels
+
+    return cpu_kernels.available() and torch.ops.hybridrl_cpu.linear_native()
+
+
+def _onednn_usable() -> bool:
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
             and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class _Group:
     """Linears that read one input: one packed weight (their rows concatenated), one matmul per input."""
 
-    def __init__(self, modules: list[torch.nn.Linear], rows_hint: int):
+    def __init__(self, modules: list[torch.nn.Linear], rows_hint: int, kernel: bool):
         self.modules, self.rows_hint = modules, rows_hint
+        self.kernel = kernel and modules[0].in_features % 2 == 0  # ours packs k in pairs
         self.splits = [m.out_features for m in modules]
+        self.out_features = sum(self.splits)
         self.weight: torch.Tensor | None = None
         self.bias: torch.Tensor | None = None
         self._input: torch.Tensor | None = None
@@ -49,13 +66,18 @@ class _Group:
     @torch.no_grad()
     def pack(self) -> None:
         w = torch.cat([m.weight for m in self.modules]) if len(self.modules) > 1 else self.modules[0].weight
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(w.detach(), self.rows_hint)
+        if self.kernel:
+            self.weight = torch.ops.hybridrl_cpu.pack_linear(w.detach())
+        else:
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(w.detach(), self.rows_hint)
         if any(m.bias is not None for m in self.modules):
             self.bias = torch.cat([m.bias if m.bias is not None else w.new_zeros(m.out_features)
                                    for m in self.modules]).detach()
         self._input, self._outs = None, ()
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel:
+            return torch.ops.hybridrl_cpu.linear_packed(x, self.weight, self.bias, self.out_features)
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
     def forward_of(self, index: int) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -81,11 +103,14 @@ class _Group:
 class PackedLinears:
     """Every ``nn.Linear`` of ``model`` switched to packed (and, for siblings, fused) weights."""
 
-    def __init__(self, model: torch.nn.Module, calibrate: Callable[[], object], rows_hint: int):
+    def __init__(self, model: torch.nn.Module, calibrate: Callable[[], object], rows_hint: int,
+                 kernel: bool | None = None):
         """``calibrate`` runs one small forward of ``model`` (any input); ``rows_hint`` is the usual number of
-        rows per matmul (the engine's batch), which oneDNN uses to choose the blocking."""
+        rows per matmul (the engine's batch), which oneDNN uses to choose its blocking; ``kernel``: our packed
+        format (True) or oneDNN's (False); None = ours where usable."""
         self.model = model
-        self.groups = [_Group(g, rows_hint) for g in _siblings(model, calibrate)]
+        kernel = kernel_usable() if kernel is None else kernel
+        self.groups = [_Group(g, rows_hint, kernel) for g in _siblings(model, calibrate)]
         self._by_param: dict[int, list[_Group]] = {}
         for g in self.groups:
             for i, m in enumerate(g.modules):

@@ -114,7 +114,7 @@ def test_write_decode_equals_index_put():
 
 
 def test_bf16_engine_on_the_kernels_matches_a_teacher_forced_forward(tiny_model_dir):
-    """The engine's bf16 decode (fused attention, norms, cache writes) against the model's own SDPA forward over
+    """The engine's bf16 decode (fused attention, norms, linears, cache writes) against the model's own SDPA forward over
     the generated sequences: the sampled tokens' log-probs agree to bf16 accuracy."""
     path = str(tiny_model_dir)
     model, tok = load_causal_lm(path, dtype=bf16), load_tokenizer(path)
@@ -122,6 +122,7 @@ def test_bf16_engine_on_the_kernels_matches_a_teacher_forced_forward(tiny_model_
     L = model.config.num_hidden_layers
     assert engine.fused == {"norms": 2 * L + 1, "mlps": L, "rotary": 1}
     assert getattr(modeling_llama.apply_rotary_pos_emb, "_hybridrl_fused", False)
+    assert all(g.kernel for g in engine.packed.groups) == torch.ops.hybridrl_cpu.linear_native()  # our linears
     prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16, 17]]
     out = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=24, ignore_eos=True, seed=3))
     reference = load_causal_lm(path, dtype=bf16)  # SDPA, own norms and MLPs, no packing (rotary: bit-identical)

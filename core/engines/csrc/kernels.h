@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <tuple>
 #include <vector>
 #if defined(__AVX512F__)
@@ -90,6 +91,10 @@ std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& q, const at::Tensor&
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up);
 void write_decode(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& k_new, const at::Tensor& v_new,
                   const at::Tensor& pos);
+bool linear_native();
+at::Tensor pack_linear(const at::Tensor& weight);
+at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                         int64_t N);
 std::tuple<at::Tensor, at::Tensor> sample_rows(const at::Tensor& logits, double inv_temperature, const at::Tensor& u);
 
 }  // namespace hybridrl

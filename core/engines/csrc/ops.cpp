@@ -9,6 +9,9 @@ TORCH_LIBRARY(hybridrl_cpu, m) {
   m.def("sample_rows(Tensor logits, float inv_temperature, Tensor u) -> (Tensor, Tensor)");
   m.def("rotary(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
+  m.def("linear_native() -> bool", hybridrl::linear_native);
+  m.def("pack_linear(Tensor weight) -> Tensor");
+  m.def("linear_packed(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
   m.def("write_decode(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, Tensor pos) -> ()");
 }
 TORCH_LIBRARY_IMPL(hybridrl_cpu, CPU, m) {
@@ -18,4 +21,6 @@ TORCH_LIBRARY_IMPL(hybridrl_cpu, CPU, m) {
   m.impl("sample_rows", hybridrl::sample_rows);
   m.impl("rotary", hybridrl::rotary);
   m.impl("silu_mul", hybridrl::silu_mul);
+  m.impl("pack_linear", hybridrl::pack_linear);
+  m.impl("linear_packed", hybridrl::linear_packed);
 }

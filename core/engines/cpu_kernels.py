@@ -74,8 +74,9 @@ def _cpu_id() -> str:
 
 def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
                      scale: float) -> torch.Tensor:
-    """query (B, H, 1, D), key/value (B, KVH, T, D) bf16 (strided views are read in place), mask additive
-    (B or 1, 1, 1, T) -> (B, 1, H, D) bf16. Scores and softmax in fp32."""
+    """query (B, H, L, D), key/value (B, KVH, T, D) bf16 (strided views are read in place), mask additive
+    (B or 1, 1, L or 1, T) -> (B, L, H, D) bf16. Scores and softmax in fp32; each query row on its own (a row
+    whose keys are all masked gets zeros)."""
     if mask is None:
         mask = query.new_zeros(1, 1, 1, key.shape[2], dtype=torch.float32)
     return torch.ops.hybridrl_cpu.decode_attention(query, key, value, mask.float().contiguous(), scale)

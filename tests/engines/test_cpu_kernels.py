@@ -19,11 +19,11 @@ bf16 = torch.bfloat16
 
 
 def reference_attention(q, k, v, mask, scale):
-    """fp32 math on the same bf16 inputs: q (B, H, 1, D), k/v (B, KVH, T, D), additive mask (B|1, 1, 1, T)."""
+    """fp32 math on the same bf16 inputs: q (B, H, L, D), k/v (B, KVH, T, D), additive mask (B|1, 1, L|1, T)."""
     G = q.shape[1] // k.shape[1]
     kf, vf = k.float().repeat_interleave(G, 1), v.float().repeat_interleave(G, 1)
     s = q.float() @ kf.transpose(-1, -2) * scale + mask.float()
-    return (s.softmax(-1) @ vf).transpose(1, 2)                                 # (B, 1, H, D)
+    return (s.softmax(-1) @ vf).transpose(1, 2)                                 # (B, L, H, D)
 
 
 @pytest.mark.parametrize("B,H,KVH,D,T", [(5, 9, 3, 64, 80), (4, 4, 4, 128, 37), (3, 6, 2, 48, 21), (2, 8, 1, 64, 5)])
@@ -46,6 +46,26 @@ def test_decode_attention_equals_fp32_reference_on_strided_views(B, H, KVH, D, T
     k2.masked_fill_(~allowed.transpose(-1, -2), 7.0)
     v2.masked_fill_(~allowed.transpose(-1, -2), -7.0)
     assert torch.equal(cpu_kernels.decode_attention(q, k2, v2, mask, scale=D ** -0.5), got)
+
+
+@pytest.mark.parametrize("B,H,KVH,D,L,T", [(4, 9, 3, 64, 16, 43), (2, 4, 2, 128, 5, 33), (3, 6, 3, 48, 4, 9)])
+def test_multi_query_attention_equals_fp32_reference_with_causal_and_padding_masks(B, H, KVH, D, L, T):
+    """A prefill's L query rows, each with its own mask row (the last L of T positions, causal, left padding);
+    a query row whose keys are all masked (a padding row) gets zeros, not NaN."""
+    g = torch.Generator().manual_seed(L * 10 + T)
+    cache_k, cache_v = (torch.randn(B + 1, KVH, T + 4, D, generator=g).to(bf16) for _ in range(2))
+    k, v = cache_k[:B, :, :T], cache_v[:B, :, :T]
+    q = torch.randn(B, L, H, D, generator=g).to(bf16).transpose(1, 2)          # (B, H, L, D), strided
+    col, row = torch.arange(T), torch.arange(T - L, T)
+    start = torch.arange(B) % 3                                                 # left padding per sequence
+    allowed = (col[None, None, None] <= row[None, None, :, None]) & (col >= start[:, None, None, None])
+    mask = torch.zeros(B, 1, L, T).masked_fill(~allowed, float("-inf"))
+    got = cpu_kernels.decode_attention(q, k, v, mask.to(bf16), scale=D ** -0.5)
+    assert got.shape == (B, L, H, D)
+    torch.testing.assert_close(got.float(), reference_attention(q, k, v, mask, D ** -0.5), atol=2e-3, rtol=8e-3)
+    mask[1, :, 0] = float("-inf")                                               # row 0 of sequence 1 sees nothing
+    got = cpu_kernels.decode_attention(q, k, v, mask.to(bf16), scale=D ** -0.5)
+    assert torch.equal(got[1, 0], torch.zeros(H, D, dtype=bf16)) and not got.isnan().any()
 
 
 def test_decode_attention_without_mask_and_broadcast_mask():

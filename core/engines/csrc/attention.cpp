@@ -39,6 +39,10 @@ inline void softmax_rows(float* s, int64_t G, int64_t T) {
       __mmask16 km = T - t >= 16 ? 0xffff : (__mmask16)((1u << (T - t)) - 1);
       mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), km, sg + t));
     }
+    if (_mm512_reduce_max_ps(mx) == -INFINITY) {  // every position masked (a padding query): attend to nothing
+      std::fill(sg, sg + T, 0.f);
+      continue;
+    }
     const __m512 mxv = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
     __m512 sum = _mm512_setzero_ps();
     for (int64_t t = 0; t < T; t += 16) {
@@ -122,6 +126,10 @@ void attend(const uint16_t* q, int64_t qs_head, const uint16_t* k, int64_t ks_t,
   for (int64_t g = 0; g < G; ++g) {
     float* sg = s + g * T;
     const float mx = *std::max_element(sg, sg + T);
+    if (mx == -INFINITY) {
+      std::fill(sg, sg + T, 0.f);
+      continue;
+    }
     float sum = 0.f;
     for (int64_t t = 0; t < T; ++t) sum += (sg[t] = std::exp(sg[t] - mx));
     for (int64_t t = 0; t < T; ++t) sg[t] /= sum;
@@ -136,30 +144,35 @@ void attend(const uint16_t* q, int64_t qs_head, const uint16_t* k, int64_t ks_t,
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                             double scale) {
-  // q (B, H, 1, D); k, v (B, KVH, T, D), any strides but a unit one on D; mask (B or 1, 1, 1, T) fp32 additive
+  // q (B, H, L, D); k, v (B, KVH, T, D), any strides but a unit one on D; mask (B or 1, 1, L or 1, T) fp32
+  // additive. Each of the L query rows is a decode query of its own (its mask row says which keys it sees): the
+  // short prefills of an RL rollout (a prompt's tail after a shared prefix) take this path too.
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 && v.scalar_type() == at::kBFloat16,
               "decode_attention: bf16 q, k, v");
-  TORCH_CHECK(q.dim() == 4 && q.size(2) == 1 && k.dim() == 4 && v.dim() == 4, "decode_attention: one query per sequence");
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "decode_attention: 4-D q, k, v");
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "decode_attention: head_dim must have unit stride");
-  TORCH_CHECK(mask.scalar_type() == at::kFloat && mask.is_contiguous() && mask.size(-1) == k.size(2), "decode_attention: mask");
-  const int64_t B = q.size(0), H = q.size(1), D = q.size(3), KVH = k.size(1), T = k.size(2), G = H / KVH;
+  TORCH_CHECK(mask.scalar_type() == at::kFloat && mask.is_contiguous() && mask.dim() == 4 && mask.size(-1) == k.size(2)
+              && (mask.size(2) == 1 || mask.size(2) == q.size(2)), "decode_attention: mask");
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), D = q.size(3), KVH = k.size(1), T = k.size(2), G = H / KVH;
   TORCH_CHECK(H % KVH == 0, "decode_attention: heads not a multiple of kv heads");
-  auto out = at::empty({B, 1, H, D}, q.options());
+  auto out = at::empty({B, L, H, D}, q.options());
   const auto* qp = reinterpret_cast<const uint16_t*>(q.data_ptr());
   const auto* kp = reinterpret_cast<const uint16_t*>(k.data_ptr());
   const auto* vp = reinterpret_cast<const uint16_t*>(v.data_ptr());
   const float* mp = mask.data_ptr<float>();
   auto* op = reinterpret_cast<uint16_t*>(out.data_ptr());
-  const int64_t ms = mask.size(0) == 1 ? 0 : T;
-  at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
+  const int64_t ms_b = mask.size(0) == 1 ? 0 : mask.size(2) * T, ms_l = mask.size(2) == 1 ? 0 : T;
+  // tasks ordered (sequence, kv head, query row): consecutive tasks share their keys and values
+  at::parallel_for(0, B * KVH * L, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> s(G * T);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / KVH, kh = task % KVH;
-      const int64_t nb = (task + 1) / KVH, nkh = (task + 1) % KVH;
+      const int64_t b = task / (KVH * L), kh = task / L % KVH, i = task % L;
+      const int64_t nb = (task + 1) / (KVH * L), nkh = (task + 1) / L % KVH;
       const uint16_t* next_k = task + 1 < end ? kp + nb * k.stride(0) + nkh * k.stride(1) : nullptr;
-      attend(qp + b * q.stride(0) + kh * G * q.stride(1), q.stride(1), kp + b * k.stride(0) + kh * k.stride(1),
-             k.stride(2), vp + b * v.stride(0) + kh * v.stride(1), v.stride(2), mp + b * ms, G, T, D,
-             static_cast<float>(scale), s.data(), op + (b * H + kh * G) * D, next_k);
+      attend(qp + b * q.stride(0) + kh * G * q.stride(1) + i * q.stride(2), q.stride(1),
+             kp + b * k.stride(0) + kh * k.stride(1), k.stride(2), vp + b * v.stride(0) + kh * v.stride(1),
+             v.stride(2), mp + b * ms_b + i * ms_l, G, T, D, static_cast<float>(scale), s.data(),
+             op + ((b * L + i) * H + kh * G) * D, next_k);
     }
   });
   return out;

@@ -10,9 +10,12 @@ and decode-only (the same minus a prefill-only run), each as a fraction of the d
 ``HYBRIDRL_BENCH_SLOWDOWN=1`` runs our engine in fp32 (bf16 off) while ``generate`` keeps the best dtype: a real,
 slower configuration that the regression comparison must catch (tests/test_bench_regress.py).
 
-The roofline is measured on this machine in the same run: the matmul peak (2048^3) in each dtype, and the copy
-bandwidth (bytes read + written by a 256 MB clone). Per decode step it is the larger of streaming the weights
+The roofline is measured on this machine in the same run: the matmul peak (2048^3, torch.matmul) in each dtype,
+and the copy bandwidth (bytes read + written by a 256 MB clone). Per decode step it is the larger of streaming the weights
 once at that bandwidth and the step's FLOPs (2 x matmul params x batch, plus attention) at the matmul peak.
+Our own packed linear (csrc/linear.cpp) beats torch.matmul at
+2048^3 on some CPUs: its rate is measured too, and ``strict_fraction_of_roofline`` divides by the roofline at the
+higher of the two peaks -- the target (>= 50%) is stated against torch's, as the issue defines it; both print.
 ``generate`` runs in its best configuration here: the dtype whose measured matmul peak is higher (bf16 on AMX or
 CUDA; on an AVX2-only CPU bf16 matmul is two orders of magnitude slower, so fp32), same batch, KV cache on.
 """
@@ -36,6 +39,21 @@ def matmul_flops_per_s(dtype: torch.dtype, size: int = 2048, repeat: int = 3) ->
     t = time.perf_counter()
     for _ in range(repeat):
         a @ b
+    return 2 * size**3 * repeat / (time.perf_counter() - t)
+
+
+def packed_linear_flops_per_s(size: int = 2048, repeat: int = 3) -> float | None:
+    """bf16 rate of our packed linear (``core.engines.packed``) at size^3; None where it is not usable here."""
+    from core.engines.packed import kernel_usable
+
+    if not kernel_usable():
+        return None
+    x, w = torch.randn(size, size, dtype=torch.bfloat16), torch.randn(size, size, dtype=torch.bfloat16)
+    packed = torch.ops.hybridrl_cpu.pack_linear(w)
+    torch.ops.hybridrl_cpu.linear_packed(x[:256], packed, None, size)  # warm
+    t = time.perf_counter()
+    for _ in range(repeat):
+        torch.ops.hybridrl_cpu.linear_packed(x, packed, None, size)
     return 2 * size**3 * repeat / (time.perf_counter() - t)
 
 
@@ -110,12 +128,14 @@ def test_rollout_engine_vs_generate_and_roofline(full_size, report, tiny_model_d
     peaks = {d: matmul_flops_per_s(d) for d in (torch.float32, torch.bfloat16)}
     best = max(peaks, key=peaks.get)
     bandwidth = copy_bytes_per_s()
+    ours_peak = packed_linear_flops_per_s() if best == torch.bfloat16 else None
     tok = load_tokenizer(path)
     model = load_causal_lm(path, dtype=best)
     baseline_model = load_causal_lm(path, dtype=best)  # transformers as shipped (SDPA attention)
     ids = prompts(tok, batch)
     ctx = sum(map(len, ids)) / len(ids) + new / 2
     roof = decode_roofline(model, batch, ctx, peaks[best], bandwidth)
+    strict = decode_roofline(model, batch, ctx, max(peaks[best], ours_peak or 0), bandwidth)
     if os.environ.get("HYBRIDRL_BENCH_SLOWDOWN") == "1":  # the deliberate regression: our engine without bf16
         model = load_causal_lm(path, dtype=torch.float32)
     # interleaved, best of `repeats`: a transient slowdown of this shared machine hits one run, not one side
@@ -136,6 +156,8 @@ def test_rollout_engine_vs_generate_and_roofline(full_size, report, tiny_model_d
                ours_prefill_s=o["prefill_s"], generate_tok_s=hf_tps,
                fraction_of_roofline=o["tok_s"] / roof["roofline_tok_s"],
                decode_fraction_of_roofline=o["decode_tok_s"] / roof["roofline_tok_s"],
+               bf16_gflops_packed_linear=(ours_peak or 0) / 1e9, strict_roofline_tok_s=strict["roofline_tok_s"],
+               strict_fraction_of_roofline=o["tok_s"] / strict["roofline_tok_s"],
                speedup_vs_generate=o["tok_s"] / hf_tps,
                ours_peak_mb=o["peak"] / 2**20, generate_peak_mb=hf_mem / 2**20,
                big_batch=big, big_roofline_tok_s=roof_big["roofline_tok_s"], big_ours_tok_s=b["tok_s"],

@@ -1,12 +1,14 @@
 """Peak memory of a code region: device memory on CUDA, resident set size (RSS) on CPU.
 
 CPU has no allocator statistics for torch tensors, so a thread samples ``/proc/self/statm`` every 2 ms; the peak
-is reported above the RSS at entry. glibc may keep freed pages, so a region that allocates and frees shows its
-high-water mark, and memory it leaves behind shows as well -- which is what a weight sync must not do.
+is reported above the RSS at entry. glibc keeps freed heap pages: at entry ``malloc_trim(0)`` hands them back,
+or a region would reuse what an earlier one freed and show (nearly) nothing. A region that allocates and frees
+shows its high-water mark, and memory it leaves behind shows as well -- which is what a weight sync must not do.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 from contextlib import contextmanager
@@ -14,6 +16,13 @@ from contextlib import contextmanager
 import torch
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _trim() -> None:
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to hand back
+        pass
 
 
 def rss_bytes() -> int:
@@ -41,6 +50,7 @@ def peak_memory(device: torch.device | str = "cpu", interval_s: float = 0.002):
         m.peak_bytes = torch.cuda.max_memory_allocated(device) - start
         m.end_bytes = torch.cuda.memory_allocated(device) - start
         return
+    _trim()
     start, stop, high = rss_bytes(), threading.Event(), [0]
 
     def sample():

@@ -2,7 +2,8 @@
 
 Full size (``--benchmark``): SmolLM2-135M-Instruct, 64 chat prompts, 64 new tokens each (EOS ignored, so both
 produce exactly the same number of tokens), sampling at temperature 1; then 256 sequences through 256 slots.
-Smoke size: a tiny random model, 8 prompts, 8 tokens.
+Smoke size: a tiny random model, 8 prompts, 8 tokens. On a machine with CUDA everything (models, peaks,
+bandwidth, both generators) runs on the GPU instead; ``bench/regress.py`` keeps a baseline per device kind.
 
 Ours is reported end to end (new tokens / wall time of ``generate``, prefill included: what an RL step pays)
 and decode-only (the same minus a prefill-only run), each as a fraction of the decode roofline.
@@ -33,12 +34,23 @@ from core.memory import peak_memory
 from core.models import load_causal_lm, load_tokenizer, resolve_model
 
 
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def sync() -> None:
+    if DEV.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def matmul_flops_per_s(dtype: torch.dtype, size: int = 2048, repeat: int = 3) -> float:
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    (a[:256] @ b[:, :256])  # warm
+    size, repeat = (8192, 20) if DEV.type == "cuda" else (size, repeat)  # a GPU needs a bigger product to fill
+    a, b = torch.randn(size, size, dtype=dtype, device=DEV), torch.randn(size, size, dtype=dtype, device=DEV)
+    (a @ b if DEV.type == "cuda" else a[:256] @ b[:, :256])  # warm
+    sync()
     t = time.perf_counter()
     for _ in range(repeat):
         a @ b
+    sync()
     return 2 * size**3 * repeat / (time.perf_counter() - t)
 
 
@@ -46,7 +58,7 @@ def packed_linear_flops_per_s(size: int = 2048, repeat: int = 3) -> float | None
     """bf16 rate of our packed linear (``core.engines.packed``) at size^3; None where it is not usable here."""
     from core.engines.packed import kernel_usable
 
-    if not kernel_usable():
+    if DEV.type != "cpu" or not kernel_usable():
         return None
     x, w = torch.randn(size, size, dtype=torch.bfloat16), torch.randn(size, size, dtype=torch.bfloat16)
     packed = torch.ops.hybridrl_cpu.pack_linear(w)
@@ -58,12 +70,15 @@ def packed_linear_flops_per_s(size: int = 2048, repeat: int = 3) -> float | None
 
 
 def copy_bytes_per_s(megabytes: int = 256, repeat: int = 3) -> float:
-    x = torch.empty(megabytes << 18)  # fp32
+    megabytes, repeat = (2048, 20) if DEV.type == "cuda" else (megabytes, repeat)
+    x = torch.empty(megabytes << 18, device=DEV)  # fp32
     x.fill_(1.0)
     y = x.clone()
+    sync()
     t = time.perf_counter()
     for _ in range(repeat):
         y.copy_(x)
+    sync()
     return 2 * x.numel() * 4 * repeat / (time.perf_counter() - t)  # read + write
 
 
@@ -92,13 +107,15 @@ def ours(model, tok, ids, new, slots) -> dict:
     engine = RolloutEngine(model, tok, max_batch_size=slots)
     p = SamplingParams(n=1, temperature=1.0, max_new_tokens=new, ignore_eos=True, seed=0)
     engine.generate(ids[:2], SamplingParams(n=1, max_new_tokens=2))  # warm
-    with peak_memory() as mem:
+    with peak_memory(DEV) as mem:
         t = time.perf_counter()
         out = engine.generate(ids, p)
+        sync()
         seconds = time.perf_counter() - t
     assert out["response_mask"].sum() == len(ids) * new
     t = time.perf_counter()
     engine.generate(ids, SamplingParams(n=1, temperature=1.0, max_new_tokens=1, ignore_eos=True))  # prefill + 1
+    sync()
     prefill = time.perf_counter() - t
     return {"tok_s": len(ids) * new / seconds, "decode_tok_s": len(ids) * (new - 1) / (seconds - prefill),
             "prefill_s": prefill, "peak": mem.peak_bytes}
@@ -107,14 +124,15 @@ def ours(model, tok, ids, new, slots) -> dict:
 def hf_generate(model, tok, ids, new):
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     width = max(map(len, ids))
-    x = torch.tensor([[pad] * (width - len(r)) + r for r in ids])
-    mask = (torch.arange(width)[None] >= torch.tensor([width - len(r) for r in ids])[:, None]).long()
+    x = torch.tensor([[pad] * (width - len(r)) + r for r in ids]).to(DEV)
+    mask = (torch.arange(width)[None] >= torch.tensor([width - len(r) for r in ids])[:, None]).long().to(DEV)
     kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new, min_new_tokens=new,
               pad_token_id=pad)
     model.generate(x[:2], attention_mask=mask[:2], **(kw | {"max_new_tokens": 2, "min_new_tokens": 2}))  # warm
-    with peak_memory() as mem:
+    with peak_memory(DEV) as mem:
         t = time.perf_counter()
         out = model.generate(x, attention_mask=mask, **kw)
+        sync()
         seconds = time.perf_counter() - t
     assert out.shape[1] == width + new
     return len(ids) * new / seconds, mem.peak_bytes
@@ -130,14 +148,14 @@ def test_rollout_engine_vs_generate_and_roofline(full_size, report, tiny_model_d
     bandwidth = copy_bytes_per_s()
     ours_peak = packed_linear_flops_per_s() if best == torch.bfloat16 else None
     tok = load_tokenizer(path)
-    model = load_causal_lm(path, dtype=best)
-    baseline_model = load_causal_lm(path, dtype=best)  # transformers as shipped (SDPA attention)
+    model = load_causal_lm(path, dtype=best, device=DEV)
+    baseline_model = load_causal_lm(path, dtype=best, device=DEV)  # transformers as shipped (SDPA attention)
     ids = prompts(tok, batch)
     ctx = sum(map(len, ids)) / len(ids) + new / 2
     roof = decode_roofline(model, batch, ctx, peaks[best], bandwidth)
     strict = decode_roofline(model, batch, ctx, max(peaks[best], ours_peak or 0), bandwidth)
     if os.environ.get("HYBRIDRL_BENCH_SLOWDOWN") == "1":  # the deliberate regression: our engine without bf16
-        model = load_causal_lm(path, dtype=torch.float32)
+        model = load_causal_lm(path, dtype=torch.float32, device=DEV)
     # interleaved, best of `repeats`: a transient slowdown of this shared machine hits one run, not one side
     hf_runs, our_runs = [], []
     for _ in range(2 if full_size else 1):

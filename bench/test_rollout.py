@@ -107,7 +107,7 @@ def ours(model, tok, ids, new, slots) -> dict:
     engine = RolloutEngine(model, tok, max_batch_size=slots)
     p = SamplingParams(n=1, temperature=1.0, max_new_tokens=new, ignore_eos=True, seed=0)
     engine.generate(ids[:2], SamplingParams(n=1, max_new_tokens=2))  # warm
-    with peak_memory(DEV) as mem:
+    with peak_memory(DEV, trim=True) as mem:
         t = time.perf_counter()
         out = engine.generate(ids, p)
         sync()
@@ -129,7 +129,7 @@ def hf_generate(model, tok, ids, new):
     kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new, min_new_tokens=new,
               pad_token_id=pad)
     model.generate(x[:2], attention_mask=mask[:2], **(kw | {"max_new_tokens": 2, "min_new_tokens": 2}))  # warm
-    with peak_memory(DEV) as mem:
+    with peak_memory(DEV, trim=True) as mem:
         t = time.perf_counter()
         out = model.generate(x, attention_mask=mask, **kw)
         sync()

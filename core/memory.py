@@ -1,8 +1,9 @@
 """Peak memory of a code region: device memory on CUDA, resident set size (RSS) on CPU.
 
 CPU has no allocator statistics for torch tensors, so a thread samples ``/proc/self/statm`` every 2 ms; the peak
-is reported above the RSS at entry. glibc keeps freed heap pages: at entry ``malloc_trim(0)`` hands them back,
-or a region would reuse what an earlier one freed and show (nearly) nothing. A region that allocates and frees
+is reported above the RSS at entry. glibc keeps freed heap pages, so a region can reuse what an earlier one freed
+and show (nearly) nothing: ``trim=True`` (benches) calls ``malloc_trim(0)`` at entry and exit to hand them back
+first -- not in the training loop, where it would cost page faults every step. A region that allocates and frees
 shows its high-water mark, and memory it leaves behind shows as well -- which is what a weight sync must not do.
 """
 
@@ -38,7 +39,7 @@ class PeakMemory:
 
 
 @contextmanager
-def peak_memory(device: torch.device | str = "cpu", interval_s: float = 0.002):
+def peak_memory(device: torch.device | str = "cpu", interval_s: float = 0.002, trim: bool = False):
     """``with peak_memory(dev) as m: ...`` then read ``m.peak_bytes`` and ``m.end_bytes``."""
     m, device = PeakMemory(), torch.device(device)
     if device.type == "cuda":
@@ -50,7 +51,8 @@ def peak_memory(device: torch.device | str = "cpu", interval_s: float = 0.002):
         m.peak_bytes = torch.cuda.max_memory_allocated(device) - start
         m.end_bytes = torch.cuda.memory_allocated(device) - start
         return
-    _trim()
+    if trim:
+        _trim()
     start, stop, high = rss_bytes(), threading.Event(), [0]
 
     def sample():
@@ -64,5 +66,7 @@ def peak_memory(device: torch.device | str = "cpu", interval_s: float = 0.002):
     finally:
         stop.set()
         t.join()
+        if trim:
+            _trim()  # what the region freed and glibc still holds is not retained
         end = rss_bytes()
         m.peak_bytes, m.end_bytes = max(high[0], end) - start, end - start

@@ -109,7 +109,7 @@ class PackedLinears:
         rows per matmul (the engine's batch), which oneDNN uses to choose its blocking; ``kernel``: our packed
         format (True) or oneDNN's (False); None = ours where usable."""
         self.model = model
-        kernel = kernel_usable() if kernel is None else kernel
+        kernel = kernel_usable() if kernel is None else kernel and kernel_usable()
         self.groups = [_Group(g, rows_hint, kernel) for g in _siblings(model, calibrate)]
         self._by_param: dict[int, list[_Group]] = {}
         for g in self.groups:

@@ -85,13 +85,15 @@ at::Tensor pack_linear(const at::Tensor& weight) {
   at::parallel_for(0, (Np + kTile - 1) / kTile, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t c0 = t * kTile, wd = std::min(kTile, Np - c0);
-      uint16_t* tile = dst + c0 * K;
+      // a (k, k+1) pair moves as one 32-bit word: the tile is the (wd x K/2) word matrix transposed
+      uint32_t* tile = reinterpret_cast<uint32_t*>(dst + c0 * K);
       for (int64_t j = 0; j < wd; ++j) {
-        const uint16_t* row = src + (c0 + j) * K;
-        for (int64_t kp = 0; kp < K / 2; ++kp) {
-          tile[(kp * wd + j) * 2] = c0 + j < N ? row[2 * kp] : 0;
-          tile[(kp * wd + j) * 2 + 1] = c0 + j < N ? row[2 * kp + 1] : 0;
+        if (c0 + j >= N) {
+          for (int64_t kp = 0; kp < K / 2; ++kp) tile[kp * wd + j] = 0;
+          continue;
         }
+        const auto* row = reinterpret_cast<const uint32_t*>(src + (c0 + j) * K);
+        for (int64_t kp = 0; kp < K / 2; ++kp) tile[kp * wd + j] = row[kp];
       }
     }
   });

@@ -42,16 +42,21 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+def _rate(product, work: float, repeat: int) -> float:
+    """``work`` (FLOPs or bytes) per second of ``product()``, run ``repeat`` times after warming up."""
+    sync()
+    t = time.perf_counter()
+    for _ in range(repeat):
+        product()
+    sync()
+    return work * repeat / (time.perf_counter() - t)
+
+
 def matmul_flops_per_s(dtype: torch.dtype, size: int = 2048, repeat: int = 3) -> float:
     size, repeat = (8192, 20) if DEV.type == "cuda" else (size, repeat)  # a GPU needs a bigger product to fill
     a, b = torch.randn(size, size, dtype=dtype, device=DEV), torch.randn(size, size, dtype=dtype, device=DEV)
     (a @ b if DEV.type == "cuda" else a[:256] @ b[:, :256])  # warm
-    sync()
-    t = time.perf_counter()
-    for _ in range(repeat):
-        a @ b
-    sync()
-    return 2 * size**3 * repeat / (time.perf_counter() - t)
+    return _rate(lambda: a @ b, 2 * size**3, repeat)
 
 
 def packed_linear_flops_per_s(size: int = 2048, repeat: int = 3) -> float | None:
@@ -63,10 +68,7 @@ def packed_linear_flops_per_s(size: int = 2048, repeat: int = 3) -> float | None
     x, w = torch.randn(size, size, dtype=torch.bfloat16), torch.randn(size, size, dtype=torch.bfloat16)
     packed = torch.ops.hybridrl_cpu.pack_linear(w)
     torch.ops.hybridrl_cpu.linear_packed(x[:256], packed, None, size)  # warm
-    t = time.perf_counter()
-    for _ in range(repeat):
-        torch.ops.hybridrl_cpu.linear_packed(x, packed, None, size)
-    return 2 * size**3 * repeat / (time.perf_counter() - t)
+    return _rate(lambda: torch.ops.hybridrl_cpu.linear_packed(x, packed, None, size), 2 * size**3, repeat)
 
 
 def copy_bytes_per_s(megabytes: int = 256, repeat: int = 3) -> float:
@@ -74,12 +76,7 @@ def copy_bytes_per_s(megabytes: int = 256, repeat: int = 3) -> float:
     x = torch.empty(megabytes << 18, device=DEV)  # fp32
     x.fill_(1.0)
     y = x.clone()
-    sync()
-    t = time.perf_counter()
-    for _ in range(repeat):
-        y.copy_(x)
-    sync()
-    return 2 * x.numel() * 4 * repeat / (time.perf_counter() - t)  # read + write
+    return _rate(lambda: y.copy_(x), 2 * x.numel() * 4, repeat)  # bytes read + written
 
 
 def decode_roofline(model, batch: int, context: int, flops: float, bandwidth: float) -> dict:

@@ -40,14 +40,12 @@ def decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     """query (B, H, q, D), key/value (B, KVH, T, D), mask (B, 1, q, T) additive or boolean -> (B, q, H, D)."""
     B, H, q_len, D = query.shape
     scale = scaling if scaling is not None else D ** -0.5
-    if module.training or any(kwargs.get(k) is not None for k in _UNSUPPORTED):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                                      **kwargs)
-    if (query.dtype == torch.bfloat16 and query.device.type == "cpu" and not torch.is_grad_enabled()
+    sdpa_only = module.training or any(kwargs.get(k) is not None for k in _UNSUPPORTED)
+    if (not sdpa_only and query.dtype == torch.bfloat16 and query.device.type == "cpu" and not torch.is_grad_enabled()
             and (attention_mask is not None or q_len == 1)
             and (attention_mask is None or attention_mask.dtype != torch.bool) and cpu_kernels.available()):
         return cpu_kernels.decode_attention(query, key, value, attention_mask, scale), None
-    if q_len != 1:
+    if sdpa_only or q_len != 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                       **kwargs)
     # a strided cache view made CPU bmm 3.4x slower (207 vs 61 us, 64 x 3 heads x 70 positions): copying

@@ -73,6 +73,8 @@ class _Group:
         if any(m.bias is not None for m in self.modules):
             self.bias = torch.cat([m.bias if m.bias is not None else w.new_zeros(m.out_features)
                                    for m in self.modules]).detach()
+            if self.kernel:  # ours adds the bias in fp32: converted here once, not on every call
+                self.bias = self.bias.float()
         self._input, self._outs = None, ()
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -104,12 +106,12 @@ class PackedLinears:
     """Every ``nn.Linear`` of ``model`` switched to packed (and, for siblings, fused) weights."""
 
     def __init__(self, model: torch.nn.Module, calibrate: Callable[[], object], rows_hint: int,
-                 kernel: bool | None = None):
+                 kernel: bool = True):
         """``calibrate`` runs one small forward of ``model`` (any input); ``rows_hint`` is the usual number of
         rows per matmul (the engine's batch), which oneDNN uses to choose its blocking; ``kernel``: our packed
-        format (True) or oneDNN's (False); None = ours where usable."""
+        format where usable (True), or oneDNN's (False)."""
         self.model = model
-        kernel = kernel_usable() if kernel is None else kernel and kernel_usable()
+        kernel = kernel and kernel_usable()
         self.groups = [_Group(g, rows_hint, kernel) for g in _siblings(model, calibrate)]
         self._by_param: dict[int, list[_Group]] = {}
         for g in self.groups:

@@ -39,11 +39,12 @@ inline void softmax_rows(float* s, int64_t G, int64_t T) {
       __mmask16 km = T - t >= 16 ? 0xffff : (__mmask16)((1u << (T - t)) - 1);
       mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), km, sg + t));
     }
-    if (_mm512_reduce_max_ps(mx) == -INFINITY) {  // every position masked (a padding query): attend to nothing
+    const float row_max = _mm512_reduce_max_ps(mx);
+    if (row_max == -INFINITY) {  // every position masked (a padding query): attend to nothing
       std::fill(sg, sg + T, 0.f);
       continue;
     }
-    const __m512 mxv = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    const __m512 mxv = _mm512_set1_ps(row_max);
     __m512 sum = _mm512_setzero_ps();
     for (int64_t t = 0; t < T; t += 16) {
       __mmask16 km = T - t >= 16 ? 0xffff : (__mmask16)((1u << (T - t)) - 1);

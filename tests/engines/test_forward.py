@@ -67,6 +67,9 @@ def _load_and_compare(rank: int, world: int, port: int, path: str, out: str) -> 
         torch.save({"full": full, "ref": ref.state_dict(), "buffers": buffers, "ref_buffers": dict(ref.named_buffers()),
                     "logits": logits, "ref_logits": ref(input_ids=ids).logits.detach(),
                     "local_rows": local_rows}, out)
+    # both ranks leave together: rank 1 tearing gloo down while rank 0 still loads the reference aborted it once
+    # ("terminate called without an active exception", SIGABRT) in one fresh-clone CI run
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -8,10 +8,10 @@ V = vocabulary, t = rollout tensor parallel size, k = 1 for tied embeddings else
 implementation (core/engines): a rank never holds the full fp32 model, even while loading (meta-device build,
 then each rank reads its own rows: ``sharding.load_sharded_causal_lm``).
 
-training phase, per GPU
-    fp32 master weights        4P / W            (on the host with offload)
-    fp32 gradients             4P / W            (on the host with offload: FSDP2 offloads them together)
-    AdamW moments (fp32 m, v)  8P / W            (on the host with offload)
+training phase, per GPU (``offload``: none | idle | full, ``core.engines.sharding.OFFLOAD_MODES``)
+    fp32 master weights        4P / W            (full: on the host)
+    fp32 gradients             4P / W            (full: on the host: FSDP2 offloads them together)
+    AdamW moments (fp32 m, v)  8P / W            (full: on the host)
     gathered bf16 layers       2 x 2 P_layer     (the layer being computed and the one prefetched)
     embeddings + LM head       2 k V h + 2 V h   (the root module stays gathered in bf16 for forward and
                                                  backward, plus the LM head's bf16 gradient)
@@ -21,18 +21,20 @@ training phase, per GPU
                                T^2 term). Without checkpointing: L times the layer term.
     logits                     6 T V + 3 GiB     (bf16 logits, their bf16 gradient and its concatenation; fp32
                                                  normalisation in 2^28-value chunks: ``forward.normalised_logprobs``)
-    reference policy           4P / W            (frozen fp32 shards, when the run has one)
+    reference policy           4P / W            (frozen fp32 shards, when the run has one; full: on the host)
 rollout phase, per GPU
     the engine's share         gpu_memory_utilization x GPU memory (weights 2P / t, the rest its KV cache)
-    what training keeps        the sharded states above unless offloaded (colocated: phases alternate)
+    what training keeps        offload none: the sharded states above (colocated: phases alternate); idle: none
+                               (weights and moments parked on the host: 12P / W, + 4P / W of reference; gradients
+                               are freed after each optimizer step); full: none
     embedded engine            weights 2P (no tensor parallelism), kept through the training phase too, + a KV
                                cache of max_batch_size slots x the longest sequence + fp32 logits (slots x V x 4),
                                freed after each rollout; vLLM / SGLang release the GPU while training (sleep;
                                weights kept in host memory)
 KV cache per token             2 (K and V) x L x kvd x 2 bytes / t
 
-Host memory per node: the offloaded states of its GPUs, plus the sleeping vLLM / SGLang weights (2P / t per
-GPU). ``fits`` checks each phase against the GPU memory (minus a reserve for the CUDA context and
+Host memory per node: the offloaded (full) or parked (idle) states of its GPUs, plus the sleeping vLLM / SGLang
+weights (2P / t per GPU). ``fits`` checks each phase against the GPU memory (minus a reserve for the CUDA context and
 fragmentation) and the host total against the node's memory. Unit tests check the arithmetic by hand
 (tests/test_planner.py).
 """
@@ -40,7 +42,7 @@ fragmentation) and the host total against the node's memory. Unit tests check th
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 GB = 1e9
@@ -123,8 +125,8 @@ class RunShape:
     gpus_per_node: int
     gpu_memory_gb: float
     host_memory_gb: float = 1000.0
-    param_offload: bool = False
-    optimizer_offload: bool = False
+    # none | idle | full (core.engines.sharding.OFFLOAD_MODES)
+    offload: str = "none"
     gradient_checkpointing: bool = True
     # tokens of one micro-batch (the token budget with dynamic batching)
     tokens_per_micro: int = 16384
@@ -151,6 +153,8 @@ class RunShape:
 class Plan:
     lines: list[tuple[str, float, str]] = field(default_factory=list)   # (item, bytes per GPU, phase / note)
     problems: list[str] = field(default_factory=list)
+    # what would make a plan that does not fit fit (printed after the problems)
+    hints: list[str] = field(default_factory=list)
     kv_tokens: float = 0.0
     host_per_node: float = 0.0
 
@@ -162,13 +166,14 @@ class Plan:
         return sum(b for _, b, p in self.lines if p == phase)
 
     def text(self, verdict: bool = True) -> str:
-        out = [f"  {item:<44} {b / GB:9.2f} GB   {phase}" for item, b, phase in self.lines]
-        out.append(f"  {'training phase total':<44} {self.total('train') / GB:9.2f} GB")
-        out.append(f"  {'rollout phase total':<44} {self.total('rollout') / GB:9.2f} GB")
-        out.append(f"  {'host memory per node':<44} {self.host_per_node / GB:9.2f} GB")
-        out.append(f"  {'KV cache holds':<44} {self.kv_tokens:9.0f} tokens per rollout replica")
+        out = [f"  {item:<50} {b / GB:9.2f} GB   {phase}" for item, b, phase in self.lines]
+        out.append(f"  {'training phase total':<50} {self.total('train') / GB:9.2f} GB")
+        out.append(f"  {'rollout phase total':<50} {self.total('rollout') / GB:9.2f} GB")
+        out.append(f"  {'host memory per node':<50} {self.host_per_node / GB:9.2f} GB")
+        out.append(f"  {'KV cache holds':<50} {self.kv_tokens:9.0f} tokens per rollout replica")
         if verdict:
             out.append("fits" if self.fits else "DOES NOT FIT:\n" + "\n".join(f"  - {p}" for p in self.problems))
+            out.extend(f"  hint: {h}" for h in self.hints if not self.fits)
         return "\n".join(out)
 
 
@@ -180,19 +185,21 @@ CHUNK_WORK = 3 * (1 << 28) * 4
 def plan(m: ModelShape, r: RunShape) -> Plan:
     W = r.nnodes * r.gpus_per_node
     gpu = r.gpu_memory_gb * GB
+    if r.offload not in ("none", "idle", "full"):
+        raise ValueError(f"offload must be none, idle or full, got {r.offload!r}")
     p = Plan()
-    host = 0.0
+    host = parked = 0.0   # per GPU: offloaded for good (full); parked while the roles are idle (idle)
     sharded = {"fp32 master weights (4P/W)": 4 * m.params / W, "fp32 gradients (4P/W)": 4 * m.params / W,
                "AdamW moments (8P/W)": 8 * m.params / W}
-    for item, b in sharded.items():
-        offloaded = r.param_offload or (item.startswith("AdamW") and r.optimizer_offload)
-        if offloaded:
-            host += b
-        else:
-            p.lines.append((item, b, "train"))
     if r.reference:
         sharded["reference fp32 shards (4P/W)"] = 4 * m.params / W
-        p.lines.append(("reference fp32 shards (4P/W)", 4 * m.params / W, "train"))
+    for item, b in sharded.items():
+        if r.offload == "full":
+            host += b
+            continue
+        p.lines.append((item, b, "train"))
+        if r.offload == "idle" and not item.startswith("fp32 gradients"):
+            parked += b   # gradients are freed after each optimizer step: nothing of them to park
     p.lines.append(("gathered bf16 layers (2 x 2 P_layer)", 4 * m.layer_params, "train"))
     k = 1 if m.tied else 2
     p.lines.append(("embeddings + LM head, bf16 + grad (2kVh + 2Vh)", (2 * k + 2) * m.vocab * m.hidden, "train"))
@@ -206,7 +213,8 @@ def plan(m: ModelShape, r: RunShape) -> Plan:
     weights = 2 * m.params / tp
     if embedded:
         p.lines.append(("embedded engine weights (2P, kept)", weights, "train"))
-    resident = sum(b for item, b, phase in p.lines if phase == "train" and item in sharded)
+    resident = (sum(b for item, b, phase in p.lines if phase == "train" and item in sharded)
+                if r.offload == "none" else 0.0)
     kv_per_token = 2 * m.layers * m.kv_heads * m.head_dim * 2 / tp
     if embedded:
         p.kv_tokens = float(r.rollout_batch * r.max_seq_len)
@@ -228,15 +236,23 @@ def plan(m: ModelShape, r: RunShape) -> Plan:
                           f"{engine / GB:.1f} GB (gpu_memory_utilization {r.gpu_memory_utilization})")
     elif p.kv_tokens < r.max_seq_len:
         p.problems.append(f"the KV cache holds {p.kv_tokens:.0f} tokens, less than one {r.max_seq_len}-token sequence")
-    p.lines.append(("(offloaded training state, host, per GPU)", host, "host"))
+    state = host + parked
+    kind = "parked while idle" if r.offload == "idle" else "offloaded"
+    p.lines.append((f"({kind} training state, host, per GPU)", state, "host"))
     asleep = 0.0 if embedded else weights
     p.lines.append(("(sleeping engine weights, host, per GPU)", asleep, "host"))
-    node = (host + asleep) * r.gpus_per_node
+    node = (state + asleep) * r.gpus_per_node
     p.host_per_node = node
     if node > r.host_memory_gb * GB:
-        p.problems.append(f"host memory: {node / GB:.0f} GB per node ({r.gpus_per_node} GPUs x ({host / GB:.1f} GB "
-                          f"offloaded training state + {asleep / GB:.1f} GB sleeping engine weights)) exceeds the "
+        p.problems.append(f"host memory: {node / GB:.0f} GB per node ({r.gpus_per_node} GPUs x ({state / GB:.1f} GB "
+                          f"{kind} training state + {asleep / GB:.1f} GB sleeping engine weights)) exceeds the "
                           f"node's {r.host_memory_gb:g} GB")
+    if not p.fits and r.offload != "full":
+        full = plan(m, replace(r, offload="full"))
+        p.hints.append(f"with offload=full (every shard on the host, the optimizer stepping on the CPU: slower) "
+                          f"the plan needs {full.total('train') / GB:.1f} GB per GPU training, "
+                          f"{full.total('rollout') / GB:.1f} GB rollout, {full.host_per_node / GB:.0f} GB host per node"
+                          f": {'it fits' if full.fits else 'it does not fit either'}")
     return p
 
 
@@ -275,7 +291,7 @@ def run_shape(cfg) -> RunShape:
     tokens = cfg.actor.max_tokens_per_micro if cfg.actor.max_tokens_per_micro > 0 else cfg.actor.micro_batch_size * max_seq
     return RunShape(nnodes=pool.nnodes, gpus_per_node=pool.slots_per_node,
                     gpu_memory_gb=pool.gpu_memory_gb or gpu_here, host_memory_gb=pool.host_memory_gb or host_here,
-                    param_offload=cfg.actor.offload, optimizer_offload=cfg.actor.offload,
+                    offload=cfg.actor.offload,
                     gradient_checkpointing=cfg.actor.gradient_checkpointing, tokens_per_micro=tokens,
                     rollout_tp=cfg.rollout.tensor_parallel_size,
                     gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, max_seq_len=max_seq,
@@ -302,7 +318,7 @@ def plan_run(cfg) -> tuple[str, bool]:
     replicas = r.nnodes * r.gpus_per_node // r.engine_tp
     out.append(f"model {cfg.actor.model}: {m.params / 1e9:.2f}B parameters, {m.layers} layers, hidden {m.hidden}, "
                f"vocab {m.vocab}")
-    out.append(f"FSDP2 world size {r.nnodes * r.gpus_per_node}, offload {'on' if r.param_offload else 'off'}, "
+    out.append(f"FSDP2 world size {r.nnodes * r.gpus_per_node}, offload {r.offload}, "
                f"{r.tokens_per_micro} tokens per micro-batch, rollout {r.rollout_backend} TP "
                f"{r.engine_tp} x {replicas} replicas at "
                f"{r.gpu_memory_utilization:g} of {r.gpu_memory_gb:g} GB; host {r.host_memory_gb:g} GB per node")

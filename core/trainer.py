@@ -100,7 +100,7 @@ def role_specs(cfg: RunConfig) -> dict[str, RoleSpec]:
     if cfg.has_reference():
         ref = ActorConfig(model=cfg.actor.model, dtype=cfg.actor.dtype, trainable=False,
                           micro_batch_size=cfg.actor.micro_batch_size, max_tokens_per_micro=cfg.actor.max_tokens_per_micro,
-                          temperature=cfg.actor.temperature)
+                          temperature=cfg.actor.temperature, offload=cfg.actor.offload)
         specs["ref"] = RoleSpec(FSDPActor, {"cfg": ref})
     if cfg.use_critic:
         specs["critic"] = RoleSpec(FSDPCritic, {"cfg": cfg.critic})

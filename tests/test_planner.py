@@ -1,5 +1,7 @@
 """core.planner: the memory arithmetic against hand-computed cases."""
 
+from dataclasses import replace
+
 import pytest
 
 from core.planner import CHUNK_WORK, GB, KNOWN, ModelShape, RunShape, model_shape, plan
@@ -17,9 +19,16 @@ def test_a_7b_models_sharded_training_state_under_fsdp_world_size_8():
     assert got["fp32 master weights (4P/W)"] == pytest.approx(3.5 * GB)
     assert got["fp32 gradients (4P/W)"] == pytest.approx(3.5 * GB)
     assert got["AdamW moments (8P/W)"] == pytest.approx(7.0 * GB)
-    # everything offloaded: the three go to the host, 14 GB per GPU
-    off = plan(m, RunShape(nnodes=1, gpus_per_node=8, gpu_memory_gb=80, param_offload=True))
+    # offload=full: the three go to the host, 14 GB per GPU
+    off = plan(m, RunShape(nnodes=1, gpus_per_node=8, gpu_memory_gb=80, offload="full"))
     assert "AdamW moments (8P/W)" not in lines(off) and lines(off)["(offloaded training state, host, per GPU)"] == pytest.approx(14 * GB)
+    # offload=idle: all three on the GPU while training, none while generating; weights + moments (3.5 + 7 GB) are
+    # parked on the host meanwhile (the gradients are freed after each step)
+    idle = plan(m, RunShape(nnodes=1, gpus_per_node=8, gpu_memory_gb=80, offload="idle"))
+    assert lines(idle)["AdamW moments (8P/W)"] == pytest.approx(7.0 * GB)
+    assert lines(idle)["(parked while idle training state, host, per GPU)"] == pytest.approx(10.5 * GB)
+    assert "training state kept during rollout" not in lines(idle)
+    assert idle.total("rollout") == pytest.approx(0.5 * 80 * GB)
 
 
 def test_qwen25_7b_parameter_count_from_its_config():
@@ -51,7 +60,7 @@ def test_activation_logit_and_kv_terms_by_hand():
 
 def test_a_32b_run_fits_on_16_nodes_with_offload_and_not_on_one_node_without():
     m = model_shape("Qwen/Qwen2.5-32B")
-    big = RunShape(nnodes=16, gpus_per_node=8, gpu_memory_gb=80, param_offload=True, optimizer_offload=True,
+    big = RunShape(nnodes=16, gpus_per_node=8, gpu_memory_gb=80, offload="full",
                    tokens_per_micro=22528, rollout_tp=4, gpu_memory_utilization=0.8,
                    max_seq_len=22528, host_memory_gb=1500)
     assert plan(m, big).fits, plan(m, big).text()
@@ -85,7 +94,7 @@ def test_host_memory_per_node_by_hand_and_its_limit():
     # 16.38 GB per GPU; x 8 GPUs = 8 x 81.9 = 655.3 GB per node
     m = model_shape("Qwen/Qwen2.5-32B")
     P = m.params
-    r = RunShape(nnodes=1, gpus_per_node=8, gpu_memory_gb=80, param_offload=True, optimizer_offload=True,
+    r = RunShape(nnodes=1, gpus_per_node=8, gpu_memory_gb=80, offload="full",
                  tokens_per_micro=22528, rollout_tp=4, gpu_memory_utilization=0.8, max_seq_len=22528, host_memory_gb=1024)
     p = plan(m, r)
     assert p.host_per_node == pytest.approx(8 * (16 * P / 8 + 2 * P / 4)) == pytest.approx(655.27e9, rel=1e-4)
@@ -101,7 +110,7 @@ def test_host_memory_per_node_by_hand_and_its_limit():
 
 def test_the_embedded_engine_keeps_full_weights_and_a_32b_model_does_not_fit_it():
     m = model_shape("Qwen/Qwen2.5-32B")
-    r = RunShape(nnodes=16, gpus_per_node=8, gpu_memory_gb=80, param_offload=True, optimizer_offload=True,
+    r = RunShape(nnodes=16, gpus_per_node=8, gpu_memory_gb=80, offload="full",
                  tokens_per_micro=22528, rollout_tp=4, gpu_memory_utilization=0.8, max_seq_len=22528,
                  rollout_backend="embedded")
     p = plan(m, r)
@@ -123,3 +132,26 @@ def test_without_offload_one_node_cannot_hold_a_32b_models_training_state():
     assert lines(p)["AdamW moments (8P/W)"] == pytest.approx(8 * m.params / 8)
     assert p.total("rollout") == pytest.approx(0.8 * 80 * GB + 16 * m.params / 8)
     assert not p.fits and len(p.problems) == 2, p.problems
+
+
+def test_idle_offload_a_32b_run_fits_16_nodes_and_not_one_and_the_plan_says_full_would():
+    # the paper-scale setting (verl's param + optimizer offload): the sharded state is on the GPU while training
+    m = model_shape("Qwen/Qwen2.5-32B")
+    P = m.params
+    r = RunShape(nnodes=16, gpus_per_node=8, gpu_memory_gb=80, offload="idle", tokens_per_micro=22528, rollout_tp=4,
+                 gpu_memory_utilization=0.8, max_seq_len=22528, host_memory_gb=1024)
+    big = plan(m, r)
+    # 16 P / 128 = 4.10 GB of state on top of the offload=full training phase; nothing of it while generating
+    full = plan(m, replace(r, offload="full"))
+    assert big.total("train") == pytest.approx(full.total("train") + 16 * P / 128)
+    assert big.total("rollout") == pytest.approx(0.8 * 80 * GB)
+    assert big.fits, big.text()
+    # host: 12 P / 128 parked (weights + moments) + 2 P / 4 sleeping vLLM weights, per GPU
+    assert big.host_per_node == pytest.approx(8 * (12 * P / 128 + 2 * P / 4))
+    one = plan(m, replace(r, nnodes=1))
+    # 16 P / 8 = 65.5 GB of state + the 51.9 GB of layers, activations and logits = 117.4 GB > 76 GB
+    assert one.total("train") == pytest.approx(full.total("train") + 16 * P / 8)
+    assert one.problems == ["train phase needs 117.4 GB per GPU, more than the 76.0 GB available (80 GB - 4 GB reserve)"]
+    assert one.hints == ["with offload=full (every shard on the host, the optimizer stepping on the CPU: slower) the "
+                         "plan needs 51.9 GB per GPU training, 64.0 GB rollout, 655 GB host per node: it fits"]
+    assert "hint: with offload=full" in one.text()

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from core.algos import LossNorm, masked_mean, value_loss
 from core.engines.forward import trim_padding
 from core.engines.fsdp import OptimConfig, length_order, micro_batches, restore_order
-from core.engines.sharding import (adamw_with_warmup, clipped_step, enable_checkpointing, equalise_passes, global_counts,
+from core.engines.sharding import (OFFLOAD_MODES, IdleOffload, adamw_with_warmup, clipped_step, enable_checkpointing, equalise_passes, global_counts,
                                    load_state, save_state, shard)
 from core.protocol import Batch
 from core.worker import WorkerContext
@@ -47,10 +47,14 @@ class CriticConfig:
     loss_agg_mode: str = "token-mean"
     # recompute activations in backward to save memory
     gradient_checkpointing: bool = False
-    # FSDP2 CPU offload of params, grads and optimizer state (CUDA only)
-    offload: bool = False
+    # CUDA only: none | idle | full -- where the sharded weights and optimizer state live (as actor.offload)
+    offload: str = "none"
     # seed for the value head's init and mini-batch shuffles
     seed: int = 0
+
+    def __post_init__(self):
+        if self.offload not in OFFLOAD_MODES:
+            raise ValueError(f"critic.offload must be one of {OFFLOAD_MODES}, got {self.offload!r}")
 
 
 def load_value_model(name_or_path: str, dtype: torch.dtype = torch.float32):
@@ -92,21 +96,27 @@ class FSDPCritic:
             enable_checkpointing(model)
         self.model = shard(model, ctx, resolve_dtype(cfg.dtype, ctx.device), cfg.offload, "critic")
         self.optim, self.sched = adamw_with_warmup(self.model, cfg.optim)
+        self.idle = IdleOffload(self.model, self.optim, ctx.device, cfg.offload == "idle")
 
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> Batch:
         """``values`` (B, Tr) of the responses, in micro-batches."""
         self.model.eval()
         order = length_order(batch) if self.cfg.max_tokens_per_micro > 0 else None
-        parts = [response_values(self.model, mb.to(self.ctx.device), self.cfg.remove_padding).cpu()
-                 for mb in micro_batches(batch if order is None else batch.index(order), self.cfg.micro_batch_size,
-                                         self.cfg.max_tokens_per_micro)]
+        with self.idle.on_gpu():
+            parts = [response_values(self.model, mb.to(self.ctx.device), self.cfg.remove_padding).cpu()
+                     for mb in micro_batches(batch if order is None else batch.index(order), self.cfg.micro_batch_size,
+                                             self.cfg.max_tokens_per_micro)]
         values = torch.cat(parts)
         return Batch({"values": values if order is None else restore_order(values, order)})
 
     def update(self, batch: Batch) -> dict[str, float]:
         """Value-loss epochs over this rank's share of the step batch; one optimizer step per mini-batch.
         Keys: the model inputs, responses, response_mask, values (old), returns."""
+        with self.idle.on_gpu(optim=True):
+            return self._update(batch)
+
+    def _update(self, batch: Batch) -> dict[str, float]:
         cfg, dp = self.cfg, self.ctx.world_size
         if cfg.ppo_mini_batch_size % dp:
             raise ValueError(f"critic.ppo_mini_batch_size {cfg.ppo_mini_batch_size} is not divisible by {dp} DP ranks")
@@ -136,7 +146,9 @@ class FSDPCritic:
                 "critic/lr": self.optim.param_groups[0]["lr"]}
 
     def save_checkpoint(self, path: str) -> None:
-        save_state(path, self.model, self.optim, self.sched, self.ctx.rank)
+        with self.idle.on_gpu(optim=True):
+            save_state(path, self.model, self.optim, self.sched, self.ctx.rank)
 
     def load_checkpoint(self, path: str) -> None:
-        load_state(path, self.model, self.optim, self.sched, self.ctx.rank)
+        with self.idle.on_gpu(optim=True):
+            load_state(path, self.model, self.optim, self.sched, self.ctx.rank)

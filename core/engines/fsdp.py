@@ -20,8 +20,8 @@ from core.algos import POLICY_LOSSES, LossNorm, PolicyLossConfig, entropy_bonus
 from core.algos.kl import kl_loss
 from core.algos.ops import masked_mean
 from core.engines.forward import response_logprobs
-from core.engines.sharding import (adamw_with_warmup, clipped_step, equalise_passes, global_counts, load_sharded_causal_lm,
-                                   load_state, save_state)
+from core.engines.sharding import (OFFLOAD_MODES, IdleOffload, adamw_with_warmup, clipped_step, equalise_passes, global_counts,
+                                   load_sharded_causal_lm, load_state, save_state)
 from core.protocol import Batch
 from core.worker import WorkerContext
 
@@ -73,11 +73,16 @@ class ActorConfig:
     temperature: float = 1.0
     # recompute activations in backward to save memory
     gradient_checkpointing: bool = False
-    # keep sharded params, gradients and optimizer state in host memory, gathered to the GPU layer by layer
-    # (FSDP2 CPUOffloadPolicy; the optimizer steps on CPU): frees GPU memory for the colocated rollout. CUDA only
-    offload: bool = False
+    # CUDA only: none | idle (sharded weights and optimizer state in host memory while the actor is idle, on the GPU
+    # for its calls; GPU optimizer) | full (in host memory always, FSDP2 CPUOffloadPolicy; CPU optimizer, slowest).
+    # core.engines.sharding.OFFLOAD_MODES; the capacity planner (--dry-run) shows what each costs per GPU and node
+    offload: str = "none"
     # seed for model init order and mini-batch shuffles
     seed: int = 0
+
+    def __post_init__(self):
+        if self.offload not in OFFLOAD_MODES:
+            raise ValueError(f"actor.offload must be one of {OFFLOAD_MODES}, got {self.offload!r}")
 
 
 def micro_batches(batch: Batch, size: int, max_tokens: int) -> list[Batch]:
@@ -123,6 +128,7 @@ class FSDPActor:
         self.optim = self.sched = None
         if cfg.trainable:
             self.optim, self.sched = adamw_with_warmup(self.model, cfg.optim)
+        self.idle = IdleOffload(self.model, self.optim, ctx.device, cfg.offload == "idle")
 
     # ------------------------------------------------------------------------------------ inference
     @torch.no_grad()
@@ -132,13 +138,14 @@ class FSDPActor:
         self.model.eval()
         order = length_order(batch) if self.cfg.max_tokens_per_micro > 0 else None
         logps, ents = [], []
-        for mb in micro_batches(batch if order is None else batch.index(order), self.cfg.micro_batch_size,
-                                self.cfg.max_tokens_per_micro):
-            lp, ent = response_logprobs(self.model, mb.to(self.ctx.device), self.cfg.temperature, with_entropy,
-                                        self.cfg.remove_padding)
-            logps.append(lp.cpu())
-            if with_entropy:
-                ents.append(ent.cpu())
+        with self.idle.on_gpu():
+            for mb in micro_batches(batch if order is None else batch.index(order), self.cfg.micro_batch_size,
+                                    self.cfg.max_tokens_per_micro):
+                lp, ent = response_logprobs(self.model, mb.to(self.ctx.device), self.cfg.temperature, with_entropy,
+                                            self.cfg.remove_padding)
+                logps.append(lp.cpu())
+                if with_entropy:
+                    ents.append(ent.cpu())
         out = {"old_logprobs": torch.cat(logps)} | ({"entropy": torch.cat(ents)} if with_entropy else {})
         if order is not None:
             out = {k: restore_order(v, order) for k, v in out.items()}
@@ -149,6 +156,10 @@ class FSDPActor:
         """PPO epochs over this rank's share of the step batch; one optimizer step per mini-batch."""
         if self.optim is None:
             raise RuntimeError("update() on a frozen policy (trainable=false)")
+        with self.idle.on_gpu(optim=True):
+            return self._update(batch)
+
+    def _update(self, batch: Batch) -> dict[str, float]:
         cfg, dp = self.cfg, self.ctx.world_size
         if cfg.ppo_mini_batch_size % dp:
             raise ValueError(f"ppo_mini_batch_size {cfg.ppo_mini_batch_size} is not divisible by {dp} DP ranks")
@@ -201,11 +212,13 @@ class FSDPActor:
     # ------------------------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str) -> None:
         """Collective: model, optimizer, scheduler and RNG states under ``path`` (``core.engines.sharding``)."""
-        save_state(path, self.model, self.optim, self.sched, self.ctx.rank)
+        with self.idle.on_gpu(optim=True):
+            save_state(path, self.model, self.optim, self.sched, self.ctx.rank)
 
     def load_checkpoint(self, path: str) -> None:
         """Collective: the state ``save_checkpoint`` wrote, into this actor."""
-        load_state(path, self.model, self.optim, self.sched, self.ctx.rank)
+        with self.idle.on_gpu(optim=True):
+            load_state(path, self.model, self.optim, self.sched, self.ctx.rank)
 
     # ------------------------------------------------------------------------------------ weight export
     @torch.no_grad()
@@ -222,21 +235,24 @@ class FSDPActor:
 
     def weight_buckets(self, bucket_bytes: int = 64 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Full (unsharded) parameters, gathered one bucket at a time. Collective: every rank must iterate."""
-        params = dict(self.model.named_parameters())
-        for names in self.bucket_plan(bucket_bytes):
-            yield [(n, params[n].full_tensor() if hasattr(params[n], "full_tensor") else params[n].detach())
-                   for n in names]
+        with self.idle.on_gpu():
+            params = dict(self.model.named_parameters())
+            for names in self.bucket_plan(bucket_bytes):
+                yield [(n, params[n].full_tensor() if hasattr(params[n], "full_tensor") else params[n].detach())
+                       for n in names]
 
     @torch.no_grad()
     def gather_bucket(self, names: list[str], dtype: str | None = None) -> list[tuple[str, torch.Tensor]] | None:
         """Collective: every rank gathers these full parameters; rank 0 returns them on CPU (cast to ``dtype``, the
-        receiving engine's, to halve the bytes that travel), the others None. For a rollout on another pool."""
-        params = dict(self.model.named_parameters())
+        receiving engine's, to halve the bytes that travel), the others None. For a rollout on another pool (with
+        ``offload=idle`` the shards stay on the GPU from the first bucket until the actor's next call parks them)."""
         out = []
-        for n in names:
-            full = params[n].full_tensor() if hasattr(params[n], "full_tensor") else params[n].detach()
-            if self.ctx.rank == 0:
-                out.append((n, full.to("cpu", getattr(torch, dtype) if dtype else full.dtype)))
+        with self.idle.on_gpu(park=False):
+            params = dict(self.model.named_parameters())
+            for n in names:
+                full = params[n].full_tensor() if hasattr(params[n], "full_tensor") else params[n].detach()
+                if self.ctx.rank == 0:
+                    out.append((n, full.to("cpu", getattr(torch, dtype) if dtype else full.dtype)))
         return out if self.ctx.rank == 0 else None
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -17,16 +18,32 @@ import torch.distributed as dist
 from core.worker import WorkerContext
 
 
-def shard(model: torch.nn.Module, ctx: WorkerContext, compute: torch.dtype, offload: bool, role: str
+# where a role's sharded fp32 weights, gradients and AdamW moments live (its config's ``offload``), on CUDA:
+#   none  on the GPU always
+#   idle  in host memory while the role is idle (the colocated rollout has the GPU); loaded to the GPU for each of
+#         its calls, the optimizer steps on the GPU (verl's param_offload + optimizer_offload): one host<->GPU round
+#         trip of the shards per call
+#   full  in host memory always: each layer is copied in as it is computed and the optimizer steps on the CPU (FSDP2
+#         CPUOffloadPolicy): the least GPU memory, and the slowest
+OFFLOAD_MODES = ("none", "idle", "full")
+
+
+def check_offload(mode: str, role: str, ctx: WorkerContext) -> None:
+    if mode not in OFFLOAD_MODES:
+        raise ValueError(f"{role}.offload must be one of {OFFLOAD_MODES}, got {mode!r}")
+    if mode != "none" and ctx.device.type != "cuda":
+        raise ValueError(f"{role}.offload={mode} moves FSDP shards to host memory and needs a CUDA device; rank "
+                         f"{ctx.rank} runs on {ctx.device} (where everything is in host memory already)")
+
+
+def shard(model: torch.nn.Module, ctx: WorkerContext, compute: torch.dtype, offload: str, role: str
           ) -> torch.nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-    if offload and ctx.device.type != "cuda":
-        raise ValueError(f"{role}.offload moves FSDP shards to host memory and needs a CUDA device; rank "
-                         f"{ctx.rank} runs on {ctx.device} (where everything is in host memory already)")
+    check_offload(offload, role, ctx)
     mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
-    policy = CPUOffloadPolicy(pin_memory=True) if offload else OffloadPolicy()
+    policy = CPUOffloadPolicy(pin_memory=True) if offload == "full" else OffloadPolicy()
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
     layer_classes = set(getattr(model, "_no_split_modules", None) or [])
     for module in model.modules():
@@ -36,7 +53,45 @@ def shard(model: torch.nn.Module, ctx: WorkerContext, compute: torch.dtype, offl
     return model
 
 
-def load_sharded_causal_lm(name_or_path: str, ctx: WorkerContext, compute: torch.dtype, offload: bool, role: str,
+class IdleOffload:
+    """``offload=idle``: moves a role's shards (and its optimizer's moments) between the host and its GPU.
+
+    ``on_gpu(optim=...)`` around each call: loads what the call needs, parks everything after it, then releases
+    the freed blocks of PyTorch's caching allocator (else the colocated engine could not use them). FSDP2 keeps a
+    module's sharded parameters registered across ``module.to()`` (the same Parameter objects, so the optimizer's
+    state stays keyed to them). AdamW's ``step`` counters stay on the host, where torch keeps them."""
+
+    def __init__(self, model: torch.nn.Module, optim, device: torch.device, enabled: bool):
+        self.model, self.optim, self.device, self.enabled = model, optim, device, enabled
+        if enabled:
+            self._move(torch.device("cpu"), with_optim=True)
+
+    def _move(self, device: torch.device, with_optim: bool) -> None:
+        self.model.to(device)
+        if with_optim and self.optim is not None:
+            for state in self.optim.state.values():
+                for key, value in state.items():
+                    if torch.is_tensor(value) and key != "step":
+                        state[key] = value.to(device)
+        if device.type == "cpu":
+            torch.cuda.empty_cache()
+
+    @contextmanager
+    def on_gpu(self, optim: bool = False, park: bool = True):
+        """The shards on the GPU for the body (and the optimizer state with ``optim``); parked after unless
+        ``park=False`` (the next call parks them)."""
+        if not self.enabled:
+            yield
+            return
+        self._move(self.device, with_optim=optim)
+        try:
+            yield
+        finally:
+            if park:
+                self._move(torch.device("cpu"), with_optim=optim)
+
+
+def load_sharded_causal_lm(name_or_path: str, ctx: WorkerContext, compute: torch.dtype, offload: str, role: str,
                            checkpointing: bool = False) -> torch.nn.Module:
     """The model built on the meta device, sharded, then filled shard by shard from its safetensors files.
 
@@ -59,7 +114,7 @@ def load_sharded_causal_lm(name_or_path: str, ctx: WorkerContext, compute: torch
         return shard(model, ctx, compute, offload, role)
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     model = shard(model, ctx, compute, offload, role)
-    model.to_empty(device="cpu" if offload else ctx.device)   # FSDP2 CPU offload keeps the shards on the host
+    model.to_empty(device="cpu" if offload == "full" else ctx.device)   # FSDP2 CPU offload keeps the shards on the host
     for name, b in buffers.items():
         module, _, attr = name.rpartition(".")
         model.get_submodule(module)._buffers[attr] = b.to(ctx.device)

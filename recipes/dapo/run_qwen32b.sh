@@ -4,7 +4,7 @@
 #
 #   bash recipes/dapo/run_qwen32b.sh --dry-run [overrides]   resolve the config, list the importable backends and
 #        print the placement and per-GPU / per-node memory plan; no GPU needed; exit 1 (with the numbers) when it
-#        does not fit, e.g.: bash recipes/dapo/run_qwen32b.sh --dry-run trainer.nnodes=1 actor.offload=false
+#        does not fit, e.g.: bash recipes/dapo/run_qwen32b.sh --dry-run trainer.nnodes=1
 #   bash recipes/dapo/run_qwen32b.sh [overrides]             the run, from the Ray head node of a started cluster
 #
 # Ray multi-node (README "Multi-node"), on every machine with this repository at the same path:

@@ -19,8 +19,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-import torch
-
 from core.engines.fsdp import FSDPActor
 from core.engines.rollout import RolloutEngine
 from core.memory import peak_memory
@@ -43,20 +41,22 @@ def sync_weights(actor: FSDPActor, engine: RolloutEngine, bucket_bytes: int = 64
 
 def _sync(actor: FSDPActor, engine: RolloutEngine, bucket_bytes: int, debug: bool) -> dict:
     t0 = time.perf_counter()
-    targets = dict(engine.model.named_parameters())
+    # None: the engine maps names itself (vLLM fuses q/k/v and gate/up; its load_weights rejects unknown names)
+    targets = engine.weight_names()
     sent, buckets, peak, seen = 0, 0, 0, set()
     for bucket in actor.weight_buckets(bucket_bytes):
         # the engine checks every name and shape as it copies (KeyError / ValueError naming the weight) and casts
         # to its dtype inside the copy (a separate .to() first was one more pass and allocation per bucket)
         size = engine.update_weights(bucket)
         if debug:
-            for name, full in bucket:
-                if not torch.equal(targets[name], full.to(targets[name].dtype)):
-                    raise WeightSyncError(f"bucket {buckets}: checksum mismatch on {name} after copy")
+            try:
+                engine.verify_weights(bucket)
+            except ValueError as e:
+                raise WeightSyncError(f"bucket {buckets}: {e}") from e
         seen.update(n for n, _ in bucket)
         sent, buckets, peak = sent + size, buckets + 1, max(peak, size)
         del bucket
-    missing = sorted(set(targets) - seen)
+    missing = sorted(set(targets) - seen) if targets is not None else []
     if missing:
         raise WeightSyncError(f"rollout weights not sent by the actor: {missing[:5]}{'...' if len(missing) > 5 else ''}")
     return {"sync/seconds": time.perf_counter() - t0, "sync/megabytes": sent / 2**20, "sync/buckets": buckets,
@@ -71,7 +71,7 @@ def sync_across_pools(actor: "RoleGroup", rollout: "RoleGroup", timeout_s: float
     t0 = time.perf_counter()
     names, dtype, bucket_bytes = rollout.call_rank0(RolloutWorker.sync_spec, timeout_s=timeout_s)
     plan = actor.call_rank0(FSDPActor.bucket_plan, bucket_bytes, timeout_s=timeout_s)
-    missing = sorted(set(names) - {n for bucket in plan for n in bucket})
+    missing = sorted(set(names) - {n for bucket in plan for n in bucket}) if names is not None else []
     if missing:
         raise WeightSyncError(f"rollout weights the actor does not have: {missing[:5]}{'...' if len(missing) > 5 else ''}")
     sent, peak = 0, 0

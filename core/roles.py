@@ -45,6 +45,8 @@ class RolloutConfig:
     def __post_init__(self):
         if self.backend not in ("embedded", "vllm", "sglang"):
             raise ValueError(f"rollout.backend must be embedded, vllm or sglang, got {self.backend!r}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"rollout.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.backend == "embedded" and self.tensor_parallel_size != 1:
             raise ValueError(f"rollout.tensor_parallel_size={self.tensor_parallel_size}: the embedded engine has no "
                              f"tensor parallelism (use rollout.backend=vllm or sglang, or 1)")
@@ -53,15 +55,27 @@ class RolloutConfig:
 
 
 class RolloutWorker:
-    """The embedded rollout engine as a role; colocated with the actor it syncs weights from."""
+    """A rollout engine as a role (embedded, or vLLM: ``core.engines.vllm_rollout``); colocated with the actor it
+    syncs weights from. With tensor parallelism the role's ``mp_size`` is ``tensor_parallel_size``
+    (``core.trainer.role_specs``): a replica's ranks get the same prompts."""
 
-    def __init__(self, ctx: WorkerContext, cfg: RolloutConfig):
+    def __init__(self, ctx: WorkerContext, cfg: RolloutConfig, max_response_length: int = 0):
+        """``max_response_length``: the run's longest response (algo.sampling.max_new_tokens); vLLM sizes its
+        context (max_model_len) as max_prompt_length + this (0: the model's own limit)."""
         from core.models import load_causal_lm, load_tokenizer, resolve_dtype
 
         self.ctx, self.cfg = ctx, cfg
-        if cfg.backend != "embedded":
-            raise NotImplementedError(f"rollout.backend={cfg.backend} has no adapter in this version; run with "
-                                      f"rollout.backend=embedded (`--dry-run` plans either)")
+        if cfg.backend == "sglang":
+            raise NotImplementedError("rollout.backend=sglang has no adapter in this version; use vllm or embedded "
+                                      "(`--dry-run` plans either)")
+        if cfg.backend == "vllm":
+            if ctx.device.type != "cuda":
+                raise ValueError(f"rollout.backend=vllm needs CUDA ranks; rank {ctx.rank} runs on {ctx.device}")
+            from core.engines.vllm_rollout import VLLMEngine
+
+            max_len = cfg.max_prompt_length + max_response_length if max_response_length > 0 else None
+            self.engine = VLLMEngine(cfg, ctx.rank, ctx.device, load_tokenizer(cfg.model), max_len)
+            return
         model = load_causal_lm(cfg.model, dtype=resolve_dtype(cfg.dtype, ctx.device), device=ctx.device)
         self.engine = RolloutEngine(model, load_tokenizer(cfg.model), cfg.max_batch_size)
 
@@ -82,12 +96,13 @@ class RolloutWorker:
         return Batch(non_tensors={"response_text": self.engine.decode(batch)})
 
     def engine_state_dict(self) -> dict[str, torch.Tensor]:
-        """The engine's current weights on CPU (tests, debugging)."""
+        """The embedded engine's current weights on CPU (tests, debugging)."""
         return {n: p.detach().cpu().clone() for n, p in self.engine.model.named_parameters()}
 
-    def sync_spec(self) -> tuple[list[str], str, int]:
-        """What a sync from another pool must send: the engine's parameter names, its dtype, the bucket bytes."""
-        return ([n for n, _ in self.engine.model.named_parameters()], str(self.engine.dtype).removeprefix("torch."),
+    def sync_spec(self) -> tuple[list[str] | None, str, int]:
+        """What a sync from another pool must send: the engine's parameter names (None: whatever the actor has,
+        the engine maps them), its dtype, the bucket bytes."""
+        return (self.engine.weight_names(), str(self.engine.dtype).removeprefix("torch."),
                 self.cfg.sync_bucket_megabytes << 20)
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:

@@ -96,7 +96,11 @@ def effective_sizes(cfg: RunConfig, dp_size: int) -> str:
 
 def role_specs(cfg: RunConfig) -> dict[str, RoleSpec]:
     specs = {"actor": RoleSpec(FSDPActor, {"cfg": cfg.actor}),
-             "rollout": RoleSpec(RolloutWorker, {"cfg": cfg.rollout})}
+             # a tensor-parallel engine's replica spans tensor_parallel_size ranks: they share one chunk of prompts
+             "rollout": RoleSpec(RolloutWorker, {"cfg": cfg.rollout,
+                                                 "max_response_length": max(cfg.algo.sampling.max_new_tokens,
+                                                                            cfg.algo.val_sampling.max_new_tokens)},
+                                 mp_size=cfg.rollout.tensor_parallel_size)}
     if cfg.has_reference():
         ref = ActorConfig(model=cfg.actor.model, dtype=cfg.actor.dtype, trainable=False,
                           micro_batch_size=cfg.actor.micro_batch_size, max_tokens_per_micro=cfg.actor.max_tokens_per_micro,

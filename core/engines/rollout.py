@@ -111,13 +111,23 @@ class RolloutEngine:
     # ----------------------------------------------------------------------------------------- generation
     def decode(self, batch: Batch) -> list[str]:
         """Response texts of a generated batch (valid tokens only, special tokens dropped)."""
-        return self.tokenizer.batch_decode([r[m > 0] for r, m in zip(batch["responses"], batch["response_mask"])],
-                                           skip_special_tokens=True)
+        return decode_responses(self.tokenizer, batch)
 
     def chat_prompt_ids(self, prompts: Sequence[list[dict]]) -> list[list[int]]:
         """Token ids of chat prompts with the generation prompt appended (the model's chat template)."""
-        return [self.tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)
-                for p in prompts]
+        return chat_prompt_ids(self.tokenizer, prompts)
+
+    def weight_names(self) -> list[str]:
+        """The names ``update_weights`` takes: the model's parameters."""
+        return [n for n, _ in self.model.named_parameters()]
+
+    @torch.no_grad()
+    def verify_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Raise if any of these tensors differs from the engine's copy (``rollout.debug_sync``)."""
+        params = dict(self.model.named_parameters())
+        for name, full in named_tensors:
+            if not torch.equal(params[name], full.to(params[name].dtype)):
+                raise ValueError(f"checksum mismatch on {name} after copy")
 
     # ----------------------------------------------------------------------------------------- memory
     def sleep(self) -> int:
@@ -299,23 +309,46 @@ class _Run:
         return any(stop in text for stop in self.p.stop)
 
     def result(self) -> Batch:
-        n, pad = self.p.n, self.e.pad_id
-        Tp = max(map(len, self.prompts))
-        Tr = max(map(len, self.tokens))
-        B = len(self.tokens)
-        prompts = torch.full((B, Tp), pad, dtype=torch.long)
-        prompt_mask = torch.zeros(B, Tp, dtype=torch.long)
-        responses = torch.full((B, Tr), pad, dtype=torch.long)
-        mask = torch.zeros(B, Tr)
-        logps = torch.zeros(B, Tr)
-        for b in range(B):
-            p, r = self.prompts[b // n], self.tokens[b]
-            prompts[b, Tp - len(p):] = torch.tensor(p)
-            prompt_mask[b, Tp - len(p):] = 1
-            responses[b, :len(r)] = torch.tensor(r)
-            mask[b, :len(r)] = 1.0
-            logps[b, :len(r)] = torch.tensor(self.logps[b])
-        return _assemble(prompts, prompt_mask, responses, mask, logps)
+        return assemble(self.prompts, self.tokens, self.logps, self.p.n, self.e.pad_id)
+
+
+def assemble(prompts: list[list[int]], tokens: list[list[int]], logps: list[list[float]], n: int, pad: int) -> Batch:
+    """The generate() Batch of finished samples: ``tokens[b]`` / ``logps[b]`` are sample b's response and its
+    tokens' log-probs, samples b = i * n ... i * n + n - 1 those of ``prompts[i]``. Prompts are left-padded and
+    responses right-padded to the longest of each (any engine's output goes through here)."""
+    Tp = max(map(len, prompts))
+    Tr = max(map(len, tokens))
+    B = len(tokens)
+    if B != len(prompts) * n or len(logps) != B:
+        raise ValueError(f"{len(prompts)} prompts x n={n} need {len(prompts) * n} samples, got {B} token lists and "
+                         f"{len(logps)} log-prob lists")
+    out_prompts = torch.full((B, Tp), pad, dtype=torch.long)
+    prompt_mask = torch.zeros(B, Tp, dtype=torch.long)
+    responses = torch.full((B, Tr), pad, dtype=torch.long)
+    mask = torch.zeros(B, Tr)
+    out_logps = torch.zeros(B, Tr)
+    for b in range(B):
+        p, r = prompts[b // n], tokens[b]
+        if len(logps[b]) != len(r):
+            raise ValueError(f"sample {b}: {len(r)} tokens but {len(logps[b])} log-probs")
+        out_prompts[b, Tp - len(p):] = torch.tensor(p)
+        prompt_mask[b, Tp - len(p):] = 1
+        responses[b, :len(r)] = torch.tensor(r, dtype=torch.long)
+        mask[b, :len(r)] = 1.0
+        out_logps[b, :len(r)] = torch.tensor(logps[b])
+    return _assemble(out_prompts, prompt_mask, responses, mask, out_logps)
+
+
+def decode_responses(tokenizer, batch: Batch) -> list[str]:
+    """Response texts of a generated batch (valid tokens only, special tokens dropped)."""
+    return tokenizer.batch_decode([r[m > 0] for r, m in zip(batch["responses"], batch["response_mask"])],
+                                  skip_special_tokens=True)
+
+
+def chat_prompt_ids(tokenizer, prompts: Sequence[list[dict]]) -> list[list[int]]:
+    """Token ids of chat prompts with the generation prompt appended (the model's chat template)."""
+    return [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)
+            for p in prompts]
 
 
 MIN_SHARED_PREFIX = 8

@@ -13,8 +13,9 @@
 #   then on the head: bash recipes/dapo/run_qwen32b.sh   (RAY_ADDRESS defaults to auto: the running cluster)
 # Data: DAPO-Math-17k from the HF hub (DAPO_MATH_SRC=hub, needs `pip install -e '.[hub]'`) or a local .parquet /
 # .jsonl (DAPO_MATH_SRC=/path/file.parquet); AIME 2024 from ../shared/data/aime24 (AIME_SRC=DIR or hub).
-# Rollout: vLLM TP 4 (pip install -e '.[vllm]'); where vLLM (or its adapter) is missing the run falls back to the
-# embedded engine (rollout.backend=embedded, TP 1) -- and stops at the plan if that does not fit (it does not for 32B).
+# Rollout: vLLM TP 4 (pip install -e '.[vllm]'; core/engines/vllm_rollout.py); where vllm is not importable the run
+# falls back to the embedded engine (rollout.backend=embedded, TP 1) -- and stops at the plan if that does not fit
+# (it does not for 32B).
 # Extra arguments are Hydra overrides, e.g. trainer.total_steps=200 actor.optim.lr=2e-6
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -30,9 +31,9 @@ run=("$PY" "$here/train.py" --config-dir "$here" --config-name qwen32b)
 if [ "$dry" = 1 ]; then
   exec "${run[@]}" --dry-run "${args[@]}"
 fi
-# core/engines/vllm_rollout.py is the adapter (not in this version yet): without it, or without vllm, fall back
+# without vllm, fall back to the embedded engine
 if ! "$PY" -c "import vllm, core.engines.vllm_rollout" 2>/dev/null; then
-  echo "run_qwen32b.sh: no vLLM rollout here (vllm not importable or no adapter): falling back to the embedded engine (rollout.backend=embedded, TP 1)"
+  echo "run_qwen32b.sh: vllm is not importable here: falling back to the embedded engine (rollout.backend=embedded, TP 1)"
   args=(rollout.backend=embedded rollout.tensor_parallel_size=1 "${args[@]}")
 fi
 # the plan first: a run that cannot fit stops here with the numbers, not after loading 32B weights on 128 GPUs

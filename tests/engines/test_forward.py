@@ -56,7 +56,7 @@ def _load_and_compare(rank: int, world: int, port: int, path: str, out: str) -> 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     ctx = WorkerContext(rank=rank, world_size=world, local_rank=rank, device=torch.device("cpu"))
-    model = load_sharded_causal_lm(path, ctx, torch.float32, False, "actor")
+    model = load_sharded_causal_lm(path, ctx, torch.float32, "none", "actor")
     full = {n: (t.full_tensor() if hasattr(t, "full_tensor") else t) for n, t in model.state_dict().items()}
     buffers = {n: b.clone() for n, b in model.named_buffers()}
     local_rows = model.model.embed_tokens.weight.to_local().shape[0]

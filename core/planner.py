@@ -185,8 +185,9 @@ CHUNK_WORK = 3 * (1 << 28) * 4
 def plan(m: ModelShape, r: RunShape) -> Plan:
     W = r.nnodes * r.gpus_per_node
     gpu = r.gpu_memory_gb * GB
-    if r.offload not in ("none", "idle", "full"):
-        raise ValueError(f"offload must be none, idle or full, got {r.offload!r}")
+    from core.engines.sharding import check_offload
+
+    check_offload(r.offload, "actor")
     p = Plan()
     host = parked = 0.0   # per GPU: offloaded for good (full); parked while the roles are idle (idle)
     sharded = {"fp32 master weights (4P/W)": 4 * m.params / W, "fp32 gradients (4P/W)": 4 * m.params / W,
@@ -213,8 +214,7 @@ def plan(m: ModelShape, r: RunShape) -> Plan:
     weights = 2 * m.params / tp
     if embedded:
         p.lines.append(("embedded engine weights (2P, kept)", weights, "train"))
-    resident = (sum(b for item, b, phase in p.lines if phase == "train" and item in sharded)
-                if r.offload == "none" else 0.0)
+    resident = sum(sharded.values()) if r.offload == "none" else 0.0
     kv_per_token = 2 * m.layers * m.kv_heads * m.head_dim * 2 / tp
     if embedded:
         p.kv_tokens = float(r.rollout_batch * r.max_seq_len)
@@ -250,9 +250,9 @@ def plan(m: ModelShape, r: RunShape) -> Plan:
     if not p.fits and r.offload != "full":
         full = plan(m, replace(r, offload="full"))
         p.hints.append(f"with offload=full (every shard on the host, the optimizer stepping on the CPU: slower) "
-                          f"the plan needs {full.total('train') / GB:.1f} GB per GPU training, "
-                          f"{full.total('rollout') / GB:.1f} GB rollout, {full.host_per_node / GB:.0f} GB host per node"
-                          f": {'it fits' if full.fits else 'it does not fit either'}")
+                       f"the plan needs {full.total('train') / GB:.1f} GB per GPU training, "
+                       f"{full.total('rollout') / GB:.1f} GB rollout, {full.host_per_node / GB:.0f} GB host per node"
+                       f": {'it fits' if full.fits else 'it does not fit either'}")
     return p
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from core.engines.fsdp import ActorConfig, FSDPActor
-from core.engines.rollout import RolloutEngine, SamplingParams, merge_padded
+from core.engines.rollout import RolloutEngine, SamplingParams, merge_padded, replica_seed
 from core.protocol import Batch
 from core.reshard import sync_weights
 from core.worker import WorkerContext
@@ -82,8 +82,7 @@ class RolloutWorker:
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """n samples for each prompt row (key ``prompt``: chat lists); every non-tensor column is repeated."""
         prompts.require("prompt")
-        # each rank its own random stream: one seed everywhere would draw the same uniforms on every rank
-        params = replace(params, seed=params.seed + 1_000_003 * self.ctx.rank)
+        params = replace(params, seed=replica_seed(self.ctx.rank, self.cfg.tensor_parallel_size, params.seed))
         out = self.engine.generate(self.engine.chat_prompt_ids(list(prompts["prompt"])), params)
         if self.cfg.sleep_after_generate:
             self.engine.sleep()

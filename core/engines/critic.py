@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from core.algos import LossNorm, masked_mean, value_loss
 from core.engines.forward import trim_padding
 from core.engines.fsdp import OptimConfig, length_order, micro_batches, restore_order
-from core.engines.sharding import (OFFLOAD_MODES, IdleOffload, adamw_with_warmup, clipped_step, enable_checkpointing, equalise_passes, global_counts,
-                                   load_state, save_state, shard)
+from core.engines.sharding import (IdleOffload, adamw_with_warmup, check_offload, clipped_step, enable_checkpointing,
+                                   equalise_passes, global_counts, load_state, save_state, shard)
 from core.protocol import Batch
 from core.worker import WorkerContext
 
@@ -53,8 +53,7 @@ class CriticConfig:
     seed: int = 0
 
     def __post_init__(self):
-        if self.offload not in OFFLOAD_MODES:
-            raise ValueError(f"critic.offload must be one of {OFFLOAD_MODES}, got {self.offload!r}")
+        check_offload(self.offload, "critic")
 
 
 def load_value_model(name_or_path: str, dtype: torch.dtype = torch.float32):

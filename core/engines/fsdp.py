@@ -20,8 +20,8 @@ from core.algos import POLICY_LOSSES, LossNorm, PolicyLossConfig, entropy_bonus
 from core.algos.kl import kl_loss
 from core.algos.ops import masked_mean
 from core.engines.forward import response_logprobs
-from core.engines.sharding import (OFFLOAD_MODES, IdleOffload, adamw_with_warmup, clipped_step, equalise_passes, global_counts,
-                                   load_sharded_causal_lm, load_state, save_state)
+from core.engines.sharding import (IdleOffload, adamw_with_warmup, check_offload, clipped_step, equalise_passes,
+                                   global_counts, load_sharded_causal_lm, load_state, save_state)
 from core.protocol import Batch
 from core.worker import WorkerContext
 
@@ -81,8 +81,7 @@ class ActorConfig:
     seed: int = 0
 
     def __post_init__(self):
-        if self.offload not in OFFLOAD_MODES:
-            raise ValueError(f"actor.offload must be one of {OFFLOAD_MODES}, got {self.offload!r}")
+        check_offload(self.offload, "actor")
 
 
 def micro_batches(batch: Batch, size: int, max_tokens: int) -> list[Batch]:

@@ -46,6 +46,12 @@ class SamplingParams:
     ignore_eos: bool = False
 
 
+def replica_seed(rank: int, tensor_parallel_size: int, base: int = 0) -> int:
+    """The sampling seed of the engine replica that holds ``rank``: equal across its tensor-parallel ranks (they
+    must sample alike), distinct across replicas (one seed everywhere would draw the same uniforms on each)."""
+    return base + 1_000_003 * (rank // tensor_parallel_size)
+
+
 class RolloutEngine:
     """Generation with a transformers model in this process (colocated with the trainer or standalone)."""
 

@@ -28,10 +28,11 @@ from core.worker import WorkerContext
 OFFLOAD_MODES = ("none", "idle", "full")
 
 
-def check_offload(mode: str, role: str, ctx: WorkerContext) -> None:
+def check_offload(mode: str, role: str, ctx: WorkerContext | None = None) -> None:
+    """``mode`` is one of OFFLOAD_MODES and, given the rank's context, usable there (not none: CUDA only)."""
     if mode not in OFFLOAD_MODES:
         raise ValueError(f"{role}.offload must be one of {OFFLOAD_MODES}, got {mode!r}")
-    if mode != "none" and ctx.device.type != "cuda":
+    if ctx is not None and mode != "none" and ctx.device.type != "cuda":
         raise ValueError(f"{role}.offload={mode} moves FSDP shards to host memory and needs a CUDA device; rank "
                          f"{ctx.rank} runs on {ctx.device} (where everything is in host memory already)")
 

@@ -33,13 +33,8 @@ from typing import Iterable, Sequence
 
 import torch
 
-from core.engines.rollout import SamplingParams, assemble, chat_prompt_ids, decode_responses
+from core.engines.rollout import SamplingParams, assemble, chat_prompt_ids, decode_responses, replica_seed
 from core.protocol import Batch
-
-
-def replica_seed(rank: int, tensor_parallel_size: int, base: int = 0) -> int:
-    """The engine seed of the replica that holds ``rank``: equal across its TP ranks, distinct across replicas."""
-    return base + 1_000_003 * (rank // tensor_parallel_size)
 
 
 def engine_kwargs(model_path: str, cfg, max_model_len: int | None, seed: int, supported: set[str] | None = None) -> dict:
@@ -104,10 +99,10 @@ class VLLMEngine:
             pass
         path = resolve_model(cfg.model)
         self.cfg, self.device, self.tokenizer = cfg, device, tokenizer
-        self.llm = LLM(**engine_kwargs(path, cfg, max_model_len, replica_seed(rank, cfg.tensor_parallel_size),
-                                       accepted))
+        kwargs = engine_kwargs(path, cfg, max_model_len, replica_seed(rank, cfg.tensor_parallel_size), accepted)
+        self.llm = LLM(**kwargs)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.dtype = torch.bfloat16 if cfg.dtype in ("auto", "bfloat16") else getattr(torch, cfg.dtype)
+        self.dtype = getattr(torch, kwargs["dtype"])
         self._asleep: set[str] = set()
 
     # ------------------------------------------------------------------------------------- memory

@@ -39,7 +39,9 @@ def phase_shares(history: list[dict]) -> dict[str, float]:
 
 
 def plot_curves(history: list[dict], path: str | Path) -> Path | None:
-    """reward/mean and response_length/mean per step, as a PNG; None when matplotlib is missing."""
+    """reward/mean (train, and held-out where validated) and response_length/mean per step, as a PNG; None when
+    matplotlib is missing. The PNG's ``Description`` text chunk records how many points each drawn line holds
+    (read back from the figure's lines, not from ``history``), so a test can check the picture it was given."""
     try:
         import matplotlib
 
@@ -48,31 +50,41 @@ def plot_curves(history: list[dict], path: str | Path) -> Path | None:
     except ImportError:
         return None
     val = [m for m in history if "val/reward/mean" in m]
-    history = [m for m in history if "reward/mean" in m]
-    steps = [m["step"] for m in history]
+    train = [m for m in history if "reward/mean" in m]
+    steps = [m["step"] for m in train]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    ax1.plot(steps, [m["reward/mean"] for m in history], marker="o", ms=3, label="train (sampled)")
+    ax1.plot(steps, [m["reward/mean"] for m in train], marker="o", ms=3, label="train (sampled)")
     if val:
         ax1.plot([m["step"] for m in val], [m["val/reward/mean"] for m in val], marker="s", ms=5, linestyle="--",
                  color="tab:green", label="held-out (greedy)")
         ax1.legend(loc="lower right")
     ax1.set(xlabel="step", ylabel="reward/mean", title="mean reward")
-    ax2.plot(steps, [m["response_length/mean"] for m in history], marker="o", ms=3, color="tab:orange")
+    ax2.plot(steps, [m["response_length/mean"] for m in train], marker="o", ms=3, color="tab:orange",
+             label="response length")
     ax2.set(xlabel="step", ylabel="tokens", title="mean response length")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
     fig.tight_layout()
+    points = {line.get_label(): len(line.get_xdata()) for ax in (ax1, ax2) for line in ax.get_lines()}
     path = Path(path)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, metadata={"Description": json.dumps({"points": points})})
     plt.close(fig)
     return path
+
+
+def plotted_points(png: str | Path) -> dict[str, int]:
+    """{line label: number of points} as ``plot_curves`` recorded them in the PNG."""
+    from PIL import Image
+
+    with Image.open(png) as im:
+        return json.loads(im.info["Description"])["points"]
 
 
 def report(history: list[dict], png: str | Path | None = None) -> str:
     """The summary text (and the PNG, when ``png`` is given). Rows without ``reward/mean`` (the step-0
     validation before training) count only for the held-out line."""
     val = [m for m in history if "val/reward/mean" in m]
-    rows, history = history, [m for m in history if "reward/mean" in m]
+    rows, history = history, [m for m in history if "reward/mean" in m]  # rows: everything, for the PNG
     if not history:
         return "no steps were run"
     start, k = window(history, "reward/mean", first=True)
@@ -85,9 +97,9 @@ def report(history: list[dict], png: str | Path | None = None) -> str:
              f"{window(history, 'response_length/mean', False)[0]:.1f} tokens",
              f"time: {total:.0f}s in steps ({total / len(history):.1f}s per step): {shares}"]
     for key in ("critic/vf_loss", "critic/explained_var"):  # when there is a critic: does it learn?
-        rows = [m for m in history if key in m]
-        if len(rows) >= 2:
-            lines.insert(-1, f"{key}: {window(rows, key, True)[0]:.4f} -> {window(rows, key, False)[0]:.4f}")
+        have = [m for m in history if key in m]
+        if len(have) >= 2:
+            lines.insert(-1, f"{key}: {window(have, key, True)[0]:.4f} -> {window(have, key, False)[0]:.4f}")
     if len(val) >= 2:
         lines.insert(1, f"val/reward/mean (held-out, greedy): step {val[0]['step']} {val[0]['val/reward/mean']:.3f} -> "
                         f"step {val[-1]['step']} {val[-1]['val/reward/mean']:.3f}")

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from core.report import phase_shares, read_metrics, report, window
+from core.report import phase_shares, plotted_points, read_metrics, report, window
 
 
 def history(n=10):
@@ -43,3 +43,33 @@ def test_read_metrics_names_the_bad_line(tmp_path):
     p.write_text(json.dumps(history(1)[0]) + "\n{not json\n")
     with pytest.raises(ValueError, match=r"metrics.jsonl: line 2 is not JSON"):
         read_metrics(p)
+
+
+def coloured_pixels(png, rgb, tol=40) -> int:
+    """How many pixels of the PNG are within ``tol`` (per channel) of the colour ``rgb``."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(png) as im:
+        pixels = np.asarray(im.convert("RGB"), dtype=np.int32)
+    return int((np.abs(pixels - np.array(rgb)) <= tol).all(-1).sum())
+
+
+@pytest.mark.parametrize("critic", [False, True])
+def test_the_png_holds_every_step_of_the_run(tmp_path, critic):
+    """The curves are drawn from the run's rows whether or not there is a critic (its summary loop once reused the
+    name of the rows to plot: without a critic both panels came out empty). Checked twice: the number of points
+    of each drawn line, and the line colours present in the picture itself."""
+    pytest.importorskip("matplotlib")
+    h = [{"step": 0, "val/reward/mean": 0.25}] + history(10)
+    h[-1]["val/reward/mean"] = 0.75
+    if critic:
+        for i, m in enumerate(h[1:]):
+            m |= {"critic/vf_loss": 1.0 - i / 20, "critic/explained_var": i / 10}
+    png = tmp_path / "curves.png"
+    text = report(h, png)
+    assert f"curves: {png}" in text and ("critic/vf_loss: 0.9750 -> 0.5750" in text) == critic
+    assert plotted_points(png) == {"train (sampled)": 10, "held-out (greedy)": 2, "response length": 10}
+    assert coloured_pixels(png, (31, 119, 180)) > 300      # tab:blue, the train reward line and its markers
+    assert coloured_pixels(png, (255, 127, 14)) > 300      # tab:orange, the response length line
+    assert coloured_pixels(png, (44, 160, 44)) > 50        # tab:green, the held-out points

@@ -1,6 +1,7 @@
 """``fit(cfg)``: place the roles, stream prompts, run ``core.loop.step`` for ``total_steps``, log every step.
 
-Every step appends one JSON line to ``<output_dir>/metrics.jsonl``; the console gets a progress bar and a
+Every step appends one JSON line to ``<output_dir>/metrics.jsonl`` (a fresh run first moves an earlier run's file
+aside; only a resume keeps it, cut back to the checkpoint's step); the console gets a progress bar and a
 one-line summary per step. At start it prints the effective batch sizes in their units -- the most asked
 question about verl's config; at the end, ``core.report``'s summary and ``<output_dir>/curves.png``.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -201,6 +203,8 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
             if kl_ctrl is not None:
                 kl_ctrl.load_state_dict(state["kl_ctrl"])
             print(f"resumed from {resumed} (step {start})", flush=True)
+        else:  # a fresh run starts a fresh file: appending would mix two runs in one history and one report
+            set_aside_metrics(out / "metrics.jsonl")
         with (out / "metrics.jsonl").open("a") as log, tqdm(total=cfg.trainer.total_steps, initial=start,
                                                             desc="steps") as bar:
             if val_prompts is not None and start == 0:  # the untrained policy's held-out score: the val curve's start
@@ -238,6 +242,21 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
             tracker.close()
     print("summary:\n" + report(history, out / "curves.png"), flush=True)
     return history
+
+
+def set_aside_metrics(path: Path) -> Path | None:
+    """Move an earlier run's non-empty ``metrics.jsonl`` to ``metrics.<its modification time>.jsonl`` (never
+    overwriting one already set aside) and say so; returns the new path, or None when there was nothing."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
+    aside, k = path.with_name(f"metrics.{stamp}.jsonl"), 1
+    while aside.exists():
+        aside, k = path.with_name(f"metrics.{stamp}-{k}.jsonl"), k + 1
+    path.rename(aside)
+    print(f"{path} holds an earlier run and this run starts fresh (no checkpoint to resume): moved it to {aside}",
+          flush=True)
+    return aside
 
 
 def rewind_metrics(path: Path, step: int) -> list[dict]:

@@ -27,6 +27,19 @@ def test_fit_writes_one_metrics_line_per_step(tiny_model_dir, tmp_path):
     assert json.loads((tmp_path / "run" / "config.json").read_text())["actor"]["optim"]["lr"] == 1e-3
 
 
+def test_a_fresh_run_starts_a_fresh_metrics_file(tiny_model_dir, tmp_path):
+    """Running again into the same output_dir without a checkpoint sets the earlier file aside (it once appended:
+    the report then summarised two runs as one); the set-aside file keeps the first run's rows unchanged."""
+    t = tree(tiny_model_dir, verl_parquet(tmp_path / "train.parquet"), tmp_path / "run")
+    t["trainer"]["total_steps"] = 1
+    first = fit(validate(RunConfig, t))
+    second = fit(validate(RunConfig, t))
+    rows = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in rows] == [1] and rows == second
+    aside = sorted((tmp_path / "run").glob("metrics.*.jsonl"))
+    assert len(aside) == 1 and [json.loads(l) for l in aside[0].read_text().splitlines()] == first
+
+
 def test_config_errors_name_the_key_and_sizes_are_checked(tiny_model_dir, tmp_path):
     bad = tree(tiny_model_dir, "x.parquet", tmp_path)
     bad["actor"]["micro_batch_sise"] = 2

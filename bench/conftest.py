@@ -4,7 +4,8 @@ Each bench measures ours and a baseline in the same run and reports their ratio 
 noisy: ratios carry across runs, absolute times do not). Results land in ``bench/results/<bench>.json``; with
 ``--benchmark`` the tracked ratios are compared with ``bench/baselines/<machine kind>.json`` at the end of the
 session (``bench/regress.py``): a regression beyond the tolerance fails the run, and ``bench/results/report.md``
-and ``report.png`` are written. ``--save-baseline`` stores this run's ratios as the machine kind's baseline.
+and ``report.png`` are written. ``--save-baseline`` stores this run's ratios as the machine kind's baseline; a
+kind with no baseline says so and writes this run's ratios to ``bench/results/baseline-candidate-<kind>.json``.
 """
 
 from __future__ import annotations
@@ -30,28 +31,15 @@ def pytest_addoption(parser):
 
 def pytest_sessionfinish(session, exitstatus):
     """Compare the run's tracked ratios with the stored baseline; write the markdown report and PNG."""
-    from bench.regress import compare, load_baseline, machine_kind, save_baseline, tracked_ratios, write_report
+    from bench.regress import finish, machine_kind
 
     config = session.config
     records = getattr(config, "_bench_records", [])
     if not records or not config.getoption("--benchmark"):
         return
-    kind, current = machine_kind(), tracked_ratios(records)
-    baseline = load_baseline(kind)
-    failures = compare(current, baseline) if baseline else []
-    written = write_report(current, baseline, failures, RESULTS, kind)
-    lines = [f"\n[bench] report: {', '.join(map(str, written))}"]
-    if config.getoption("--save-baseline"):
-        lines.append(f"[bench] baseline saved: {save_baseline(kind, current)}")
-    elif not any(current.values()):
-        lines.append("[bench] no tracked ratios in this run: nothing compared")
-    elif baseline is None:
-        lines.append(f"[bench] no baseline for machine kind {kind!r}: nothing compared (--save-baseline stores one)")
-    elif failures:
-        lines += ["[bench] REGRESSION against bench/baselines/" + kind + ".json:", *[f"  {f}" for f in failures]]
+    lines, regressed = finish(records, machine_kind(), RESULTS, config.getoption("--save-baseline"))
+    if regressed:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    else:
-        lines.append(f"[bench] no regression against bench/baselines/{kind}.json")
     config.get_terminal_writer().line("\n".join(lines))
 
 

@@ -63,15 +63,41 @@ def load_baseline(kind: str) -> dict[str, dict[str, float]] | None:
     return json.loads(path.read_text())["ratios"] if path.is_file() else None
 
 
-def save_baseline(kind: str, current: dict[str, dict[str, tuple[float, str]]]) -> Path:
-    """Merge this run's ratios into the kind's baseline (benches not run keep their stored values)."""
-    BASELINES.mkdir(exist_ok=True)
-    path = BASELINES / f"{kind}.json"
+def save_baseline(kind: str, current: dict[str, dict[str, tuple[float, str]]], path: Path | None = None) -> Path:
+    """Merge this run's ratios into the kind's baseline (benches not run keep their stored values); ``path``:
+    write there instead of ``bench/baselines/<kind>.json`` (a candidate for a kind that has none yet)."""
+    path = path or BASELINES / f"{kind}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     stored = json.loads(path.read_text()) if path.is_file() else {"machine": kind, "ratios": {}}
     for bench, ratios in current.items():
         stored["ratios"][bench] = {k: v for k, (v, _) in ratios.items()}
     path.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
     return path
+
+
+def finish(records: list[dict], kind: str, results: Path, save: bool,
+           baselines: Path = BASELINES) -> tuple[list[str], bool]:
+    """The end of a ``--benchmark`` session: compare with ``<baselines>/<kind>.json``, write the report, and store
+    this run's ratios -- as the baseline (``save``), or as ``<results>/baseline-candidate-<kind>.json`` when the
+    kind has none (said in one line: nothing silently uncompared). Returns (lines to print, regressed)."""
+    current = tracked_ratios(records)
+    stored = baselines / f"{kind}.json"
+    baseline = json.loads(stored.read_text())["ratios"] if stored.is_file() else None
+    failures = compare(current, baseline) if baseline else []
+    lines = [f"\n[bench] report: {', '.join(map(str, write_report(current, baseline, failures, results, kind)))}"]
+    if save:
+        lines.append(f"[bench] baseline saved: {save_baseline(kind, current, stored)}")
+    elif not any(current.values()):
+        lines.append("[bench] no tracked ratios in this run: nothing compared")
+    elif baseline is None:
+        candidate = save_baseline(kind, current, results / f"baseline-candidate-{kind}.json")
+        lines.append(f"[bench] NO BASELINE for machine kind {kind!r}: nothing was compared. This run's ratios are in "
+                     f"{candidate}; commit them as {stored} (or rerun with --save-baseline)")
+    elif failures:
+        lines += [f"[bench] REGRESSION against {stored}:", *[f"  {f}" for f in failures]]
+    else:
+        lines.append(f"[bench] no regression against {stored}")
+    return lines, bool(failures) and not save
 
 
 def write_report(current: dict[str, dict[str, tuple[float, str]]], baseline: dict | None, failures: list[str],

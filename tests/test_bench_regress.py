@@ -50,3 +50,20 @@ def test_a_deliberate_rollout_slowdown_fails_the_bench_comparison():
                           text=True)
     assert slow.returncode == 1, slow.stdout[-2000:]
     assert "REGRESSION" in slow.stdout and "rollout.speedup_vs_generate" in slow.stdout
+
+
+def test_a_machine_kind_without_a_baseline_says_so_and_writes_the_candidate(tmp_path):
+    """No silent 'nothing compared': one line names the kind, and this run's ratios land in a candidate file that
+    a second run (once committed as the baseline) compares against."""
+    from bench.regress import finish
+
+    records = [{"bench": "rollout", "tracked": {"speedup": "higher"}, "speedup": 2.0}]
+    lines, regressed = finish(records, "cpu-2c-test", tmp_path / "results", save=False, baselines=tmp_path / "base")
+    candidate = tmp_path / "results" / "baseline-candidate-cpu-2c-test.json"
+    assert not regressed and any("NO BASELINE for machine kind 'cpu-2c-test'" in l and str(candidate) in l
+                                 for l in lines)
+    (tmp_path / "base").mkdir()
+    candidate.rename(tmp_path / "base" / "cpu-2c-test.json")
+    slower = [{"bench": "rollout", "tracked": {"speedup": "higher"}, "speedup": 1.0}]
+    lines, regressed = finish(slower, "cpu-2c-test", tmp_path / "results", save=False, baselines=tmp_path / "base")
+    assert regressed and any("rollout.speedup: 1 vs baseline 2" in l for l in lines)

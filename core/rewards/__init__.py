@@ -71,6 +71,15 @@ def gsm8k_flexible(data_source, solution_str, ground_truth, extra_info=None):
     return _result(score, gsm8k.extract_answer(solution_str, "flexible"))
 
 
+@REWARDS.register("hybridrl/arith")
+def arith_last_number(data_source, solution_str, ground_truth, extra_info=None):
+    """The CPU demo's arithmetic (``core.data.arith``): 1.0 when the last number of the response is the answer, else
+    0 -- an answer cut off by the length limit, or followed by other numbers, scores 0.
+    Examples vs '12': '3 * 4 = 12' -> 1.0; '#### 12' -> 1.0; '12, or maybe 13' -> 0.0; 'To find 3 * 4 we' -> 0.0."""
+    score = gsm8k.compute_score(solution_str, ground_truth, method="flexible", format_score=0.0)
+    return _result(score, gsm8k.extract_answer(solution_str, "flexible"))
+
+
 @REWARDS.register("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500",
                   "minerva_math", "aime24", "aime2024", "amc23", "math")
 def math_boxed(data_source, solution_str, ground_truth, extra_info=None):

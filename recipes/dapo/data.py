@@ -9,17 +9,16 @@
                     Both use DAPO's prompt (TEMPLATE_DAPO: reason, then a last line "Answer: x") and are scored by
                     the `Answer:` reward (core.rewards math_dapo: +1 / -1).
   --task gsm8k  GSM8K from ../shared/data/gsm8k (or --src DIR, or --src hub) with the recipe's prompt template.
-  --task arith  single-digit arithmetic (a + b, a * b; a, b in 1..9), generated from --seed: the CPU demo's task.
-                SmolLM2-135M-Instruct gets ~35% right at temperature 0.7 within 32 tokens (it explains at length
-                and is cut off), GSM8K ~0 -- so arith is where a 135M model shows learning in minutes (README).
+  --task arith  the CPU demo's task, core.data.arith: a + b and a * b with a, b in 1..12, the test split held out
+                by content (no test problem occurs in training in either operand order) -> arith_v2/
 
 Usage: python recipes/dapo/data.py [--task dapo_math|aime24|gsm8k|arith] [--src DIR|FILE|hub] [--out outputs/data]
 """
 
 import argparse
-import random
 from pathlib import Path
 
+from core.data import arith
 from core.data.prepare import DEFAULT_SRC, prepare, read_jsonl, write_parquet
 
 # DAPO-Math-17k's own prompt wording (the hub rows carry it already; raw records and AIME get it here)
@@ -29,19 +28,6 @@ TEMPLATE_DAPO = ("Solve the following math problem step by step. The last line o
 DAPO_HUB = "BytedTsinghua-SIA/DAPO-Math-17k"
 
 TEMPLATE = "{question} Let's think step by step and output the final answer after \"####\"."
-ARITH_TEMPLATE = "What is {a} {op} {b}? Reply with the answer in the form #### <number>."
-ARITH_SOURCE = "hybridrl/arith"
-
-
-def arith_rows(count: int, split: str, seed: int) -> list[dict]:
-    rng, rows = random.Random(f"{seed}-{split}"), []
-    for i in range(count):
-        a, b, op = rng.randint(1, 9), rng.randint(1, 9), rng.choice("+*")
-        question = ARITH_TEMPLATE.format(a=a, op=op, b=b)
-        rows.append({"data_source": ARITH_SOURCE, "prompt": [{"role": "user", "content": question}],
-                     "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(a + b if op == "+" else a * b)},
-                     "extra_info": {"split": split, "index": i, "question": question}})
-    return rows
 
 
 def dapo_math_rows(records: list[dict], where: str) -> list[dict]:
@@ -106,7 +92,4 @@ if __name__ == "__main__":
     elif a.task == "gsm8k":
         prepare("gsm8k", a.src or str(DEFAULT_SRC), a.out, template=TEMPLATE)
     else:
-        for split, count in (("train", 4000), ("test", 256)):
-            path = Path(a.out) / "arith" / f"{split}.parquet"
-            write_parquet(arith_rows(count, split, a.seed), path)
-            print(f"arith {split}: {count} rows -> {path}")
+        arith.write(a.out, seed=a.seed)

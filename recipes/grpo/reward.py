@@ -2,15 +2,17 @@
 
 - GSM8K, format-aware: 1.0 for the right ``#### n``, 0.1 for the format with a wrong number, 0 without ``####``.
   A 135M model starts near 0 on strict GSM8K (see README), so the format term gives GRPO groups varied rewards.
-- ``hybridrl/arith`` (the CPU demo): 1.0 when the last number of the response is the answer, else 0 -- so an
-  answer cut off by the length limit, or followed by other numbers, scores 0.
+- ``hybridrl/arith`` (the CPU demo's task) and every other data source: core's registry (``default_compute_score``;
+  arith: 1.0 when the last number of the response is the answer, else 0).
 """
 
+from core.rewards import default_compute_score
 from core.rewards.gsm8k import compute_score as gsm8k_score, extract_answer
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    method, format_score = ("flexible", 0.0) if data_source == "hybridrl/arith" else ("strict", 0.1)
-    pred = extract_answer(solution_str, method)
-    score = gsm8k_score(solution_str, ground_truth, method=method, format_score=format_score)
+    if data_source not in ("openai/gsm8k", "gsm8k"):
+        return default_compute_score(data_source, solution_str, ground_truth, extra_info)
+    pred = extract_answer(solution_str, "strict")
+    score = gsm8k_score(solution_str, ground_truth, method="strict", format_score=0.1)
     return {"score": score, "acc": score == 1.0, "pred": pred or ""}

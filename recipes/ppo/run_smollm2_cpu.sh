@@ -9,7 +9,7 @@ root="$(cd "$here/../.." && pwd)"
 cd "$root"
 PY="${PY:-$root/.venv/bin/python}"
 CONFIG="${CONFIG:-demo_cpu}"
-task=arith
-[ "$CONFIG" = config ] && task=gsm8k
-[ -f "outputs/data/$task/train.parquet" ] || "$PY" "$here/data.py" --task "$task" --out outputs/data
+task=arith folder=arith_v2
+[ "$CONFIG" = config ] && task=gsm8k folder=gsm8k
+[ -f "outputs/data/$folder/train.parquet" ] || "$PY" "$here/data.py" --task "$task" --out outputs/data
 exec "$PY" -m core.train --config-dir "$here" --config-name "$CONFIG" "$@"

@@ -39,7 +39,7 @@ def test_recipe_configs_validate_and_sizes_add_up(name):
 def test_demo_config_is_what_expected_yaml_describes():
     demo = EXPECTED["cpu"]
     cfg = load_run_config(RECIPE, "demo_cpu")
-    assert cfg.trainer.total_steps == demo["steps"] and cfg.data.train_files == ["outputs/data/arith/train.parquet"]
+    assert cfg.trainer.total_steps == demo["steps"] and cfg.data.train_files == ["outputs/data/arith_v2/train.parquet"]
 
 
 def test_reward_by_hand():
@@ -54,15 +54,15 @@ def test_reward_by_hand():
     assert fn("openai/gsm8k", "it is 72", "72")["score"] == 0.0        # strict: no ####
 
 
-def test_arith_rows_are_seeded_and_correct():
-    data = load_recipe_module("data")
-    rows = data.arith_rows(200, "train", seed=0)
-    assert rows == data.arith_rows(200, "train", seed=0) and rows != data.arith_rows(200, "test", seed=0)
-    for r in rows:
-        q = r["extra_info"]["question"]
-        a, op, b = q.split("What is ")[1].split("?")[0].split()
-        assert int(r["reward_model"]["ground_truth"]) == (int(a) + int(b) if op == "+" else int(a) * int(b))
-        assert r["data_source"] == "hybridrl/arith" and r["prompt"][0]["content"] == q
+def test_the_demo_reads_the_held_out_arith_split():
+    """The demo's train and val files are core.data.arith's, whose test split is held out by content
+    (tests/data/test_arith.py); the run script writes them with the recipe's data.py."""
+    from core.data import arith
+
+    cfg = load_run_config(RECIPE, "demo_cpu")
+    assert cfg.data.train_files == [f"outputs/data/{arith.FOLDER}/train.parquet"]
+    assert cfg.data.val_files == [f"outputs/data/{arith.FOLDER}/test.parquet"]
+    assert f"folder={arith.FOLDER}" in (RECIPE / "run_smollm2_cpu.sh").read_text()
 
 
 @pytest.mark.slow

@@ -23,7 +23,8 @@ TOLERANCE = 0.25
 
 
 def machine_kind() -> str:
-    """e.g. ``cpu-2c-avx512bf16``, ``cpu-2c-avx2``, ``cuda-nvidia-h100-80gb-hbm3``: baselines are per kind."""
+    """e.g. ``cpu-2c-avx512bf16``, ``cpu-2c-avx512bf16-fp32`` (bf16 turned off), ``cpu-2c-avx2``,
+    ``cuda-nvidia-h100-80gb-hbm3``: baselines are per kind."""
     if torch.cuda.is_available():
         return "cuda-" + torch.cuda.get_device_name(0).lower().replace(" ", "-")
     import os
@@ -34,7 +35,10 @@ def machine_kind() -> str:
         flags = set()
     isa = "amx" if "amx_bf16" in flags else "avx512bf16" if "avx512_bf16" in flags else (
         "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "cpu")
-    return f"cpu-{os.cpu_count()}c-{isa}"
+    from core.models import cpu_has_fast_bf16
+
+    forced_fp32 = isa in ("amx", "avx512bf16") and not cpu_has_fast_bf16()  # HYBRIDRL_CPU_BF16=0: other ratios
+    return f"cpu-{os.cpu_count()}c-{isa}" + ("-fp32" if forced_fp32 else "")
 
 
 def tracked_ratios(records: list[dict]) -> dict[str, dict[str, tuple[float, str]]]:

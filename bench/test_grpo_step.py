@@ -23,12 +23,11 @@ import time
 import pytest
 import torch
 
-from bench.test_rollout import matmul_flops_per_s
 from core.algos import AdvantageConfig
 from core.engines.fsdp import ActorConfig, FSDPActor, OptimConfig
 from core.engines.rollout import SamplingParams
 from core.loop import Roles, StepConfig, prompts_from_rows, step
-from core.models import resolve_model
+from core.models import default_dtype, resolve_model
 from core.roles import RolloutConfig, RolloutWorker
 from core.worker import RoleSpec
 from core.worker_group import LocalWorkerGroup
@@ -127,7 +126,7 @@ def test_whole_grpo_step_vs_trl(full_size, report, tiny_model_dir, tmp_path):
     pytest.importorskip("trl", reason="TRL is an optional bench dependency: pip install -e '.[bench]'")
     path = resolve_model("SmolLM2-135M-Instruct") if full_size else str(tiny_model_dir)
     P, n, new, steps = (8, 4, 32, 3) if full_size else (2, 4, 8, 1)
-    bf16 = matmul_flops_per_s(torch.bfloat16) > matmul_flops_per_s(torch.float32)
+    bf16 = default_dtype() == torch.bfloat16  # from the CPU's flags, as `dtype: auto`
     rows = arith_rows(P)
     ours_s, ours_len = ours_step_seconds(path, "bfloat16" if bf16 else "float32", rows, n, new, steps)
     trl_s, trl_len = trl_step_seconds(path, bf16, rows, n, new, steps, tmp_path / "trl")

@@ -15,9 +15,8 @@ import pytest
 import torch
 
 from bench.test_grpo_step import arith_rows, grpo_specs, grpo_step_config, reward
-from bench.test_rollout import matmul_flops_per_s
 from core.loop import Roles, StepConfig, prompts_from_rows, step
-from core.models import resolve_model
+from core.models import default_dtype, resolve_model
 from core.worker_group import ResourcePool, WorkerGroup
 
 
@@ -46,7 +45,7 @@ def median_step_seconds(groups: list[WorkerGroup], roles: Roles, rows, cfg: Step
 def test_colocated_vs_split_placement(ray_session, full_size, report, tiny_model_dir):
     path = resolve_model("SmolLM2-135M-Instruct") if full_size else str(tiny_model_dir)
     P, n, new, steps = (8, 4, 32, 2) if full_size else (2, 4, 8, 1)
-    dtype = "bfloat16" if matmul_flops_per_s(torch.bfloat16) > matmul_flops_per_s(torch.float32) else "float32"
+    dtype = str(default_dtype()).removeprefix("torch.")  # from the CPU's flags, as `dtype: auto`
     rows, s, cfg = arith_rows(P), grpo_specs(path, dtype, P * n), grpo_step_config(n, new)
     main = WorkerGroup(ResourcePool(slots_per_node=2), s, name="main")
     colocated = median_step_seconds([main], Roles(main.role("actor"), main.role("rollout"), main.role("ref")),

@@ -1,7 +1,7 @@
 """Training throughput: the FSDP2 actor's update and log-prob forward, as tokens/s and MFU against the matmul
 peak measured in the same run (the baseline is the hardware).
 
-Full size (``--benchmark``): SmolLM2-135M-Instruct in the faster dtype, one rank (world size 1, in process), a
+Full size (``--benchmark``): SmolLM2-135M-Instruct in ``dtype: auto``'s choice, one rank (world size 1, in process), a
 mini-batch of 16 samples x (48 prompt + 24 response) tokens in 2 micro-batches, one optimizer step. Smoke size:
 the tiny random model. FLOPs count what runs: 2 x params per token forward (x3 with backward) for the decoder,
 and the tied LM head only on the response positions it projects (``logits_to_keep``).
@@ -14,9 +14,9 @@ import time
 import torch
 
 from bench.conftest import median_time
-from bench.test_rollout import matmul_flops_per_s
+from bench.test_rollout import DEV, matmul_flops_per_s
 from core.engines.fsdp import ActorConfig, FSDPActor, OptimConfig
-from core.models import load_causal_lm, resolve_model
+from core.models import default_dtype, load_causal_lm, resolve_model
 from core.protocol import Batch
 from core.worker import RoleSpec
 from core.worker_group import LocalWorkerGroup
@@ -43,8 +43,8 @@ def forward_flops(model, B: int, Tp: int, Tr: int) -> float:
 def test_fsdp_update_and_logprob_throughput_vs_matmul_peak(full_size, report, tiny_model_dir):
     path = resolve_model("SmolLM2-135M-Instruct") if full_size else str(tiny_model_dir)
     B, Tp, Tr, repeat = (16, 48, 24, 3) if full_size else (4, 8, 4, 1)
-    peaks = {d: matmul_flops_per_s(d) for d in (torch.float32, torch.bfloat16)}
-    best = max(peaks, key=peaks.get)
+    best = default_dtype(DEV)  # from the CPU's flags: bf16 where it has bf16 hardware
+    peak = matmul_flops_per_s(best, size=1024 if full_size else 256)
     model = load_causal_lm(path)
     batch = synthetic_batch(B, Tp, Tr, model.config.vocab_size)
     flops = forward_flops(model, B, Tp, Tr)
@@ -57,9 +57,9 @@ def test_fsdp_update_and_logprob_throughput_vs_matmul_peak(full_size, report, ti
         t_logp = median_time(lambda: actor.call_all(FSDPActor.compute_logprobs, batch), repeat)
         tokens = B * (Tp + Tr)
         r = report("train", model=path.split("/")[-1], dtype=str(best).replace("torch.", ""),
-                   samples=B, tokens=tokens, peak_gflops=peaks[best] / 1e9,
-                   update_s=t_update, update_tok_s=tokens / t_update, update_mfu=3 * flops / t_update / peaks[best],
-                   logprob_s=t_logp, logprob_tok_s=tokens / t_logp, logprob_mfu=flops / t_logp / peaks[best],
+                   samples=B, tokens=tokens, peak_gflops=peak / 1e9,
+                   update_s=t_update, update_tok_s=tokens / t_update, update_mfu=3 * flops / t_update / peak,
+                   logprob_s=t_logp, logprob_tok_s=tokens / t_logp, logprob_mfu=flops / t_logp / peak,
                    update_over_logprob=t_update / t_logp,
                    timed=lambda: actor.call_all(FSDPActor.update, batch), timed_rounds=repeat)
     finally:
@@ -90,7 +90,7 @@ def test_dynamic_vs_padded_batching_on_a_length_skewed_batch(full_size, report, 
     micro-batches of the same token capacity at the batch's full padded width. Same batch, same log-probs."""
     path = resolve_model("SmolLM2-135M-Instruct") if full_size else str(tiny_model_dir)
     B, Tp, Tr, micro, repeat = (32, 128, 256, 8, 3) if full_size else (8, 8, 8, 2, 1)
-    best = max((torch.float32, torch.bfloat16), key=matmul_flops_per_s)
+    best = default_dtype(DEV)
     vocab = load_causal_lm(path).config.vocab_size
     batch = skewed_batch(B, Tp, Tr, vocab)
     times, outs = {}, {}

@@ -108,7 +108,10 @@ def resolve_model(name_or_path: str) -> str:
 
 def cpu_has_fast_bf16() -> bool:
     """Does this CPU multiply bf16 in hardware (AMX or AVX512-BF16)? Without it (e.g. AVX2-only CPUs) PyTorch
-    falls back to a scalar path that was measured ~100x slower than fp32 on a 2-core AMD EPYC."""
+    falls back to a scalar path that was measured ~100x slower than fp32 on a 2-core AMD EPYC. Read from the CPU's
+    flags, not measured; ``HYBRIDRL_CPU_BF16=0`` answers no (fp32 runs and benches on a bf16 machine)."""
+    if os.environ.get("HYBRIDRL_CPU_BF16", "1") == "0":
+        return False
     try:
         flags = Path("/proc/cpuinfo").read_text().split()
     except OSError:

@@ -10,11 +10,11 @@ positions on 2 cores, where two batched matmuls took 0.45 ms. So:
   matmul against that head's keys -- no ``repeat_kv`` copy -- then an fp32 softmax and a matmul with the values.
   Keys and values may be strided views of a larger cache (the slot cache's ``[:n, :, :T]``); they are copied to
   contiguous memory first, which measured faster than batched matmuls over the strided views.
-- bf16 on CPU with no autograd: the same math in one fused kernel that reads the cache views in place
+- bf16 or fp32 on CPU with no autograd: the same math in one fused kernel that reads the cache views in place
   (``core.engines.cpu_kernels``; measured 3.9 ms against ~12 ms per SmolLM2 step at batch 64). Prefills with an
   explicit mask take it too, each query row on its own: SDPA's CPU flash kernel took 2.7 ms per layer for the
   bench's 64 prompt tails (16 queries x 43 keys), this one 0.9 ms; 1,024 x 1,024 causal, 14.5 vs 10.6 ms.
-- anything else (fp32, teacher-forced forwards, training, a prefill with no mask (causal), sliding windows,
+- anything else (teacher-forced forwards, training, a prefill with no mask (causal), sliding windows,
   soft-capping, sinks): SDPA, exactly as transformers runs it.
 
 Head order follows ``repeat_kv``: query head h reads KV head h // G.
@@ -41,7 +41,8 @@ def decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     B, H, q_len, D = query.shape
     scale = scaling if scaling is not None else D ** -0.5
     sdpa_only = module.training or any(kwargs.get(k) is not None for k in _UNSUPPORTED)
-    if (not sdpa_only and query.dtype == torch.bfloat16 and query.device.type == "cpu" and not torch.is_grad_enabled()
+    if (not sdpa_only and query.dtype in cpu_kernels.KERNEL_DTYPES and query.device.type == "cpu"
+            and not torch.is_grad_enabled() and query.shape[-1] % 8 == 0
             and (attention_mask is not None or q_len == 1)
             and (attention_mask is None or attention_mask.dtype != torch.bool) and cpu_kernels.available()):
         return cpu_kernels.decode_attention(query, key, value, attention_mask, scale), None

@@ -12,14 +12,31 @@ Why: a SmolLM2 decode step at batch 64 spent ~30 of its ~52 ms outside the linea
 - ``write_decode``: a step's keys and values into the cache, two ``index_put`` (25 us each) -> memcpy.
 - ``sample_rows``: temperature sampling straight from the model's logits (no fp32 copy): max, exp-sum and the
   inverse-CDF scan per row in one call, where the PyTorch path took ~8 ops over (64, 49,152) fp32 a step.
-AVX-512 paths (with avx512_bf16 dot products where the CPU has them), scalar fallbacks elsewhere.
+bf16: AVX-512 paths (with avx512_bf16 dot products where the CPU has them), scalar fallbacks elsewhere. fp32 (the
+engine's dtype on CPUs without bf16 hardware): ``csrc/fp32.cpp``, 8-lane vector code (AVX2 + FMA on x86-64-v3).
 
 Built with ``torch.utils.cpp_extension`` (gcc and ninja; ~11 s on 2 cores) into ``$HYBRIDRL_CACHE/torch_extensions``
 and reused by every later process. ``-fopenmp``: ``at::parallel_for`` spreads over torch's threads (without it
 the pragma is ignored: one thread, 2x slower). ``-march=native``: the build is for this machine; its folder is
 named by the torch version and a hash of the CPU's model and flags. When the build is impossible (no compiler)
 the engine keeps its PyTorch path and says so once; ``HYBRIDRL_CPU_KERNELS=0`` turns the kernels off.
+``HYBRIDRL_CPU_MARCH=x86-64-v3`` builds for another target instead of this CPU (its own folder): AVX2 + FMA
+without AVX-512, the path an AVX2-only CPU takes, testable on an AVX-512 machine. ``isa()`` names the path built.
+
+Each kernel's contract, per path (``isa()``; tests/engines/test_cpu_kernels.py asserts the one this build takes):
+- ``decode_attention``: bf16, within 2e-3 + 0.8% of an fp32 reference (bf16 output rounding); fp32, within 1e-5;
+  masked keys weigh exactly 0.
+- ``rms_norm``: Llama's rounding steps. bf16: bit-identical to LlamaRMSNorm on the AVX-512 path; the other paths
+  sum the squares in 16 partial sums in another order than torch does, so an output may differ by one bf16 ulp
+  (at most 1 in 1,000 in the tests). fp32: within 2 fp32 ulps (the mean's last bits).
+- ``rotary``: bit-identical to Llama's on every path and dtype (elementwise, the same roundings: no FMA
+  contraction, ``-ffp-contract=off``); ``write_decode``: exact copies.
+- ``silu_mul``: within one bf16 ulp (bf16) or 1e-6 relative (fp32) of torch's silu(gate) * up (its own exp).
+- ``sample_rows``: the inverse CDF of the tempered softmax (the same token as a float64 reference), log-prob
+  within 1e-5, on every path.
+- ``linear_packed``: AVX512-BF16 only (``linear_native()``); elsewhere the engine does not pack with it.
 """
+
 
 from __future__ import annotations
 
@@ -29,7 +46,8 @@ from pathlib import Path
 
 import torch
 
-_SOURCES = [Path(__file__).parent / "csrc" / f for f in ("attention.cpp", "elementwise.cpp", "linear.cpp", "ops.cpp")]
+_SOURCES = [Path(__file__).parent / "csrc" / f for f in ("attention.cpp", "elementwise.cpp", "fp32.cpp", "linear.cpp",
+                                                                "ops.cpp")]
 _state: dict[str, bool] = {}
 
 
@@ -40,17 +58,27 @@ def available() -> bool:
     return _state["ok"]
 
 
+def isa() -> str | None:
+    """The instruction set the loaded kernels' vector paths use: avx512_bf16, avx512, avx2 or scalar (None: not
+    loaded)."""
+    return torch.ops.hybridrl_cpu.isa() if available() else None
+
+
 def _load() -> bool:
     if os.environ.get("HYBRIDRL_CPU_KERNELS", "1") == "0":
         return False
     from core.models import cache_dir
     from torch.utils.cpp_extension import load
 
-    build = cache_dir() / "torch_extensions" / f"cpu_kernels-torch{torch.__version__.replace('+', '-')}-{_cpu_id()}"
+    march = os.environ.get("HYBRIDRL_CPU_MARCH", "native")
+    if not march.replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"HYBRIDRL_CPU_MARCH={march!r}: expected a gcc -march value (native, x86-64-v3, ...)")
+    tag = _cpu_id() if march == "native" else march
+    build = cache_dir() / "torch_extensions" / f"cpu_kernels-torch{torch.__version__.replace('+', '-')}-{tag}"
     build.mkdir(parents=True, exist_ok=True)
     try:
         load(name="hybridrl_cpu_kernels", sources=[str(f) for f in _SOURCES], build_directory=str(build),
-             extra_cflags=["-O3", "-march=native", "-fopenmp"], is_python_module=False, verbose=False)
+             extra_cflags=["-O3", f"-march={march}", "-fopenmp", "-ffp-contract=off"], is_python_module=False, verbose=False)
     except Exception as err:  # no compiler / ninja, or a build error: the PyTorch path still works
         warnings.warn(f"hybridrl CPU kernels not built ({type(err).__name__}: {str(err)[:200]}); "
                       "the rollout engine runs its PyTorch paths")
@@ -74,8 +102,8 @@ def _cpu_id() -> str:
 
 def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
                      scale: float) -> torch.Tensor:
-    """query (B, H, L, D), key/value (B, KVH, T, D) bf16 (strided views are read in place), mask additive
-    (B or 1, 1, L or 1, T) -> (B, L, H, D) bf16. Scores and softmax in fp32; each query row on its own (a row
+    """query (B, H, L, D), key/value (B, KVH, T, D) bf16 or fp32 (strided views are read in place), mask additive
+    (B or 1, 1, L or 1, T) -> (B, L, H, D) in their dtype. Scores and softmax in fp32; each query row on its own (a row
     whose keys are all masked gets zeros)."""
     if mask is None:
         mask = query.new_zeros(1, 1, 1, key.shape[2], dtype=torch.float32)
@@ -96,10 +124,10 @@ def write_decode(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tens
 
 
 def install(model: torch.nn.Module) -> dict[str, int]:
-    """Put ``model``'s bf16 CPU inference on the fused kernels wherever a kernel reproduces what it replaces, checked
+    """Put ``model``'s bf16 or fp32 CPU inference on the fused kernels wherever a kernel reproduces what it replaces, checked
     on a random input (a module with other math -- Gemma's ``1 + weight`` norm, a GELU MLP -- fails the check and
-    keeps its own code). Every replacement falls back to the original under autograd and for non-bf16 or non-CPU
-    inputs, so a trainer's forward and backward never run on them. Returns how many of each kind were installed.
+    keeps its own code). Every replacement falls back to the original under autograd and for other dtypes or non-CPU
+    inputs, so a trainer's backward never runs on them. Returns how many of each kind were installed.
 
     - ``norms``: modules named ``*RMSNorm`` with a 1-D weight and an epsilon (their ``forward``, per instance);
     - ``mlps``: gated MLPs (``gate_proj``, ``up_proj``, ``down_proj``, ``act_fn``): the activation and product;
@@ -112,8 +140,12 @@ def install(model: torch.nn.Module) -> dict[str, int]:
             "rotary": _install_rotary(model)}
 
 
+# the dtypes the kernels run: bf16 (CPUs with bf16 hardware) and fp32 (the engine's dtype on the others)
+KERNEL_DTYPES = (torch.bfloat16, torch.float32)
+
+
 def _inference(x: torch.Tensor) -> bool:
-    return not torch.is_grad_enabled() and x.dtype == torch.bfloat16 and x.device.type == "cpu"
+    return not torch.is_grad_enabled() and x.dtype in KERNEL_DTYPES and x.device.type == "cpu"
 
 
 def _reproduces(want, got) -> bool:
@@ -123,37 +155,37 @@ def _reproduces(want, got) -> bool:
             and bool((want.float() - got.float()).abs().max() <= 1e-2 * want.float().abs().max()))
 
 
-def _random(*shape: int, seed: int = 0) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).mul_(3).to(torch.bfloat16)
+def _random(*shape: int, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).mul_(3).to(dtype)
 
 
 def _install_rms_norm(module: torch.nn.Module) -> int:
     w = getattr(module, "weight", None)
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
     if (not type(module).__name__.lower().endswith("rmsnorm") or not isinstance(w, torch.Tensor) or w.dim() != 1
-            or w.dtype != torch.bfloat16 or w.device.type != "cpu" or not isinstance(eps, float)
+            or w.dtype not in KERNEL_DTYPES or w.device.type != "cpu" or not isinstance(eps, float)
             or "forward" in module.__dict__):
         return 0
     own = module.forward
     return _swap_forward(module, lambda x: torch.ops.hybridrl_cpu.rms_norm(x, w, eps) if _inference(x) else own(x),
-                         w.shape[0])
+                         w.shape[0], w.dtype)
 
 
 def _install_gated_mlp(module: torch.nn.Module) -> int:
     gate, up, down = (getattr(module, n, None) for n in ("gate_proj", "up_proj", "down_proj"))
     if (not all(isinstance(m, torch.nn.Linear) for m in (gate, up, down)) or not hasattr(module, "act_fn")
-            or gate.weight.dtype != torch.bfloat16 or gate.weight.device.type != "cpu"
+            or gate.weight.dtype not in KERNEL_DTYPES or gate.weight.device.type != "cpu"
             or "forward" in module.__dict__):
         return 0
     own = module.forward
     return _swap_forward(
         module, lambda x: down(torch.ops.hybridrl_cpu.silu_mul(gate(x), up(x))) if _inference(x) else own(x),
-        gate.in_features)
+        gate.in_features, gate.weight.dtype)
 
 
-def _swap_forward(module: torch.nn.Module, forward, width: int) -> int:
+def _swap_forward(module: torch.nn.Module, forward, width: int, dtype: torch.dtype) -> int:
     """Install ``forward`` on ``module`` (1) if it reproduces the module's own on a random (2, 3, width) input."""
-    x = _random(2, 3, width)
+    x = _random(2, 3, width, dtype=dtype)
     with torch.no_grad():
         if not _reproduces(module.forward(x), forward(x)):
             return 0
@@ -175,17 +207,20 @@ def _install_rotary(model: torch.nn.Module) -> int:
 
         def fused(q, k, cos, sin, *args, _own=own, **kwargs):
             if (args or kwargs.get("unsqueeze_dim", 1) != 1 or set(kwargs) - {"unsqueeze_dim"} or cos.dim() != 3
-                    or not (_inference(q) and _inference(k) and _inference(cos) and _inference(sin))):
+                    or not (_inference(q) and _inference(k) and _inference(cos) and _inference(sin))
+                    or len({q.dtype, k.dtype, cos.dtype, sin.dtype}) != 1):
                 return _own(q, k, cos, sin, *args, **kwargs)
             return torch.ops.hybridrl_cpu.rotary(q, k, cos, sin)
 
         fused._hybridrl_fused = True
         D = module.head_dim
-        q, k = _random(2, 4, 3, D, seed=1).transpose(1, 2).contiguous().transpose(1, 2), _random(2, 2, 3, D, seed=2)
-        cos, sin = _random(2, 3, D, seed=3).div_(3), _random(2, 3, D, seed=4).div_(3)
-        with torch.no_grad():
-            if not _reproduces(own(q, k, cos, sin), fused(q, k, cos, sin)):
-                return 0
+        for dtype in KERNEL_DTYPES:  # process-wide: it must hold for every dtype it runs
+            q = _random(2, 4, 3, D, seed=1, dtype=dtype).transpose(1, 2).contiguous().transpose(1, 2)
+            k = _random(2, 2, 3, D, seed=2, dtype=dtype)
+            cos, sin = _random(2, 3, D, seed=3, dtype=dtype).div_(3), _random(2, 3, D, seed=4, dtype=dtype).div_(3)
+            with torch.no_grad():
+                if not _reproduces(own(q, k, cos, sin), fused(q, k, cos, sin)):
+                    return 0
         modeling.apply_rotary_pos_emb = fused
         return 1
     return 0

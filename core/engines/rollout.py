@@ -76,9 +76,9 @@ class RolloutEngine:
         if pack_weights or (pack_weights is None and can_pack(model)):
             calibrate = lambda: model(input_ids=torch.tensor([[self.pad_id] * 2], device=self.device), use_cache=False)
             self.packed = PackedLinears(model, calibrate, rows_hint=max_batch_size)
-        # bf16 on CPU: norms, gated MLPs and rotary on fused kernels where they reproduce them (cpu_kernels)
-        self.fused = (cpu_kernels.install(model) if self.device.type == "cpu" and self.dtype == torch.bfloat16
-                      and cpu_kernels.available() else {})
+        # bf16 or fp32 on CPU: norms, gated MLPs and rotary on fused kernels where they reproduce them (cpu_kernels)
+        self.fused = (cpu_kernels.install(model) if self.device.type == "cpu"
+                      and self.dtype in cpu_kernels.KERNEL_DTYPES and cpu_kernels.available() else {})
 
     def _eos_ids(self) -> list[int]:
         ids = self.model.generation_config.eos_token_id if self.model.generation_config else None

@@ -148,14 +148,15 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   // q (B, H, L, D); k, v (B, KVH, T, D), any strides but a unit one on D; mask (B or 1, 1, L or 1, T) fp32
   // additive. Each of the L query rows is a decode query of its own (its mask row says which keys it sees): the
   // short prefills of an RL rollout (a prompt's tail after a shared prefix) take this path too.
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 && v.scalar_type() == at::kBFloat16,
-              "decode_attention: bf16 q, k, v");
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "decode_attention: 4-D q, k, v");
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "decode_attention: head_dim must have unit stride");
   TORCH_CHECK(mask.scalar_type() == at::kFloat && mask.is_contiguous() && mask.dim() == 4 && mask.size(-1) == k.size(2)
               && (mask.size(2) == 1 || mask.size(2) == q.size(2)), "decode_attention: mask");
+  TORCH_CHECK(q.size(1) % k.size(1) == 0, "decode_attention: heads not a multiple of kv heads");
+  if (q.scalar_type() == at::kFloat) return decode_attention_f32(q, k, v, mask, scale);
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 && v.scalar_type() == at::kBFloat16,
+              "decode_attention: bf16 or fp32 q, k, v");
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), D = q.size(3), KVH = k.size(1), T = k.size(2), G = H / KVH;
-  TORCH_CHECK(H % KVH == 0, "decode_attention: heads not a multiple of kv heads");
   auto out = at::empty({B, L, H, D}, q.options());
   const auto* qp = reinterpret_cast<const uint16_t*>(q.data_ptr());
   const auto* kp = reinterpret_cast<const uint16_t*>(k.data_ptr());

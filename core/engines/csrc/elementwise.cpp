@@ -5,8 +5,9 @@ namespace hybridrl {
 
 // x (..., N) bf16, weight (N) bf16 -> bf16: the Llama RMSNorm rounding steps, bf16(w * bf16(x * rsqrt(mean(x^2) + eps)))
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16, "rms_norm: bf16");
   TORCH_CHECK(weight.dim() == 1 && x.size(-1) == weight.size(0) && weight.is_contiguous(), "rms_norm: weight shape");
+  if (x.scalar_type() == at::kFloat) return rms_norm_f32(x, weight, eps);
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16, "rms_norm: bf16 or fp32");
   const auto xc = x.contiguous();
   auto out = at::empty_like(xc);
   const int64_t N = x.size(-1), rows = xc.numel() / std::max<int64_t>(N, 1);
@@ -29,9 +30,11 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
         continue;
       }
 #endif
-      float ss = 0.f;
-      for (int64_t i = 0; i < N; ++i) { const float f = bf16_to_f32(xr[i]); ss += f * f; }
-      const float inv = 1.f / std::sqrt(ss / static_cast<float>(N) + static_cast<float>(eps));
+      // 16 partial sums, as the vector path's lanes: one running fp32 sum over N values drifts by ~N ulps and
+      // moved ~1% of the outputs by a bf16 ulp (an AVX2-only CPU's test failed on it)
+      float part[16] = {0.f};
+      for (int64_t i = 0; i < N; ++i) { const float f = bf16_to_f32(xr[i]); part[i % 16] = std::fma(f, f, part[i % 16]); }
+      const float inv = 1.f / std::sqrt(sum16(part) / static_cast<float>(N) + static_cast<float>(eps));
       for (int64_t i = 0; i < N; ++i) {
         const float y = bf16_to_f32(f32_to_bf16(bf16_to_f32(xr[i]) * inv));
         op[r * N + i] = f32_to_bf16(bf16_to_f32(wp[i]) * y);
@@ -109,8 +112,20 @@ std::tuple<at::Tensor, at::Tensor> sample_rows(const at::Tensor& logits, double 
         sv = _mm512_add_ps(sv, e);
       }
       total = _mm512_reduce_add_ps(sv);
+#else
+      vf8 s0 = vf8{}, s1 = vf8{};  // 16 lanes in two 8-lane sums, as the AVX-512 path's
+      for (; i + 16 <= V; i += 16) {
+        const vf8 e0 = exp8(vload(w.data() + i) - mx), e1 = exp8(vload(w.data() + i + 8) - mx);
+        vstore(w.data() + i, e0);
+        vstore(w.data() + i + 8, e1);
+        s0 += e0;
+        s1 += e1;
+      }
+      total = vsum(s0 + s1);
 #endif
-      for (; i < V; ++i) total += (w[i] = std::exp(w[i] - mx));
+      float part[16] = {0.f};  // the tail in 16 partial sums too
+      for (int64_t j = 0; i < V; ++i, ++j) part[j % 16] += (w[i] = std::exp(w[i] - mx));
+      total += sum16(part);
       // the scan: 16-wide block sums first, then inside the block
       const float target = up[b] * total;
       float acc = 0.f;
@@ -119,6 +134,12 @@ std::tuple<at::Tensor, at::Tensor> sample_rows(const at::Tensor& logits, double 
 #if defined(__AVX512F__)
       for (; i + 16 <= V; i += 16) {
         const float blk = _mm512_reduce_add_ps(_mm512_loadu_ps(w.data() + i));
+        if (acc + blk > target) break;
+        acc += blk;
+      }
+#else
+      for (; i + 16 <= V; i += 16) {  // the same 16-wide blocks: a running sum over the whole row drifts
+        const float blk = sum16(w.data() + i);
         if (acc + blk > target) break;
         acc += blk;
       }
@@ -168,18 +189,23 @@ static at::Tensor rotary_one(const at::Tensor& x, const at::Tensor& cos, const a
 
 std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                                           const at::Tensor& sin) {
+  const auto dtype = q.scalar_type();
   for (const auto* t : {&q, &k, &cos, &sin})
-    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->stride(-1) == 1, "rotary: bf16 with unit stride on head_dim");
+    TORCH_CHECK((dtype == at::kBFloat16 || dtype == at::kFloat) && t->scalar_type() == dtype && t->stride(-1) == 1,
+                "rotary: all bf16 or all fp32, with unit stride on head_dim");
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && cos.dim() == 3 && sin.dim() == 3 && q.size(3) % 2 == 0
               && cos.size(2) == q.size(3) && sin.sizes() == cos.sizes() && cos.size(1) == q.size(2)
               && k.size(2) == q.size(2) && k.size(3) == q.size(3), "rotary: shapes");
+  if (dtype == at::kFloat) return {rotary_one_f32(q, cos, sin), rotary_one_f32(k, cos, sin)};
   return {rotary_one(q, cos, sin), rotary_one(k, cos, sin)};
 }
 
 // The gated MLP's activation: bf16(bf16(silu(gate)) * up); gate/up (..., I) may be strided views (one fused matmul)
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
-  TORCH_CHECK(gate.scalar_type() == at::kBFloat16 && up.scalar_type() == at::kBFloat16 && gate.sizes() == up.sizes()
-              && gate.stride(-1) == 1 && up.stride(-1) == 1, "silu_mul: bf16 gate and up of one shape");
+  TORCH_CHECK((gate.scalar_type() == at::kBFloat16 || gate.scalar_type() == at::kFloat)
+              && up.scalar_type() == gate.scalar_type() && gate.sizes() == up.sizes() && gate.stride(-1) == 1
+              && up.stride(-1) == 1, "silu_mul: gate and up of one shape and dtype (bf16 or fp32)");
+  if (gate.scalar_type() == at::kFloat) return silu_mul_f32(gate, up);
   const int64_t I = gate.size(-1), rows = gate.numel() / std::max<int64_t>(I, 1);
   const auto g2 = gate.reshape({rows, I}), u2 = up.reshape({rows, I});  // views when the rows are uniformly strided
   auto out = at::empty(gate.sizes(), gate.options());

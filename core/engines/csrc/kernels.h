@@ -31,6 +31,58 @@ inline uint16_t f32_to_bf16(float f) {  // round to nearest even, as c10::BFloat
   return static_cast<uint16_t>(u >> 16);
 }
 
+// The instruction set this build's vector paths use (tests assert each kernel's contract for the path taken).
+inline const char* kernel_isa() {
+#if defined(__AVX512BF16__)
+  return "avx512_bf16";
+#elif defined(__AVX512F__)
+  return "avx512";
+#elif defined(__AVX2__)
+  return "avx2";
+#else
+  return "scalar";
+#endif
+}
+
+// Sum of 16 values pairwise (8 + 8, 4 + 4, ...): the scalar paths' stand-in for a 16-lane reduction
+inline float sum16(const float* v) {
+  float a[8];
+  for (int i = 0; i < 8; ++i) a[i] = v[i] + v[i + 8];
+  for (int i = 0; i < 4; ++i) a[i] += a[i + 4];
+  return (a[0] + a[2]) + (a[1] + a[3]);
+}
+
+// 8 fp32 lanes as a GCC vector: one ymm under -march=x86-64-v3 (AVX2 + FMA), two xmm on older targets, a ymm
+// (or half a zmm) on AVX-512 -- the fp32 kernels (fp32.cpp) are written once on it for every x86-64 CPU.
+typedef float vf8 __attribute__((vector_size(32)));
+typedef int32_t vi8 __attribute__((vector_size(32)));
+inline vf8 vload(const float* p) { vf8 v; std::memcpy(&v, p, 32); return v; }
+inline void vstore(float* p, vf8 v) { std::memcpy(p, &v, 32); }
+inline vf8 vsplat(float x) { return vf8{} + x; }
+inline float vsum(vf8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+inline float vmax(vf8 v) {
+  float m = v[0];
+  for (int i = 1; i < 8; ++i) m = std::max(m, v[i]);
+  return m;
+}
+// e^x for x <= 0 as exp512 below (2^n * a degree-6 polynomial on [-0.5, 0.5] ln 2), exactly 0 below -87 and for -inf
+inline vf8 exp8(vf8 x) {
+  const vi8 live = x >= -87.f;
+  x = x < -87.f ? vsplat(-87.f) : x;
+  const vf8 t = x * 1.44269504088896341f;
+  const vf8 n = (t + 12582912.f) - 12582912.f;  // round to nearest (|t| < 2^22): 1.5 * 2^23 pushes the fraction out
+  const vf8 f = (t - n) * 0.693147180559945309f;
+  vf8 p = vsplat(1.f / 720);
+  p = p * f + 1.f / 120;
+  p = p * f + 1.f / 24;
+  p = p * f + 1.f / 6;
+  p = p * f + 0.5f;
+  p = p * f + 1.f;
+  p = p * f + 1.f;
+  const vi8 two_n = (__builtin_convertvector(n, vi8) + 127) << 23;
+  return (vf8)((vi8)(p * (vf8)two_n) & live);
+}
+
 #if defined(__AVX512F__)
 inline __m512 load_bf16(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
@@ -82,6 +134,13 @@ inline __m512 reduce16(const __m512* v) {
 }
 
 #endif  // __AVX512F__
+
+// fp32.cpp: the fp32 versions the entry points below dispatch to
+at::Tensor decode_attention_f32(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                                double scale);
+at::Tensor rms_norm_f32(const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor rotary_one_f32(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor silu_mul_f32(const at::Tensor& gate, const at::Tensor& up);
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                             double scale);

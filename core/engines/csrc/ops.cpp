@@ -1,6 +1,8 @@
 // The op schemas, torch.ops.hybridrl_cpu.*, and their CPU implementations.
 #include <torch/library.h>
 
+#include <string>
+
 #include "kernels.h"
 
 TORCH_LIBRARY(hybridrl_cpu, m) {
@@ -10,6 +12,7 @@ TORCH_LIBRARY(hybridrl_cpu, m) {
   m.def("rotary(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
   m.def("linear_native() -> bool", hybridrl::linear_native);
+  m.def("isa() -> str", [] { return std::string(hybridrl::kernel_isa()); });
   m.def("pack_linear(Tensor weight) -> Tensor");
   m.def("linear_packed(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
   m.def("write_decode(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, Tensor pos) -> ()");

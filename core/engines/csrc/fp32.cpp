@@ -1,0 +1,178 @@
+// fp32 versions of the fused kernels, for CPUs without bf16 hardware (AVX2-only: the engine runs fp32 there).
+// Written once on 8-lane GCC vectors (kernels.h: vf8, exp8), so the same code is AVX2 + FMA code under
+// -march=x86-64-v3 and still vector code on an AVX-512 machine. The entry points in attention.cpp and
+// elementwise.cpp send fp32 tensors here. Built with -ffp-contract=off: a * b + c stays two roundings, as
+// torch's own kernels compute it, so the elementwise ones (rotary, the norm's products) round like torch.
+#include "kernels.h"
+
+namespace hybridrl {
+namespace {
+
+// One (sequence, kv head, query row): the G query heads that share the head against its T keys and values,
+// read in place from the cache views (rows ks_t / vs_t floats apart). s: G x T scratch. D % 8 == 0.
+void attend_f32(const float* q, int64_t qs_head, const float* k, int64_t ks_t, const float* v, int64_t vs_t,
+                const float* m, int64_t G, int64_t T, int64_t D, float scale, float* s, float* out) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float* kt = k + t * ks_t;
+    for (int64_t g = 0; g < G; ++g) {
+      const float* qg = q + g * qs_head;
+      vf8 a0 = vf8{}, a1 = vf8{};
+      int64_t d = 0;
+      for (; d + 16 <= D; d += 16) {
+        a0 += vload(qg + d) * vload(kt + d);
+        a1 += vload(qg + d + 8) * vload(kt + d + 8);
+      }
+      if (d < D) a0 += vload(qg + d) * vload(kt + d);
+      s[g * T + t] = vsum(a0 + a1) * scale + m[t];
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {  // softmax per head; a row whose keys are all masked attends to nothing
+    float* sg = s + g * T;
+    const float mx = *std::max_element(sg, sg + T);
+    if (mx == -INFINITY) {
+      std::fill(sg, sg + T, 0.f);
+      continue;
+    }
+    vf8 sum = vf8{};
+    int64_t t = 0;
+    for (; t + 8 <= T; t += 8) {
+      const vf8 e = exp8(vload(sg + t) - mx);
+      vstore(sg + t, e);
+      sum += e;
+    }
+    float total = vsum(sum);
+    for (; t < T; ++t) total += (sg[t] = std::exp(sg[t] - mx));
+    const float inv = 1.f / total;
+    for (t = 0; t < T; ++t) sg[t] *= inv;
+  }
+  // values: 32 columns at a time for up to 4 heads, the accumulators in registers
+  for (int64_t c0 = 0; c0 < D; c0 += 32) {
+    const int64_t cw = std::min<int64_t>(32, D - c0) / 8;
+    for (int64_t g0 = 0; g0 < G; g0 += 4) {
+      const int64_t gb = std::min<int64_t>(4, G - g0);
+      vf8 acc[4][4] = {};
+      for (int64_t t = 0; t < T; ++t) {
+        vf8 vt[4];
+        for (int64_t c = 0; c < cw; ++c) vt[c] = vload(v + t * vs_t + c0 + 8 * c);
+        for (int64_t j = 0; j < gb; ++j) {
+          const vf8 p = vsplat(s[(g0 + j) * T + t]);
+          for (int64_t c = 0; c < cw; ++c) acc[j][c] += p * vt[c];
+        }
+      }
+      for (int64_t j = 0; j < gb; ++j)
+        for (int64_t c = 0; c < cw; ++c) vstore(out + (g0 + j) * D + c0 + 8 * c, acc[j][c]);
+    }
+  }
+}
+
+}  // namespace
+
+at::Tensor decode_attention_f32(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                                double scale) {
+  TORCH_CHECK(k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat, "decode_attention: fp32 q, k, v");
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), D = q.size(3), KVH = k.size(1), T = k.size(2), G = H / KVH;
+  TORCH_CHECK(D % 8 == 0, "decode_attention: fp32 head_dim must be a multiple of 8, got ", D);
+  auto out = at::empty({B, L, H, D}, q.options());
+  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  const float* mp = mask.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t ms_b = mask.size(0) == 1 ? 0 : mask.size(2) * T, ms_l = mask.size(2) == 1 ? 0 : T;
+  at::parallel_for(0, B * KVH * L, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> s(G * T);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / (KVH * L), kh = task / L % KVH, i = task % L;
+      attend_f32(qp + b * q.stride(0) + kh * G * q.stride(1) + i * q.stride(2), q.stride(1),
+                 kp + b * k.stride(0) + kh * k.stride(1), k.stride(2), vp + b * v.stride(0) + kh * v.stride(1),
+                 v.stride(2), mp + b * ms_b + i * ms_l, G, T, D, static_cast<float>(scale), s.data(),
+                 op + ((b * L + i) * H + kh * G) * D);
+    }
+  });
+  return out;
+}
+
+// Llama's RMSNorm in fp32: w * (x * (1 / sqrt(mean(x^2) + eps))), the two products rounded as torch rounds them;
+// the sum of squares in 16 partial sums (torch's order differs: the last bits of the mean may too)
+at::Tensor rms_norm_f32(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(weight.scalar_type() == at::kFloat, "rms_norm: fp32 x with an fp32 weight");
+  const auto xc = x.contiguous();
+  auto out = at::empty_like(xc);
+  const int64_t N = x.size(-1), rows = xc.numel() / std::max<int64_t>(N, 1);
+  const float *xp = xc.data_ptr<float>(), *wp = weight.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = xp + r * N;
+      float* o = op + r * N;
+      vf8 a0 = vf8{}, a1 = vf8{};
+      int64_t i = 0;
+      for (; i + 16 <= N; i += 16) {
+        const vf8 f0 = vload(xr + i), f1 = vload(xr + i + 8);
+        a0 += f0 * f0;
+        a1 += f1 * f1;
+      }
+      float ss = vsum(a0 + a1);
+      for (; i < N; ++i) ss += xr[i] * xr[i];
+      const float inv = 1.f / std::sqrt(ss / static_cast<float>(N) + static_cast<float>(eps));
+      for (i = 0; i + 8 <= N; i += 8) vstore(o + i, vload(wp + i) * (vload(xr + i) * inv));
+      for (; i < N; ++i) o[i] = wp[i] * (xr[i] * inv);
+    }
+  });
+  return out;
+}
+
+// apply_rotary_pos_emb in fp32 for x (B, H, T, D), cos/sin (B or 1, T, D): x * cos + rotate_half(x) * sin
+at::Tensor rotary_one_f32(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t B = x.size(0), H = x.size(1), T = x.size(2), D = x.size(3), half = D / 2;
+  auto out = at::empty({B, H, T, D}, x.options());
+  const float *xp = x.data_ptr<float>(), *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t cb = cos.size(0) == 1 ? 0 : cos.stride(0), sb = sin.size(0) == 1 ? 0 : sin.stride(0);
+  at::parallel_for(0, B * H * T, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t b = r / (H * T), h = (r / T) % H, t = r % T;
+      const float* xr = xp + b * x.stride(0) + h * x.stride(1) + t * x.stride(2);
+      const float* c = cp + b * cb + t * cos.stride(1);
+      const float* s = sp + b * sb + t * sin.stride(1);
+      float* o = op + r * D;
+      int64_t d = 0;
+      if (half % 8 == 0)
+        for (; d < half; d += 8) {  // both halves at once: rotate_half = cat(-x2, x1)
+          const vf8 x1 = vload(xr + d), x2 = vload(xr + d + half);
+          vstore(o + d, x1 * vload(c + d) + (-x2) * vload(s + d));
+          vstore(o + d + half, x2 * vload(c + d + half) + x1 * vload(s + d + half));
+        }
+      for (; d < D; ++d) {
+        const float rot = d < half ? -xr[d + half] : xr[d - half];
+        o[d] = xr[d] * c[d] + rot * s[d];
+      }
+    }
+  });
+  return out;
+}
+
+// silu(gate) * up in fp32, gate/up rows strided (slices of one fused product): x / (1 + e^-x) by e^-|x| alone
+at::Tensor silu_mul_f32(const at::Tensor& gate, const at::Tensor& up) {
+  const int64_t I = gate.size(-1), rows = gate.numel() / std::max<int64_t>(I, 1);
+  const auto g2 = gate.reshape({rows, I}), u2 = up.reshape({rows, I});
+  auto out = at::empty(gate.sizes(), gate.options());
+  const float *gp = g2.data_ptr<float>(), *upp = u2.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t gs = g2.stride(0), us = u2.stride(0);
+  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float *g = gp + r * gs, *u = upp + r * us;
+      float* o = op + r * I;
+      int64_t i = 0;
+      for (; i + 8 <= I; i += 8) {
+        const vf8 x = vload(g + i);
+        const vf8 e = exp8(x < 0.f ? x : -x);                      // e^-|x|
+        const vf8 sig = x < 0.f ? e / (1.f + e) : 1.f / (1.f + e);  // no overflow either way
+        vstore(o + i, (x * sig) * vload(u + i));
+      }
+      for (; i < I; ++i) o[i] = (g[i] / (1.f + std::exp(-g[i]))) * u[i];
+    }
+  });
+  return out;
+}
+
+}  // namespace hybridrl

@@ -17,8 +17,8 @@ elsewhere; ``HYBRIDRL_CPU_BF16=0`` forces fp32, and the machine kind of the base
 The roofline is measured on this machine in the same run, in that dtype: torch.matmul's rate at 1024^3 (2048^3
 is no faster here, and a bf16 probe on a CPU without bf16 hardware would take minutes), and the copy bandwidth
 (bytes read + written by a 256 MB clone). Per decode step it is the larger of streaming the weights once at that
-bandwidth and the step's FLOPs (2 x matmul params x batch, plus attention) at the matmul peak. Our own bf16 packed
-linear (csrc/linear.cpp) beats torch.matmul on some CPUs: its rate is measured too, and
+bandwidth and the step's FLOPs (2 x matmul params x batch, plus attention) at the matmul peak. Our own packed
+linears (csrc/linear.cpp bf16, csrc/fp32.cpp fp32) beat torch.matmul on some CPUs: their rate is measured too, and
 ``strict_fraction_of_roofline`` divides by the roofline at the higher of the two peaks; both print.
 """
 
@@ -63,13 +63,13 @@ def matmul_flops_per_s(dtype: torch.dtype, size: int = 1024, repeat: int = 3) ->
     return _rate(lambda: a @ b, 2 * size**3, repeat)
 
 
-def packed_linear_flops_per_s(size: int = 1024, repeat: int = 3) -> float | None:
-    """bf16 rate of our packed linear (``core.engines.packed``) at size^3; None where it is not usable here."""
+def packed_linear_flops_per_s(dtype: torch.dtype, size: int = 1024, repeat: int = 3) -> float | None:
+    """Rate of our packed linear (``core.engines.packed``) in ``dtype`` at size^3; None where it is not used here."""
     from core.engines.packed import kernel_usable
 
-    if DEV.type != "cpu" or not kernel_usable():
+    if DEV.type != "cpu" or not kernel_usable(dtype):
         return None
-    x, w = torch.randn(size, size, dtype=torch.bfloat16), torch.randn(size, size, dtype=torch.bfloat16)
+    x, w = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     packed = torch.ops.hybridrl_cpu.pack_linear(w)
     torch.ops.hybridrl_cpu.linear_packed(x[:256], packed, None, size)  # warm
     return _rate(lambda: torch.ops.hybridrl_cpu.linear_packed(x, packed, None, size), 2 * size**3, repeat)
@@ -147,7 +147,7 @@ def test_rollout_engine_vs_generate_and_roofline(full_size, report, tiny_model_d
     best = default_dtype(DEV)  # `dtype: auto`: from the CPU's flags (HYBRIDRL_CPU_BF16=0 forces fp32)
     peak = matmul_flops_per_s(best, size=1024 if full_size else 256)
     bandwidth = copy_bytes_per_s()
-    ours_peak = packed_linear_flops_per_s(size=1024 if full_size else 256) if best == torch.bfloat16 else None
+    ours_peak = packed_linear_flops_per_s(best, size=1024 if full_size else 256)
     tok = load_tokenizer(path)
     model = load_causal_lm(path, dtype=best, device=DEV)
     baseline_model = load_causal_lm(path, dtype=best, device=DEV)  # transformers as shipped (SDPA attention)
@@ -178,7 +178,7 @@ def test_rollout_engine_vs_generate_and_roofline(full_size, report, tiny_model_d
                ours_prefill_s=o["prefill_s"], generate_tok_s=hf_tps,
                fraction_of_roofline=o["tok_s"] / roof["roofline_tok_s"],
                decode_fraction_of_roofline=o["decode_tok_s"] / roof["roofline_tok_s"],
-               bf16_gflops_packed_linear=(ours_peak or 0) / 1e9, strict_roofline_tok_s=strict["roofline_tok_s"],
+               packed_linear_gflops=(ours_peak or 0) / 1e9, strict_roofline_tok_s=strict["roofline_tok_s"],
                strict_fraction_of_roofline=o["tok_s"] / strict["roofline_tok_s"],
                speedup_vs_generate=o["tok_s"] / hf_tps,
                ours_peak_mb=o["peak"] / 2**20, generate_peak_mb=hf_mem / 2**20,

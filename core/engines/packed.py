@@ -1,16 +1,18 @@
-"""CPU bf16 linears on weights packed once, with sibling linears that read the same input fused.
+"""CPU linears on weights packed once, with sibling linears that read the same input fused.
 
 Why: a decode step is ~120 small matmuls (64 rows x 576 x 192..1536 for SmolLM2). ``F.linear`` re-lays out the
 weight on every call; a weight packed once skips that, and one matmul against the concatenated q/k/v (or
-gate/up) weights replaces three (or two) calls. Two packed formats:
-- ours (``kernel``), ``csrc/linear.cpp``: AVX512-BF16 dot products on a [K/2][48 columns][2] layout, each
+gate/up) weights replaces three (or two) calls. The packed formats:
+- bf16, ours (``kernel``), ``csrc/linear.cpp``: AVX512-BF16 dot products on a [K/2][48 columns][2] layout, each
   thread's next tile prefetched while one is in use. On 2 cores, 64 rows, the 121 matmuls of a SmolLM2 decode
   step with their weights streamed from DRAM: 19 ms, against 26 ms on oneDNN's packed format. fp32 sums rounded
   once to bf16 as oneDNN does, up to the order of the additions: within a bf16 rounding of the fp32 product
   (tests/engines/test_packed.py).
-- oneDNN's (``mkldnn._reorder_linear_weight`` + ``_linear_pointwise``) where ours is not built or the CPU lacks
-  AVX512-BF16 (oneDNN still runs bf16 natively on AMX): bit-identical to ``F.linear`` (tests).
-fp32 is not packed, so fp32 runs stay token-for-token equal to transformers.
+- bf16, oneDNN's (``mkldnn._reorder_linear_weight`` + ``_linear_pointwise``) where ours is not built or the CPU
+  lacks AVX512-BF16 (oneDNN still runs bf16 natively on AMX): bit-identical to ``F.linear`` (tests).
+- fp32 (the engine's dtype on CPUs without bf16 hardware), ours, ``csrc/fp32.cpp``: AVX2 + FMA on a [K][16
+  columns] layout, 6 x 16 register blocks, the next tile prefetched the same way; fp32 sums in another order than
+  MKL's, so within a few fp32 ulps of ``F.linear`` (tests), not bit-identical.
 
 The model's own modules still run: each packed ``nn.Linear`` gets an instance ``forward`` that calls the packed
 kernel. Which linears are siblings is found, not hard-coded: one calibration forward records which linears are
@@ -30,16 +32,24 @@ import torch
 
 
 def can_pack(model: torch.nn.Module) -> bool:
-    """bf16 weights on a CPU that runs bf16 dot products natively (our kernel, or oneDNN on avx512_bf16 / AMX)."""
+    """CPU weights that a packed kernel runs here: bf16 on a CPU with bf16 dot products (our kernel, or oneDNN on
+    avx512_bf16 / AMX); fp32 where our fp32 kernel is built (AVX2 + FMA)."""
     p = next(model.parameters())
-    return p.device.type == "cpu" and p.dtype == torch.bfloat16 and (kernel_usable() or _onednn_usable())
+    if p.device.type != "cpu":
+        return False
+    if p.dtype == torch.float32:
+        return kernel_usable(torch.float32)
+    return p.dtype == torch.bfloat16 and (kernel_usable() or _onednn_usable())
 
 
-def kernel_usable() -> bool:
-    """Our packed linear (``csrc/linear.cpp``) is built and this CPU has AVX512-BF16."""
+def kernel_usable(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Our packed linear for ``dtype`` is built for this CPU: bf16 needs AVX512-BF16 (``csrc/linear.cpp``), fp32
+    AVX2 + FMA (``csrc/fp32.cpp``)."""
     from core.engines import cpu_kernels
 
-    return cpu_kernels.available() and torch.ops.hybridrl_cpu.linear_native()
+    if not cpu_kernels.available():
+        return False
+    return torch.ops.hybridrl_cpu.linear_f32_native() if dtype == torch.float32 else torch.ops.hybridrl_cpu.linear_native()
 
 
 def _onednn_usable() -> bool:
@@ -52,7 +62,8 @@ class _Group:
 
     def __init__(self, modules: list[torch.nn.Linear], rows_hint: int, kernel: bool):
         self.modules, self.rows_hint = modules, rows_hint
-        self.kernel = kernel and modules[0].in_features % 2 == 0  # ours packs k in pairs
+        fp32 = modules[0].weight.dtype == torch.float32
+        self.kernel = fp32 or (kernel and modules[0].in_features % 2 == 0)  # bf16: ours packs k in pairs
         self.splits = [m.out_features for m in modules]
         self.out_features = sum(self.splits)
         self.weight: torch.Tensor | None = None
@@ -74,7 +85,7 @@ class _Group:
             self.bias = torch.cat([m.bias if m.bias is not None else w.new_zeros(m.out_features)
                                    for m in self.modules]).detach()
             if self.kernel:  # ours adds the bias in fp32: converted here once, not on every call
-                self.bias = self.bias.float()
+                self.bias = self.bias.float().contiguous()
         self._input, self._outs = None, ()
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -111,7 +122,7 @@ class PackedLinears:
         rows per matmul (the engine's batch), which oneDNN uses to choose its blocking; ``kernel``: our packed
         format where usable (True), or oneDNN's (False)."""
         self.model = model
-        kernel = kernel and kernel_usable()
+        kernel = kernel and kernel_usable(next(model.parameters()).dtype)
         self.groups = [_Group(g, rows_hint, kernel) for g in _siblings(model, calibrate)]
         self._by_param: dict[int, list[_Group]] = {}
         for g in self.groups:

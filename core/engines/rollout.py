@@ -62,7 +62,7 @@ class RolloutEngine:
         ``share_prefix``: prefill the token prefix common to all prompts of a call once (a chat template's
         system prompt: 25 of the bench's 43 prompt tokens) and copy its KV into each slot.
         ``pack_weights``: run the linears on packed (and sibling-fused) weights, ``core.engines.packed``; None =
-        wherever it applies (bf16 on a CPU with native bf16), where it is bit-identical and ~1.3x faster."""
+        wherever it applies (``packed.can_pack``: bf16 on a CPU with native bf16, fp32 with AVX2 + FMA)."""
         self.model, self.tokenizer, self.max_batch_size = model.eval(), tokenizer, max_batch_size
         self.share_prefix = share_prefix
         if decode_attention:

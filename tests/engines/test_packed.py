@@ -43,6 +43,22 @@ def test_our_packed_linear_is_within_a_bf16_rounding_of_the_fp32_product(rows, k
     assert (y == exact.float().to(torch.bfloat16)).double().mean() > 0.95
 
 
+@pytest.mark.skipif(not kernel_usable(torch.float32), reason="our fp32 packed linear needs AVX2 + FMA")
+@pytest.mark.parametrize("rows,k,n,bias", [(1, 64, 16, False), (13, 576, 960, True), (64, 576, 1536, False),
+                                           (200, 128, 50, True), (7, 96, 100, False), (5, 3, 33, True)])
+def test_our_fp32_packed_linear_is_the_product_to_fp32_accuracy(rows, k, n, bias):
+    """Row counts off the 6-row block and the 192-row chunk, widths off the 16-column tile, odd k, a 3-D input:
+    within the fp32 noise of a summation order (1e-6 of sum |x w|) of the float64 product; used by an fp32 engine."""
+    g = torch.Generator().manual_seed(rows * 1000 + n)
+    x, w = torch.randn(3, rows, k, generator=g), torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    y = torch.ops.hybridrl_cpu.linear_packed(x, torch.ops.hybridrl_cpu.pack_linear(w), b, n)
+    exact = x.double() @ w.double().T + (b.double() if bias else 0)
+    assert y.shape == (3, rows, n) and y.dtype == torch.float32
+    assert ((y.double() - exact).abs() <= 1e-6 * (x.double().abs() @ w.double().abs().T + 1)).all()
+    assert can_pack(torch.nn.Linear(2, 2))
+
+
 @needs_kernel
 def test_our_packed_linear_refuses_mismatched_shapes():
     with pytest.raises(RuntimeError, match="in_features must be even"):

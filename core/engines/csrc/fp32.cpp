@@ -175,4 +175,144 @@ at::Tensor silu_mul_f32(const at::Tensor& gate, const at::Tensor& up) {
   return out;
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// fp32 linear y = x W^T + b on weights packed once (core/engines/packed.py), for AVX2 + FMA (x86-64-v3 and later).
+// Layout: W (N, K), N rounded up to 16 with zero columns, in tiles of 16 output columns; the tile at column c0 is
+// stored at c0 * K as [K][16]: for each k the tile's 16 weights side by side, two 8-lane loads. Kernel: 6 rows x
+// 16 columns of accumulators (12 ymm) per block; per k, 2 weight loads, 6 broadcasts of x, 12 FMAs. Each thread
+// owns a contiguous run of tiles; a tile (K x 64 bytes) is reused by every 6-row block of x, and the thread's
+// next tile is prefetched into L2 spread over the blocks, as the bf16 kernel does. fp32 sums in another order than
+// MKL's: within a few fp32 ulps of F.linear, not bit-identical.
+namespace {
+constexpr int64_t kTileF = 16, kRowsF = 6, kChunkF = 192;
+
+int64_t padded16(int64_t n) { return (n + 15) / 16 * 16; }
+
+#if defined(__AVX2__) && defined(__FMA__)
+// one row's 16 outputs (+ bias), the first `cols` of them stored
+inline void store_row_f32(float* y, __m256 a0, __m256 a1, __m256 b0, __m256 b1, int64_t cols) {
+  a0 = _mm256_add_ps(a0, b0);
+  a1 = _mm256_add_ps(a1, b1);
+  if (cols == 16) {
+    _mm256_storeu_ps(y, a0);
+    _mm256_storeu_ps(y + 8, a1);
+    return;
+  }
+  alignas(32) float row[16];
+  _mm256_store_ps(row, a0);
+  _mm256_store_ps(row + 8, a1);
+  std::memcpy(y, row, cols * sizeof(float));
+}
+
+template <int MR>
+inline void block_f32(const float* x, int64_t K, const float* tile, float* y, int64_t N, int64_t cols,
+                      const float* bias, const char* pf, int64_t pf_lines) {
+  // the accumulators live in registers only if every index into them is a compile-time constant (fully unrolled
+  // loops; no runtime-indexed epilogue): a runtime-indexed store made GCC spill all 12 of them on every k
+  __m256 acc[MR][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  int64_t credit = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    const __m256 w0 = _mm256_loadu_ps(tile + k * 16), w1 = _mm256_loadu_ps(tile + k * 16 + 8);
+    for (credit += pf_lines; credit >= K; credit -= K, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m256 a = _mm256_broadcast_ss(x + r * K + k);
+      acc[r][0] = _mm256_fmadd_ps(a, w0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(a, w1, acc[r][1]);
+    }
+  }
+  const __m256 b0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
+  const __m256 b1 = bias ? _mm256_loadu_ps(bias + 8) : _mm256_setzero_ps();
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) store_row_f32(y + r * N, acc[r][0], acc[r][1], b0, b1, cols);
+}
+#endif
+}  // namespace
+
+bool linear_f32_native() {
+#if defined(__AVX2__) && defined(__FMA__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+at::Tensor pack_linear_f32(const at::Tensor& weight) {
+  const int64_t N = weight.size(0), K = weight.size(1), Np = padded16(N);
+  const auto w = weight.contiguous();
+  auto out = at::zeros({Np * K}, weight.options());
+  const float* src = w.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  at::parallel_for(0, Np / kTileF, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t j = 0; j < kTileF && t * kTileF + j < N; ++j) {
+        const float* row = src + (t * kTileF + j) * K;
+        float* tile = dst + t * kTileF * K;
+        for (int64_t k = 0; k < K; ++k) tile[k * kTileF + j] = row[k];
+      }
+  });
+  return out;
+}
+
+at::Tensor linear_packed_f32(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                             int64_t N) {
+  TORCH_CHECK(packed.scalar_type() == at::kFloat, "linear_packed: fp32 x needs an fp32 packed weight");
+  const int64_t K = x.size(-1), Np = padded16(N), M = K ? x.numel() / K : 0;
+  TORCH_CHECK(packed.numel() == Np * K, "linear_packed: packed weight has ", packed.numel(), " values, expected ",
+              Np * K, " for (", N, ", ", K, ")");
+  const auto xc = x.contiguous();
+  auto sizes = x.sizes().vec();
+  sizes.back() = N;
+  auto y = at::empty(sizes, x.options());
+  at::Tensor bias_padded;
+  const float* b = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == N, "linear_packed: bias has ", bias->numel(), " values, expected ", N);
+    bias_padded = at::zeros({Np}, x.options());  // 16-wide loads past N read zeros
+    bias_padded.narrow(0, 0, N).copy_(*bias);
+    b = bias_padded.data_ptr<float>();
+  }
+  const float* X = xc.data_ptr<float>();
+  const float* P = packed.data_ptr<float>();
+  float* Y = y.data_ptr<float>();
+  const int64_t tiles = Np / kTileF;
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t m0 = 0; m0 < M; m0 += kChunkF) {
+      const int64_t m1 = std::min(M, m0 + kChunkF), blocks = (m1 - m0 + kRowsF - 1) / kRowsF;
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t c0 = t * kTileF, cols = std::min(kTileF, N - c0);
+        const float* tile = P + c0 * K;
+#if defined(__AVX2__) && defined(__FMA__)
+        const int64_t next_lines = t + 1 < t1 ? (kTileF * K * 4 + 63) / 64 : 0;
+        for (int64_t i = 0; i < blocks; ++i) {
+          const int64_t m = m0 + i * kRowsF, mr = std::min(kRowsF, m1 - m);
+          const int64_t lo = next_lines * i / blocks, hi = next_lines * (i + 1) / blocks;
+          const char* pf = next_lines ? reinterpret_cast<const char*>(tile + kTileF * K) + lo * 64 : nullptr;
+          const float* bt = b ? b + c0 : nullptr;
+          float* yt = Y + m * N + c0;
+          switch (mr) {
+            case 6: block_f32<6>(X + m * K, K, tile, yt, N, cols, bt, pf, hi - lo); break;
+            case 5: block_f32<5>(X + m * K, K, tile, yt, N, cols, bt, pf, hi - lo); break;
+            case 4: block_f32<4>(X + m * K, K, tile, yt, N, cols, bt, pf, hi - lo); break;
+            case 3: block_f32<3>(X + m * K, K, tile, yt, N, cols, bt, pf, hi - lo); break;
+            case 2: block_f32<2>(X + m * K, K, tile, yt, N, cols, bt, pf, hi - lo); break;
+            default: block_f32<1>(X + m * K, K, tile, yt, N, cols, bt, pf, hi - lo); break;
+          }
+        }
+#else
+        for (int64_t m = m0; m < m1; ++m)  // scalar: the same sums in k order, one output at a time
+          for (int64_t j = 0; j < cols; ++j) {
+            float s = 0.f;
+            for (int64_t k = 0; k < K; ++k) s = std::fma(X[m * K + k], tile[k * kTileF + j], s);
+            Y[m * N + c0 + j] = s + (b ? b[c0 + j] : 0.f);
+          }
+#endif
+      }
+    }
+  });
+  return y;
+}
+
 }  // namespace hybridrl

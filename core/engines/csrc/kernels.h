@@ -10,7 +10,7 @@
 #include <optional>
 #include <tuple>
 #include <vector>
-#if defined(__AVX512F__)
+#if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
@@ -141,6 +141,10 @@ at::Tensor decode_attention_f32(const at::Tensor& q, const at::Tensor& k, const 
 at::Tensor rms_norm_f32(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor rotary_one_f32(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor silu_mul_f32(const at::Tensor& gate, const at::Tensor& up);
+bool linear_f32_native();
+at::Tensor pack_linear_f32(const at::Tensor& weight);
+at::Tensor linear_packed_f32(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                             int64_t N);
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                             double scale);

@@ -75,7 +75,9 @@ bool linear_native() {
 }
 
 at::Tensor pack_linear(const at::Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16, "pack_linear: a 2-D bf16 weight");
+  TORCH_CHECK(weight.dim() == 2 && (weight.scalar_type() == at::kBFloat16 || weight.scalar_type() == at::kFloat),
+              "pack_linear: a 2-D bf16 or fp32 weight");
+  if (weight.scalar_type() == at::kFloat) return pack_linear_f32(weight);
   TORCH_CHECK(weight.size(1) % 2 == 0, "pack_linear: in_features must be even, got ", weight.size(1));
   const int64_t N = weight.size(0), K = weight.size(1), Np = padded(N);
   const auto w = weight.contiguous();
@@ -102,7 +104,8 @@ at::Tensor pack_linear(const at::Tensor& weight) {
 
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                          int64_t N) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16, "linear_packed: bf16");
+  if (x.scalar_type() == at::kFloat) return linear_packed_f32(x, packed, bias, N);
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16, "linear_packed: bf16 or fp32");
   const int64_t K = x.size(-1), Np = padded(N), M = K ? x.numel() / K : 0;
   TORCH_CHECK(packed.numel() == Np * K, "linear_packed: packed weight has ", packed.numel(), " values, expected ",
               Np * K, " for (", N, ", ", K, ")");

@@ -12,6 +12,7 @@ TORCH_LIBRARY(hybridrl_cpu, m) {
   m.def("rotary(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
   m.def("linear_native() -> bool", hybridrl::linear_native);
+  m.def("linear_f32_native() -> bool", hybridrl::linear_f32_native);
   m.def("isa() -> str", [] { return std::string(hybridrl::kernel_isa()); });
   m.def("pack_linear(Tensor weight) -> Tensor");
   m.def("linear_packed(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");

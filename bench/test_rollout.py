@@ -43,27 +43,32 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def _rate(product, work: float, repeat: int) -> float:
-    """``work`` (FLOPs or bytes) per second of ``product()``, run ``repeat`` times after warming up."""
+def peak_rate(product, work: float, seconds: float = 0.3, windows: int = 3) -> float:
+    """The best of ``windows`` rates of ``product()`` repeated for ``seconds / windows`` each, after one warm call: a
+    peak is a maximum, and a window of a few ms (three 1024^3 bf16 products) read 30% low in one run."""
+    product()
     sync()
-    t = time.perf_counter()
-    for _ in range(repeat):
-        product()
-    sync()
-    return work * repeat / (time.perf_counter() - t)
+    best = 0.0
+    for _ in range(windows):
+        t, n = time.perf_counter(), 0
+        while n == 0 or time.perf_counter() - t < seconds / windows:
+            product()
+            n += 1
+        sync()
+        best = max(best, work * n / (time.perf_counter() - t))
+    return best
 
 
-def matmul_flops_per_s(dtype: torch.dtype, size: int = 1024, repeat: int = 3) -> float:
-    """torch.matmul's rate at size^3 in ``dtype``: the peak of the dtype a bench actually uses (1024^3 is ~10 ms in
-    fp32 on 2 cores, and as fast per FLOP as 2048^3 here; never a bf16 probe on a CPU without bf16 hardware, where
-    one 2048^3 product took over a minute)."""
-    size, repeat = (8192, 20) if DEV.type == "cuda" else (size, repeat)  # a GPU needs a bigger product to fill
+def matmul_flops_per_s(dtype: torch.dtype, size: int = 1024) -> float:
+    """torch.matmul's rate at size^3 in ``dtype``, for ~0.3 s: the peak of the dtype a bench actually uses (1024^3
+    is ~10 ms in fp32 on 2 cores, and as fast per FLOP as 2048^3 here; never a bf16 probe on a CPU without bf16
+    hardware, where one 2048^3 product took over a minute)."""
+    size = 8192 if DEV.type == "cuda" else size  # a GPU needs a bigger product to fill
     a, b = torch.randn(size, size, dtype=dtype, device=DEV), torch.randn(size, size, dtype=dtype, device=DEV)
-    (a @ b if DEV.type == "cuda" else a[:256] @ b[:, :256])  # warm
-    return _rate(lambda: a @ b, 2 * size**3, repeat)
+    return peak_rate(lambda: a @ b, 2 * size**3)
 
 
-def packed_linear_flops_per_s(dtype: torch.dtype, size: int = 1024, repeat: int = 3) -> float | None:
+def packed_linear_flops_per_s(dtype: torch.dtype, size: int = 1024) -> float | None:
     """Rate of our packed linear (``core.engines.packed``) in ``dtype`` at size^3; None where it is not used here."""
     from core.engines.packed import kernel_usable
 
@@ -71,16 +76,15 @@ def packed_linear_flops_per_s(dtype: torch.dtype, size: int = 1024, repeat: int 
         return None
     x, w = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     packed = torch.ops.hybridrl_cpu.pack_linear(w)
-    torch.ops.hybridrl_cpu.linear_packed(x[:256], packed, None, size)  # warm
-    return _rate(lambda: torch.ops.hybridrl_cpu.linear_packed(x, packed, None, size), 2 * size**3, repeat)
+    return peak_rate(lambda: torch.ops.hybridrl_cpu.linear_packed(x, packed, None, size), 2 * size**3)
 
 
-def copy_bytes_per_s(megabytes: int = 256, repeat: int = 3) -> float:
-    megabytes, repeat = (2048, 20) if DEV.type == "cuda" else (megabytes, repeat)
+def copy_bytes_per_s(megabytes: int = 256) -> float:
+    megabytes = 2048 if DEV.type == "cuda" else megabytes
     x = torch.empty(megabytes << 18, device=DEV)  # fp32
     x.fill_(1.0)
     y = x.clone()
-    return _rate(lambda: y.copy_(x), 2 * x.numel() * 4, repeat)  # bytes read + written
+    return peak_rate(lambda: y.copy_(x), 2 * x.numel() * 4)  # bytes read + written
 
 
 def decode_roofline(model, batch: int, context: int, flops: float, bandwidth: float) -> dict:

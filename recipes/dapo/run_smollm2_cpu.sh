@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # DAPO (its own step: recipes/dapo/train.py) with SmolLM2-135M-Instruct on CPU: 2 Ray workers, FSDP2 world size 2.
-#   bash recipes/dapo/run_smollm2_cpu.sh                  the CPU run: single-digit arithmetic, demo_cpu.yaml
+#   bash recipes/dapo/run_smollm2_cpu.sh                  the CPU run: arithmetic (a, b in 1..12), demo_cpu.yaml
 #   CONFIG=config bash recipes/dapo/run_smollm2_cpu.sh    GSM8K (config.yaml; data from ../shared/data/gsm8k)
 # Extra arguments are Hydra overrides, e.g.: bash recipes/dapo/run_smollm2_cpu.sh trainer.total_steps=2
 set -euo pipefail

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GRPO with SmolLM2-135M-Instruct on CPU: 2 Ray workers, FSDP2 world size 2, rollout and reference colocated.
-#   bash recipes/grpo/run_smollm2_cpu.sh                  the demo (`make demo`): single-digit arithmetic, demo_cpu.yaml
+#   bash recipes/grpo/run_smollm2_cpu.sh                  the demo (`make demo`): arithmetic (a, b in 1..12), demo_cpu.yaml
 #   CONFIG=config bash recipes/grpo/run_smollm2_cpu.sh    GSM8K (config.yaml; data from ../shared/data/gsm8k)
 # Extra arguments are Hydra overrides, e.g.: bash recipes/grpo/run_smollm2_cpu.sh trainer.total_steps=2
 set -euo pipefail

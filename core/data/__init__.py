@@ -1,1 +1,2 @@
-"""Data: ``core.data.prepare`` writes verl-schema parquet; ``core.data.dataset`` reads it back (ours or verl's)."""
+"""Data: ``core.data.prepare`` writes verl-schema parquet; ``core.data.dataset`` reads it back (ours or verl's);
+``core.data.arith`` generates the CPU demo's arithmetic task with a test split held out by content."""

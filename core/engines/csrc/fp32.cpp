@@ -186,8 +186,6 @@ at::Tensor silu_mul_f32(const at::Tensor& gate, const at::Tensor& up) {
 namespace {
 constexpr int64_t kTileF = 16, kRowsF = 6, kChunkF = 192;
 
-int64_t padded16(int64_t n) { return (n + 15) / 16 * 16; }
-
 #if defined(__AVX2__) && defined(__FMA__)
 // one row's 16 outputs (+ bias), the first `cols` of them stored
 inline void store_row_f32(float* y, __m256 a0, __m256 a1, __m256 b0, __m256 b1, int64_t cols) {
@@ -240,7 +238,7 @@ bool linear_f32_native() {
 }
 
 at::Tensor pack_linear_f32(const at::Tensor& weight) {
-  const int64_t N = weight.size(0), K = weight.size(1), Np = padded16(N);
+  const int64_t N = weight.size(0), K = weight.size(1), Np = (N + 15) / 16 * 16;
   const auto w = weight.contiguous();
   auto out = at::zeros({Np * K}, weight.options());
   const float* src = w.data_ptr<float>();
@@ -259,21 +257,11 @@ at::Tensor pack_linear_f32(const at::Tensor& weight) {
 at::Tensor linear_packed_f32(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                              int64_t N) {
   TORCH_CHECK(packed.scalar_type() == at::kFloat, "linear_packed: fp32 x needs an fp32 packed weight");
-  const int64_t K = x.size(-1), Np = padded16(N), M = K ? x.numel() / K : 0;
-  TORCH_CHECK(packed.numel() == Np * K, "linear_packed: packed weight has ", packed.numel(), " values, expected ",
-              Np * K, " for (", N, ", ", K, ")");
-  const auto xc = x.contiguous();
-  auto sizes = x.sizes().vec();
-  sizes.back() = N;
-  auto y = at::empty(sizes, x.options());
-  at::Tensor bias_padded;
-  const float* b = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == N, "linear_packed: bias has ", bias->numel(), " values, expected ", N);
-    bias_padded = at::zeros({Np}, x.options());  // 16-wide loads past N read zeros
-    bias_padded.narrow(0, 0, N).copy_(*bias);
-    b = bias_padded.data_ptr<float>();
-  }
+  const LinearCall c = linear_call(x, packed, bias, N);
+  const int64_t K = c.K, M = c.M, Np = c.Np;
+  const float* b = c.b;
+  auto y = c.y;
+  const auto& xc = c.x;
   const float* X = xc.data_ptr<float>();
   const float* P = packed.data_ptr<float>();
   float* Y = y.data_ptr<float>();

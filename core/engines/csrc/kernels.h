@@ -135,6 +135,32 @@ inline __m512 reduce16(const __m512* v) {
 
 #endif  // __AVX512F__
 
+// linear_packed's common part (bf16 and fp32): x contiguous, the output (..., N) allocated, the packed weight's size
+// checked against N rounded up to 16 (both layouts pad columns to 16), the bias as fp32 zero-padded to that width
+struct LinearCall {
+  at::Tensor x, y, bias;
+  const float* b = nullptr;
+  int64_t K = 0, M = 0, Np = 0;
+};
+inline LinearCall linear_call(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                              int64_t N) {
+  LinearCall c;
+  c.K = x.size(-1), c.Np = (N + 15) / 16 * 16, c.M = c.K ? x.numel() / c.K : 0;
+  TORCH_CHECK(packed.numel() == c.Np * c.K, "linear_packed: packed weight has ", packed.numel(), " values, expected ",
+              c.Np * c.K, " for (", N, ", ", c.K, ")");
+  c.x = x.contiguous();
+  auto sizes = x.sizes().vec();
+  sizes.back() = N;
+  c.y = at::empty(sizes, x.options());
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == N, "linear_packed: bias has ", bias->numel(), " values, expected ", N);
+    c.bias = at::zeros({c.Np}, x.options().dtype(at::kFloat));  // 16-wide loads past N read zeros
+    c.bias.narrow(0, 0, N).copy_(*bias);
+    c.b = c.bias.data_ptr<float>();
+  }
+  return c;
+}
+
 // fp32.cpp: the fp32 versions the entry points below dispatch to
 at::Tensor decode_attention_f32(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                                 double scale);

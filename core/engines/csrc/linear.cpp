@@ -106,20 +106,11 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const st
                          int64_t N) {
   if (x.scalar_type() == at::kFloat) return linear_packed_f32(x, packed, bias, N);
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16, "linear_packed: bf16 or fp32");
-  const int64_t K = x.size(-1), Np = padded(N), M = K ? x.numel() / K : 0;
-  TORCH_CHECK(packed.numel() == Np * K, "linear_packed: packed weight has ", packed.numel(), " values, expected ",
-              Np * K, " for (", N, ", ", K, ")");
-  const auto xc = x.contiguous();
-  auto sizes = x.sizes().vec();
-  sizes.back() = N;
-  auto y = at::empty(sizes, x.options());
-  at::Tensor bias32;
-  const float* b = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == N, "linear_packed: bias has ", bias->numel(), " values, expected ", N);
-    bias32 = bias->to(at::kFloat).contiguous();
-    b = bias32.data_ptr<float>();
-  }
+  const LinearCall c = linear_call(x, packed, bias, N);
+  const int64_t K = c.K, M = c.M, Np = c.Np;
+  const float* b = c.b;
+  auto y = c.y;
+  const auto& xc = c.x;
   const auto* X = reinterpret_cast<const uint16_t*>(xc.data_ptr());
   const auto* P = reinterpret_cast<const uint16_t*>(packed.data_ptr());
   auto* Y = reinterpret_cast<uint16_t*>(y.data_ptr());

@@ -102,10 +102,15 @@ class FSDPCritic:
         """``values`` (B, Tr) of the responses, in micro-batches."""
         self.model.eval()
         order = length_order(batch) if self.cfg.max_tokens_per_micro > 0 else None
+        micros = micro_batches(batch if order is None else batch.index(order), self.cfg.micro_batch_size,
+                               self.cfg.max_tokens_per_micro)
+        parts = []
         with self.idle.on_gpu():
-            parts = [response_values(self.model, mb.to(self.ctx.device), self.cfg.remove_padding).cpu()
-                     for mb in micro_batches(batch if order is None else batch.index(order), self.cfg.micro_batch_size,
-                                             self.cfg.max_tokens_per_micro)]
+            for mb in equalise_passes(micros, self.ctx.device):  # equal forwards on every rank (FSDP all-gathers)
+                v = response_values(self.model, (micros[0] if mb is None else mb).to(self.ctx.device),
+                                    self.cfg.remove_padding)
+                if mb is not None:  # a padding pass is dropped
+                    parts.append(v.cpu())
         values = torch.cat(parts)
         return Batch({"values": values if order is None else restore_order(values, order)})
 

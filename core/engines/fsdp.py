@@ -137,11 +137,16 @@ class FSDPActor:
         self.model.eval()
         order = length_order(batch) if self.cfg.max_tokens_per_micro > 0 else None
         logps, ents = [], []
+        micros = micro_batches(batch if order is None else batch.index(order), self.cfg.micro_batch_size,
+                               self.cfg.max_tokens_per_micro)
         with self.idle.on_gpu():
-            for mb in micro_batches(batch if order is None else batch.index(order), self.cfg.micro_batch_size,
-                                    self.cfg.max_tokens_per_micro):
-                lp, ent = response_logprobs(self.model, mb.to(self.ctx.device), self.cfg.temperature, with_entropy,
-                                            self.cfg.remove_padding)
+            # as many forwards as the rank with the most micro-batches (FSDP all-gathers pair up across ranks); a
+            # padding pass (None) reruns the first micro-batch and is dropped
+            for mb in equalise_passes(micros, self.ctx.device):
+                lp, ent = response_logprobs(self.model, (micros[0] if mb is None else mb).to(self.ctx.device),
+                                            self.cfg.temperature, with_entropy, self.cfg.remove_padding)
+                if mb is None:
+                    continue
                 logps.append(lp.cpu())
                 if with_entropy:
                     ents.append(ent.cpu())
@@ -187,7 +192,8 @@ class FSDPActor:
                     if cfg.kl_loss_coef > 0:
                         kl = kl_loss(logp, mb, cfg.kl_loss_type, norm)
                         loss = loss + cfg.kl_loss_coef * kl
-                        add("actor/kl_loss", kl.item() / dp)
+                        if not dummy:  # a padding pass's KL is multiplied by 0 below: it is no part of the loss
+                            add("actor/kl_loss", kl.item() / dp)
                     if cfg.entropy_coef > 0:
                         loss = loss - cfg.entropy_coef * entropy_bonus(ent, mb["response_mask"], norm)
                     (loss * 0.0 if dummy else loss).backward()

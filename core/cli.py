@@ -27,10 +27,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.split:
             pools["ref"], roles["ref"] = PoolConfig(slots_per_node=args.workers), "ref"
         if args.backend == "ray":
-            import ray
+            from core.worker_group import init_ray
 
-            ray.init(include_dashboard=False, log_to_driver=False,
-                     num_cpus=max(2, len(pools) * args.workers))
+            init_ray(num_cpus=max(2, len(pools) * args.workers))
         return 0 if selfcheck(PlacementConfig(pools, roles), args.backend) else 1
     return 2
 

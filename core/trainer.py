@@ -24,6 +24,7 @@ from core.report import report
 from core.roles import RolloutConfig, RolloutWorker
 from core.tracking import make_trackers
 from core.worker import RoleSpec
+from core.worker_group import init_ray
 
 
 @dataclass(frozen=True)
@@ -165,15 +166,17 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
     actor_pool = cfg.placement.pools[cfg.placement.roles["actor"]]
     dp = 1 if cfg.trainer.backend == "local" else actor_pool.nnodes * actor_pool.slots_per_node
     print("effective sizes:\n" + effective_sizes(cfg, dp), flush=True)
-    if cfg.trainer.backend == "ray":
-        import ray
-
-        if not ray.is_initialized():
-            ray.init(include_dashboard=False, log_to_driver=False)
     t = cfg.trainer
     trackers = make_trackers(t.logger, out, t.project_name, t.experiment_name or out.name, asdict(cfg),
                              t.tracker_mode, write=tqdm.write)  # before Ray: a missing package fails here
-    placement = place(cfg.placement, role_specs(cfg), cfg.trainer.backend, cfg.trainer.call_timeout_s)
+    try:
+        if cfg.trainer.backend == "ray":
+            init_ray()
+        placement = place(cfg.placement, role_specs(cfg), cfg.trainer.backend, cfg.trainer.call_timeout_s)
+    except BaseException:  # a worker failed to start: the trackers' runs end here, not as dangling "running" ones
+        for tracker in trackers:
+            tracker.close()
+        raise
     roles = Roles(actor=placement["actor"], rollout=placement["rollout"],
                   ref=placement["ref"] if "ref" in placement else None,
                   critic=placement["critic"] if "critic" in placement else None)

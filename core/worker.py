@@ -63,11 +63,23 @@ def node_ip() -> str:
         return "127.0.0.1"
 
 
+def _quiet_progress_bars() -> None:
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
 class WorkerHost:
     """Hosts the roles of one rank. All methods are called by the worker group, never by users."""
 
-    def __init__(self, rank: int, world_size: int, local_rank: int, device: str, num_threads: int | None):
-        self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
+    def __init__(self, rank: int, world_size: int, local_rank: int, device: str, num_threads: int | None,
+                 label: str = "worker"):
+        self.rank, self.world_size, self.local_rank, self.label = rank, world_size, local_rank, label
+        _quiet_progress_bars()  # their output reaches the driver: keep warnings, drop each rank's loading bars
         if num_threads:
             torch.set_num_threads(num_threads)
         if device == "cuda":
@@ -78,6 +90,10 @@ class WorkerHost:
         else:
             self.device = torch.device("cpu")
         self.roles: dict[str, Any] = {}
+
+    def __repr__(self) -> str:
+        # Ray prefixes every line this process prints or logs with its actor's repr: "(group[actor,ref] rank 1 ...)"
+        return f"{self.label} rank {self.rank}"
 
     def address(self) -> tuple[str, int]:
         """Rank 0 hands out the rendezvous address: this node's IP and a free port on it."""

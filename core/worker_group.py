@@ -124,6 +124,16 @@ class RoleGroup:
         return _merge(results[:: self.mp_size], pad)
 
 
+def init_ray(**kwargs) -> None:
+    """``ray.init`` for a run, unless Ray is up already: no dashboard, and the workers' output reaches the driver's
+    console (warnings included: a sharded-load fallback decides whether a large job fits), each line prefixed by
+    Ray with the worker's repr, e.g. ``(main[actor,rollout,ref] rank 1 pid=4242)``."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=True, **kwargs)
+
+
 class WorkerGroup:
     """One Ray actor (a ``WorkerHost``) per rank of a pool, in one torch.distributed world, hosting ``specs``."""
 
@@ -153,7 +163,8 @@ class WorkerGroup:
             strategy = PlacementGroupSchedulingStrategy(self._pgs[node], placement_group_bundle_index=local_rank)
             opts = dict(num_cpus=pool.cpus_per_slot, num_gpus=1 if pool.device == "cuda" else 0,
                         scheduling_strategy=strategy, max_restarts=0)
-            self._hosts.append(host_cls.options(**opts).remote(rank, self.world_size, local_rank, pool.device, threads))
+            self._hosts.append(host_cls.options(**opts).remote(rank, self.world_size, local_rank, pool.device, threads,
+                                                               f"{name}[{','.join(self.specs)}]"))
         ranks, roles, t = list(range(self.world_size)), ",".join(self.specs), ready_timeout_s
         addr, port = self._wait([self._hosts[0].address.remote()], [0], roles, "WorkerHost.address", t)[0]
         self._wait([h.setup.remote(addr, port, self.specs, timeout_s) for h in self._hosts], ranks, roles,

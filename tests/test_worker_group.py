@@ -5,6 +5,8 @@ import signal
 import threading
 import time
 
+import warnings
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -54,6 +56,10 @@ class Echo:
         if self.ctx.rank == 1:
             time.sleep(seconds)
         return self.allreduce_rank_plus_one()
+
+    def say(self, text: str) -> None:
+        print(f"{text} (print)", flush=True)
+        warnings.warn(f"{text} (warning)")
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
@@ -215,3 +221,30 @@ def test_local_backend_runs_the_same_calls_in_this_process():
         assert isinstance(info.value.__cause__, ValueError)  # the original stays chained for pdb
     finally:
         group.shutdown()
+
+
+def test_worker_output_reaches_the_driver_named_by_group_role_and_rank(tmp_path):
+    """init_ray (what every run uses) forwards the workers' prints and warnings to the driver, each line prefixed
+    with the worker's group, roles and rank; before, runs passed log_to_driver=False and every worker warning was
+    lost. A real Ray session in a subprocess (its own, so this module's session keeps its settings)."""
+    import subprocess
+    import sys
+
+    script = ("from core.worker import RoleSpec\n"
+              "from core.worker_group import ResourcePool, WorkerGroup, init_ray\n"
+              "from tests.test_worker_group import Echo\n"
+              "import time\n"
+              "init_ray(num_cpus=2)\n"
+              "g = WorkerGroup(ResourcePool(slots_per_node=2), {'echo': RoleSpec(Echo)}, name='main')\n"
+              "g.role('echo').call_all(Echo.say, 'hello from a worker')\n"
+              "time.sleep(2)\n"  # the log monitor forwards asynchronously
+              "g.shutdown()\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=180,
+                         env=dict(os.environ, PYTHONPATH=root))
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-2000:]
+    for rank in (0, 1):
+        lines = [l for l in text.splitlines() if f"main[echo] rank {rank} pid=" in l]
+        assert any("hello from a worker (print)" in l for l in lines), text[-2000:]
+        assert any("UserWarning: hello from a worker (warning)" in l for l in lines), text[-2000:]

@@ -248,3 +248,19 @@ def test_worker_output_reaches_the_driver_named_by_group_role_and_rank(tmp_path)
         lines = [l for l in text.splitlines() if f"main[echo] rank {rank} pid=" in l]
         assert any("hello from a worker (print)" in l for l in lines), text[-2000:]
         assert any("UserWarning: hello from a worker (warning)" in l for l in lines), text[-2000:]
+
+
+def test_a_reward_pool_in_the_ray_driver_scores_right_and_is_no_fork_of_it(ray_session, tmp_path):
+    """Four reward workers started after ray.init (the driver has Ray's threads) score a custom file's reward
+    correctly, and none of them is a fork of the driver: they fork from a forkserver (a fork of a threaded
+    process copies its locks in whatever state they were in)."""
+    from core.rewards import load_reward_fn, score_batch
+
+    f = tmp_path / "my_reward.py"
+    f.write_text("import os\n"
+                 "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                 "    return {'score': float(solution_str == ground_truth), 'parent': os.getppid(), 'pid': os.getpid()}\n")
+    n = 16
+    out = score_batch(load_reward_fn(f), ["d"] * n, [str(i % 3) for i in range(n)], ["1"] * n, num_workers=4)
+    assert out.scores.tolist() == [float(i % 3 == 1) for i in range(n)]
+    assert os.getpid() not in out.extras["parent"] and len(set(out.extras["pid"])) >= 2

@@ -101,18 +101,32 @@ def default_compute_score(data_source, solution_str, ground_truth, extra_info=No
 
 def load_reward_fn(path: str | Path, name: str = "compute_score") -> RewardFn:
     """A user's reward function ``name`` from the Python file ``path`` (verl's custom_reward_function)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"custom reward file not found: {path}")
-    module_name = f"hybridrl_custom_reward_{abs(hash(str(path.resolve())))}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # so worker processes can unpickle the function by reference
-    spec.loader.exec_module(module)
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise AttributeError(f"custom reward file {path} has no function {name!r}")
-    return fn
+    return FileRewardFn(str(Path(path).resolve()), name)
+
+
+class FileRewardFn:
+    """A reward function loaded from a file. It pickles as (path, name): reward worker processes start fresh
+    (forkserver, not a fork of the Ray driver) and load the file again, where pickling the function itself would
+    name a module that only the driver has."""
+
+    def __init__(self, path: str, name: str):
+        self.path, self.name = path, name
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"custom reward file not found: {path}")
+        module_name = f"hybridrl_custom_reward_{abs(hash(path))}"
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module  # its own functions pickle by reference inside this process
+        spec.loader.exec_module(module)
+        self.fn = getattr(module, name, None)
+        if not callable(self.fn):
+            raise AttributeError(f"custom reward file {path} has no function {name!r}")
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+    def __reduce__(self):
+        return FileRewardFn, (self.path, self.name)
 
 
 @dataclass
@@ -140,10 +154,18 @@ def _check(i: int, source: str, solution: str, result: Any) -> tuple[float, dict
     return value, ({k: v for k, v in result.items() if k != "score"} if isinstance(result, dict) else {})
 
 
+def _pool_context():
+    """forkserver: the reward workers fork from a small server process started once, never from the caller -- a
+    Ray driver has threads (gRPC, the log monitor) that a fork would copy in whatever state they were in."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["core.rewards"])
+    return ctx
+
+
 def score_batch(fn: RewardFn, data_sources: Sequence[str], solutions: Sequence[str], ground_truths: Sequence[Any],
                 extra_infos: Sequence[Any] | None = None, num_workers: int = 0, timeout_s: float = 10.0,
                 fallback: float | None = None) -> ScoredBatch:
-    """Score every response. ``num_workers > 0``: a pool of forked processes, each call limited to ``timeout_s``
+    """Score every response. ``num_workers > 0``: a pool of processes (forkserver), each call limited to ``timeout_s``
     (a stuck call is abandoned and the pool killed at the end). A call that raises, times out or gives NaN
     raises ``RewardError`` naming the sample -- or, with ``fallback`` set, scores ``fallback`` and is counted."""
     n = len(solutions)
@@ -169,7 +191,7 @@ def score_batch(fn: RewardFn, data_sources: Sequence[str], solutions: Sequence[s
             settle(i, lambda i=i: fn(*args[i]))
     todo = list(range(n)) if num_workers > 0 else []
     while todo:  # a timed-out call blocks its worker: kill the pool, keep finished results, resubmit the rest
-        pool = mp.get_context("fork").Pool(num_workers)
+        pool = _pool_context().Pool(num_workers)
         try:
             pending = {i: pool.apply_async(_call, (fn, args[i])) for i in todo}
             for k, i in enumerate(todo):

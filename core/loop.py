@@ -6,8 +6,9 @@ loop differs (DAPO's dynamic sampling, VAPO's value warm-up, SPPO, agents) copie
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
-import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
@@ -205,10 +206,15 @@ def validate(roles: Roles, prompts: Batch, sampling: SamplingParams, reward_fn: 
     return out
 
 
-def prompts_from_rows(rows: list[dict], seed_uid: bool = True) -> Batch:
-    """A prompt batch from verl-schema rows (``core.data.dataset.load_rl_parquet``), one fresh uid per prompt."""
+def prompts_from_rows(rows: list[dict]) -> Batch:
+    """A prompt batch from verl-schema rows (``core.data.dataset.load_rl_parquet``). Each prompt's uid (its samples'
+    group) is its position and a hash of its content: distinct within the batch, and the same when a resumed run
+    draws the same rows again (uuid4 made every run's uids differ)."""
+    def uid(i: int, row: dict) -> str:
+        return f"{i}-{hashlib.sha1(json.dumps(row['prompt'], sort_keys=True, default=str).encode()).hexdigest()[:12]}"
+
     return Batch(non_tensors={"prompt": [r["prompt"] for r in rows], "data_source": [r["data_source"] for r in rows],
                               "ground_truth": [r["ground_truth"] for r in rows],
                               "extra_info": [r["extra_info"] for r in rows],
-                              "uid": [str(uuid.uuid4()) for _ in rows]})
+                              "uid": [uid(i, r) for i, r in enumerate(rows)]})
 

@@ -53,7 +53,8 @@ def test_resume_from_a_path_that_is_no_checkpoint_names_it(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- real runs
-def write_run(tmp_path: Path, model_dir: Path, total_steps: int, save_freq: int, critic: bool = False) -> Path:
+def write_run(tmp_path: Path, model_dir: Path, total_steps: int, save_freq: int, critic: bool = False,
+              backend: str = "local") -> Path:
     rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"{a} + {a}?"}],
              "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(2 * a)},
              "extra_info": {"index": a}} for a in range(12)]
@@ -65,7 +66,7 @@ def write_run(tmp_path: Path, model_dir: Path, total_steps: int, save_freq: int,
     (tmp_path / "reward.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                                         "    return sum(map(ord, solution_str)) % 7 / 7\n")
     (conf / "config.yaml").write_text(f"""
-trainer: {{backend: local, total_steps: {total_steps}, save_freq: {save_freq}, save_keep: 2, output_dir: set-per-run}}
+trainer: {{backend: {backend}, total_steps: {total_steps}, save_freq: {save_freq}, save_keep: 2, output_dir: set-per-run}}
 data: {{train_files: ["{tmp_path / 'train.parquet'}"], prompts_per_step: 2}}
 actor: {{model: "{model_dir}", dtype: float32, ppo_mini_batch_size: 4, micro_batch_size: 2, kl_loss_coef: 0.01,
         optim: {{lr: 0.01, warmup_steps: 2}}}}
@@ -77,23 +78,33 @@ use_critic: true
 use_ref: true
 critic: {{model: "{model_dir}", dtype: float32, ppo_mini_batch_size: 4, micro_batch_size: 2, optim: {{lr: 0.001}}}}
 placement: {{roles: {{actor: main, rollout: main, ref: main, critic: main}}}}
-"""))
+"""))  # the default pool: one node, 2 slots (used with backend ray)
     return conf
 
 
 def train(conf: Path, out: Path) -> subprocess.Popen:
+    """``python -m core.train`` in a session of its own: a kill takes the whole process group (with Ray: the
+    driver and the Ray processes it started), as a machine that dies would."""
     return subprocess.Popen([sys.executable, "-m", "core.train", "--config-dir", str(conf),
                              f"trainer.output_dir={out}"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def kill(run: subprocess.Popen) -> None:
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
 
 
 def steady(rows: list[dict]) -> dict[int, dict]:
     return {m["step"]: {k: v for k, v in m.items() if not k.startswith(VOLATILE)} for m in rows}
 
 
+@pytest.mark.parametrize("backend", ["local", "ray"], ids=["1-rank", "ray-2-ranks"])
 @pytest.mark.parametrize("critic", [False, True], ids=["grpo", "ppo-with-critic"])
-def test_a_run_killed_between_saves_resumes_to_the_uninterrupted_metrics(tmp_path, tiny_model_dir, critic):
-    conf = write_run(tmp_path, tiny_model_dir, total_steps=6, save_freq=3, critic=critic)
+def test_a_run_killed_between_saves_resumes_to_the_uninterrupted_metrics(tmp_path, tiny_model_dir, critic, backend):
+    """World size 1 in one process, and FSDP2 world size 2 on two Ray workers (each rank's RNG, shards and optimizer
+    state in the checkpoint; the driver, Ray and its workers killed together)."""
+    conf = write_run(tmp_path, tiny_model_dir, total_steps=6, save_freq=3, critic=critic, backend=backend)
     whole = train(conf, tmp_path / "whole")
     assert whole.wait(timeout=300) == 0, whole.stderr.read()[-3000:]
     # the same run, killed once step 4 is logged: it is inside step 5, between the saves after steps 3 and 6
@@ -103,8 +114,7 @@ def test_a_run_killed_between_saves_resumes_to_the_uninterrupted_metrics(tmp_pat
     while not any(m["step"] == 4 for m in _rows(out / "metrics.jsonl")):
         assert killed.poll() is None and time.time() < deadline, "the run ended before step 4 was logged"
         time.sleep(0.005)
-    os.kill(killed.pid, signal.SIGKILL)
-    killed.wait()
+    kill(killed)
     assert checkpoint.find(out, "auto").name == "step_000003"
     resumed = train(conf, out)  # resume_mode=auto
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read()[-3000:]
@@ -178,8 +188,7 @@ def test_a_run_killed_in_the_middle_of_a_save_resumes_from_the_previous_checkpoi
         root = checkpoint.checkpoint_dir(out)
         while run.poll() is None and not [p for p in root.glob(".step_*.tmp") if p.name > ".step_000002"]:
             time.sleep(0.0005)
-        os.kill(run.pid, signal.SIGKILL)
-        run.wait()
+        kill(run)
         partial = sorted(root.glob(".step_*.tmp"))
         if partial:
             break

@@ -48,5 +48,5 @@ class PolicyLossConfig:
     cispo_clip_high: float = 0.28
     # SPPO: eta scaling the advantage target of the squared loss
     sppo_eta: float = 1.0
-    # seed of Clip-Cov's random token choice (per call: seed + step)
+    # mixed into Clip-Cov's random token choice (each call also draws from the process's torch RNG)
     seed: int = 0

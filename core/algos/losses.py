@@ -83,8 +83,8 @@ def clip_cov(logprobs, batch, cfg, norm):
     """Clip-Cov: PPO clip, plus the gradient cut on a few random tokens of high covariance(A, logp).
 
     cov_it = (A_it - mean A)(logp_it - mean logp) over valid tokens; among tokens not already clipped with
-    cov in (clip_cov_lb, clip_cov_ub), pick max(1, floor(clip_cov_ratio * N_valid)) at random (seeded by
-    ``cfg.seed``) and zero their loss. Selection is per call, so the loss depends on the micro-batch split.
+    cov in (clip_cov_lb, clip_cov_ub), pick max(1, floor(clip_cov_ratio * N_valid)) at random (a fresh draw each
+    call from the process's torch RNG, mixed with ``cfg.seed``) and zero their loss. Selection is per call, so the loss depends on the micro-batch split.
     Shapes: logprobs, A, mask (B, T).
     Paper: Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs" (arXiv:2505.22617).
     Example: covs [0.5, 2.0, 7.0], window (1, 5), ratio -> 1 token: only the token with cov 2.0 can be cut.
@@ -99,7 +99,10 @@ def clip_cov(logprobs, batch, cfg, norm):
     n_cut = min(max(int(cfg.clip_cov_ratio * float(mask.sum())), 1), len(cand))
     keep = torch.ones_like(losses)
     if n_cut:
-        pick = cand[torch.randperm(len(cand), generator=torch.Generator().manual_seed(cfg.seed))[:n_cut]]
+        # a new draw every call from this process's torch RNG (seeded at start, saved in checkpoints), mixed with
+        # cfg.seed: a fixed seed here picked the same positions in every micro-batch of every step
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + int(torch.randint(0, 2**31, ())))
+        pick = cand[torch.randperm(len(cand), generator=gen)[:n_cut]]
         keep[pick[:, 0], pick[:, 1]] = 0.0
     metrics = {"pg_clipfrac": masked_mean((keep == 0).float(), mask), "ppo_kl": masked_mean(-log_ratio, mask)}
     return aggregate(losses * keep, mask, norm), {k: v.detach() for k, v in metrics.items()}

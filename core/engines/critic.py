@@ -18,7 +18,7 @@ from core.algos import LossNorm, masked_mean, value_loss
 from core.engines.forward import trim_padding
 from core.engines.fsdp import OptimConfig, length_order, micro_batches, restore_order
 from core.engines.sharding import (IdleOffload, adamw_with_warmup, check_offload, clipped_step, enable_checkpointing,
-                                   equalise_passes, global_counts, load_state, save_state, shard)
+                                   equalise_passes, global_counts, load_state, reshuffle_seed, save_state, shard)
 from core.protocol import Batch
 from core.worker import WorkerContext
 
@@ -126,8 +126,9 @@ class FSDPCritic:
             raise ValueError(f"critic.ppo_mini_batch_size {cfg.ppo_mini_batch_size} is not divisible by {dp} DP ranks")
         self.model.train()
         losses, clipfracs, vpreds, norms = [], [], [], []
+        shuffle_seed = reshuffle_seed(cfg.ppo_epochs)
         for epoch in range(cfg.ppo_epochs):
-            for mini in batch.minibatches(cfg.ppo_mini_batch_size // dp, seed=cfg.seed + epoch, shuffle=epoch > 0):
+            for mini in batch.minibatches(cfg.ppo_mini_batch_size // dp, seed=shuffle_seed + epoch, shuffle=epoch > 0):
                 tokens, seqs = global_counts(mini["response_mask"], self.ctx.device)
                 norm = LossNorm(cfg.loss_agg_mode, tokens, seqs, dp, float(mini["response_mask"].shape[-1]))
                 loss_sum = 0.0

@@ -21,7 +21,7 @@ from core.algos.kl import kl_loss
 from core.algos.ops import masked_mean
 from core.engines.forward import response_logprobs
 from core.engines.sharding import (IdleOffload, adamw_with_warmup, check_offload, clipped_step, equalise_passes,
-                                   global_counts, load_sharded_causal_lm, load_state, save_state)
+                                   global_counts, load_sharded_causal_lm, load_state, reshuffle_seed, save_state)
 from core.protocol import Batch
 from core.worker import WorkerContext
 
@@ -176,8 +176,9 @@ class FSDPActor:
             sums[key] = sums.get(key, 0.0) + float(value)
             counts[key] = counts.get(key, 0) + n
 
+        shuffle_seed = reshuffle_seed(cfg.ppo_epochs)
         for epoch in range(cfg.ppo_epochs):
-            for mini in batch.minibatches(cfg.ppo_mini_batch_size // dp, seed=cfg.seed + epoch, shuffle=epoch > 0):
+            for mini in batch.minibatches(cfg.ppo_mini_batch_size // dp, seed=shuffle_seed + epoch, shuffle=epoch > 0):
                 tokens, seqs = global_counts(mini["response_mask"], self.ctx.device)
                 norm = LossNorm(cfg.loss_agg_mode, tokens, seqs, dp, float(mini["response_mask"].shape[-1]))
                 if cfg.max_tokens_per_micro > 0:  # the loss sums over the mini-batch: row order is free

@@ -212,6 +212,13 @@ def global_counts(mask: torch.Tensor, device: torch.device) -> tuple[float, floa
     return float(t[0]), float(t[1])
 
 
+def reshuffle_seed(ppo_epochs: int) -> int:
+    """The seed of one update's epoch reshuffles (epochs after the first): drawn from this process's torch RNG,
+    which is seeded at start and saved in checkpoints, so every update shuffles anew and a resumed run alike
+    (``cfg.seed + epoch`` gave the same permutations at every step). 0, drawing nothing, with a single epoch."""
+    return int(torch.randint(0, 2**31, ())) if ppo_epochs > 1 else 0
+
+
 def equalise_passes(micros: list, device: torch.device) -> list:
     """Pad this rank's micro-batches with None up to the most any rank has: every rank must run as many
     forward/backward passes as the others (FSDP collectives inside)."""

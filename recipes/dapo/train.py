@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -23,6 +23,7 @@ import torch  # noqa: E402
 
 from core.algos import compute_advantages, groups_with_variance, overlong_penalty, scores_to_token_rewards  # noqa: E402
 from core.engines.fsdp import FSDPActor  # noqa: E402
+from core.engines.rollout import SamplingParams  # noqa: E402
 from core.loop import Roles, StepConfig, Timer, reduce_over_ranks, sync_rollout  # noqa: E402
 from core.protocol import Batch  # noqa: E402
 from core.rewards import score_batch  # noqa: E402
@@ -51,6 +52,12 @@ class DAPORunConfig(RunConfig):
         return self.dapo.train_groups
 
 
+def gen_batch_sampling(sampling: SamplingParams, gen_batch: int) -> SamplingParams:
+    """The sampling of a step's ``gen_batch``-th draw (1-based): the first keeps the step's seed, later ones move
+    it by a stride past any rank offset (``replica_seed``), so a redraw does not replay the first draw's uniforms."""
+    return replace(sampling, seed=sampling.seed + 1_000_000_007 * (gen_batch - 1))
+
+
 def dapo_step(roles: Roles, draw: Callable[[], Batch], cfg: StepConfig, reward_fn: Callable, dapo: DAPOConfig,
               update_actor: bool = True, kl_ctrl=None) -> tuple[Batch, dict[str, float]]:
     timer, t0, n = Timer(), time.perf_counter(), cfg.sampling.n
@@ -63,7 +70,7 @@ def dapo_step(roles: Roles, draw: Callable[[], Batch], cfg: StepConfig, reward_f
                                f" of {dapo.train_groups} groups with varying {dapo.filter_metric}; raise "
                                f"dapo.max_num_gen_batches or data.prompts_per_step")
         with timer("gen"):
-            batch = roles.rollout.dp_split(RolloutWorker.generate, draw(), cfg.sampling)
+            batch = roles.rollout.dp_split(RolloutWorker.generate, draw(), gen_batch_sampling(cfg.sampling, gen_batches))
         with timer("reward"):
             texts = list(roles.rollout.dp_split(RolloutWorker.decode, batch)["response_text"])
             scored = score_batch(reward_fn, batch["data_source"], texts, batch["ground_truth"], batch["extra_info"],

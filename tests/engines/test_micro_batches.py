@@ -103,3 +103,16 @@ def test_gradient_checkpointing_changes_no_loss_or_gradient(tiny_model_dir):
             group.shutdown()
     assert results[1]["actor/grad_norm"] == pytest.approx(results[0]["actor/grad_norm"], rel=1e-5)
     assert results[1]["actor/pg_loss"] == pytest.approx(results[0]["actor/pg_loss"], rel=1e-5, abs=1e-7)
+
+
+def test_epoch_reshuffles_differ_between_updates_and_replay_from_the_rng_state():
+    """The reshuffle seed of each update's later epochs comes from the process's torch RNG (saved in checkpoints):
+    a new permutation every update (cfg.seed + epoch repeated one), the same after restoring the RNG state."""
+    from core.engines.sharding import reshuffle_seed
+
+    torch.manual_seed(0)
+    seeds = [reshuffle_seed(2) for _ in range(4)]
+    torch.manual_seed(0)
+    assert [reshuffle_seed(2) for _ in range(4)] == seeds and len(set(seeds)) == 4
+    state = torch.get_rng_state()
+    assert reshuffle_seed(1) == 0 and torch.equal(torch.get_rng_state(), state)  # one epoch: nothing drawn

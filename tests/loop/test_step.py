@@ -87,3 +87,12 @@ def test_a_verl_made_gsm8k_parquet_trains_without_conversion(tiny_model_dir, tmp
         placement.shutdown()
     assert metrics["actor/grad_norm"] > 0
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_prompt_uids_are_deterministic_and_distinct_within_a_batch():
+    """A resumed run draws the same rows again and must group them the same way: uids from position and content
+    (uuid4 gave every run new ones); two rows with the same prompt in one batch still get two groups."""
+    rows = [{"prompt": [{"role": "user", "content": c}], "data_source": "d", "ground_truth": "1", "extra_info": {}}
+            for c in ("a", "b", "a")]
+    uids = prompts_from_rows(rows)["uid"]
+    assert list(uids) == list(prompts_from_rows(rows)["uid"]) and len(set(uids)) == 3

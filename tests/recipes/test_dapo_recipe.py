@@ -133,3 +133,16 @@ def test_run_qwen32b_dry_run_fits_on_16_nodes_and_not_on_one():
     # offload=full on one node: the node must hold 655 GB of offloaded state and sleeping weights
     out = run_qwen32b("trainer.nnodes=1", "actor.offload=full", "placement.pools.main.host_memory_gb=512")
     assert out.returncode == 1 and "host memory: 655 GB per node" in out.stdout, out.stdout
+
+
+def test_each_gen_batch_of_a_step_samples_with_its_own_seed():
+    """A step's redraws (dynamic sampling) once reused the step's seed, replaying the first draw's uniforms. The
+    first draw keeps the step's seed; later ones move past every rank's replica offset."""
+    from core.engines.rollout import SamplingParams, replica_seed
+
+    train = dapo_module()
+    base = SamplingParams(n=4, seed=7)
+    seeds = [train.gen_batch_sampling(base, g).seed for g in (1, 2, 3)]
+    assert seeds[0] == 7 and len(set(seeds)) == 3
+    per_rank = {s + replica_seed(r, 1) for s in seeds for r in range(512)}   # what each rank's engine uses
+    assert len(per_rank) == 3 * 512

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from core.checks import check_run
 from core.config import validate
 from core.planner import plan_run
 from core.trainer import RunConfig, effective_sizes, fit
@@ -42,6 +43,7 @@ def main(argv: list[str] | None = None, schema: type = RunConfig, make_step: Cal
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.total_steps=5 actor.optim.lr=1e-5")
     a = p.parse_intermixed_args(argv)
     cfg = load_run_config(a.config_dir, a.config_name, a.overrides, schema)
+    check_run(cfg)  # sections that disagree fail here, before the plan or Ray
     if a.dry_run:
         pool = cfg.placement.pools[cfg.placement.roles["actor"]]
         dp = 1 if cfg.trainer.backend == "local" else pool.nnodes * pool.slots_per_node

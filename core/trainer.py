@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from core import checkpoint
+from core.checks import check_data_sources, check_run
 from core.config.schema import PlacementConfig, TrainerConfig
 from core.engines.critic import CriticConfig, FSDPCritic
 from core.engines.fsdp import ActorConfig, FSDPActor
@@ -153,6 +154,7 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
     from core.placement import place
     from core.rewards import default_compute_score, load_reward_fn
 
+    check_run(cfg)  # how the sections agree, before anything is loaded or started
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=1, default=str))
@@ -163,6 +165,8 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
     for model in {cfg.actor.model, cfg.rollout.model}:
         resolve_model(model)  # convert / locate once here, not in every rank at the same time
     val_rows = load_rl_parquet(cfg.data.val_files, cfg.data.val_limit or None) if cfg.data.val_files else []
+    check_data_sources(rows, f"data.train_files {cfg.data.train_files}", bool(cfg.reward.path))
+    check_data_sources(val_rows, f"data.val_files {cfg.data.val_files}", bool(cfg.reward.path))
     actor_pool = cfg.placement.pools[cfg.placement.roles["actor"]]
     dp = 1 if cfg.trainer.backend == "local" else actor_pool.nnodes * actor_pool.slots_per_node
     print("effective sizes:\n" + effective_sizes(cfg, dp), flush=True)

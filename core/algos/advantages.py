@@ -68,6 +68,10 @@ def gae_scan(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, ga
     return adv.T.contiguous()
 
 
+# the estimators that read batch["values"]: a run with one of them needs a critic (core.checks)
+VALUE_ESTIMATORS = frozenset({"gae", "decoupled_gae", "length_adaptive_gae"})
+
+
 @ADVANTAGES.register("gae")
 def gae(batch, cfg):
     """PPO's GAE: advantages whitened over the batch, returns = raw advantages + values.

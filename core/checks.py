@@ -1,0 +1,88 @@
+"""How a run config's sections must agree, checked once before Ray starts (``fit`` and ``--dry-run``).
+
+Each section is validated on its own into frozen dataclasses (``core.config.validate``: unknown keys, types). What
+no single section can see is checked here -- every failure names the keys involved and the fix, and all of them
+are reported at once:
+
+- ``actor.temperature`` equals ``algo.sampling.temperature`` (the trainer scores the sampled tokens under the
+  distribution they were drawn from; a mismatch trained on wrong log-probs silently);
+- ``rollout.model`` is ``actor.model`` (the engine receives the actor's weights after every step; the reference
+  is built from ``actor.model`` itself; a critic may be another model, e.g. a smaller one);
+- every registry name exists: ``algo.adv.estimator``, ``actor.loss.name``, ``actor.loss_agg_mode``,
+  ``critic.loss_agg_mode``, ``actor.kl_loss_type``, ``algo.kl_in_reward.kind`` (a typo was found after Ray, model
+  loading and a whole generation);
+- an estimator that reads values (``VALUE_ESTIMATORS``) has a critic, and a critic has an estimator that reads
+  its values;
+- with the built-in rewards (no ``reward.path``), every ``data_source`` of the data files has a reward
+  (``check_data_sources``, once the rows are loaded).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from core.algos import ADVANTAGES, AGGREGATIONS, KL_KINDS, POLICY_LOSSES
+from core.algos.advantages import VALUE_ESTIMATORS
+
+if TYPE_CHECKING:
+    from core.trainer import RunConfig
+
+
+class ConfigError(ValueError):
+    """Sections of a run config that disagree; the message lists every problem found, one per line."""
+
+
+def problems(cfg: "RunConfig") -> list[str]:
+    """Every disagreement between sections of ``cfg``, each naming its keys and the fix (empty: none)."""
+    out = []
+    a, algo = cfg.actor, cfg.algo
+    if algo.sampling.temperature > 0 and a.temperature != algo.sampling.temperature:
+        out.append(f"actor.temperature={a.temperature} but algo.sampling.temperature={algo.sampling.temperature}: "
+                   "the trainer would score the sampled tokens under another distribution than they were drawn "
+                   "from; set both to the same value")
+    if cfg.rollout.model != a.model:
+        out.append(f"rollout.model={cfg.rollout.model!r} but actor.model={a.model!r}: the rollout engine receives "
+                   "the actor's weights after every step; set rollout.model to the actor's (in YAML: "
+                   "model: ${actor.model})")
+    for key, name, registry in (("algo.adv.estimator", algo.adv.estimator, ADVANTAGES),
+                                ("actor.loss.name", a.loss.name, POLICY_LOSSES),
+                                ("actor.loss_agg_mode", a.loss_agg_mode, AGGREGATIONS),
+                                ("critic.loss_agg_mode", cfg.critic.loss_agg_mode, AGGREGATIONS),
+                                ("actor.kl_loss_type", a.kl_loss_type, KL_KINDS),
+                                ("algo.kl_in_reward.kind", algo.kl_in_reward.kind, KL_KINDS)):
+        if name not in registry:
+            out.append(f"{key}={name!r} is no {registry.kind}; known: {', '.join(registry.names())}")
+    reads_values = algo.adv.estimator in VALUE_ESTIMATORS
+    if reads_values and not cfg.use_critic:
+        out.append(f"algo.adv.estimator={algo.adv.estimator!r} reads a critic's values but use_critic is false; "
+                   "set use_critic: true (and the critic section), or pick an estimator without values (e.g. grpo)")
+    if cfg.use_critic and not reads_values:
+        out.append(f"use_critic is true but algo.adv.estimator={algo.adv.estimator!r} never reads the critic's "
+                   f"values; set use_critic: false, or an estimator that does ({', '.join(sorted(VALUE_ESTIMATORS))})")
+    return out
+
+
+def check_run(cfg: "RunConfig") -> None:
+    """Raise ``ConfigError`` listing every problem of ``problems(cfg)``."""
+    found = problems(cfg)
+    if found:
+        raise ConfigError(f"the run config's sections disagree ({len(found)} problem(s)):\n"
+                          + "\n".join(f"- {p}" for p in found))
+
+
+def check_data_sources(rows: list[dict], where: str, custom_reward: bool) -> None:
+    """With the built-in rewards, every row's ``data_source`` must have one; the error names the first row of
+    each unknown source in ``where`` (the data files) and how many rows have it."""
+    if custom_reward:
+        return
+    from core.rewards import REWARDS
+
+    counts = Counter(r["data_source"] for r in rows)
+    unknown = sorted(s for s in counts if s not in REWARDS.names())
+    if unknown:
+        first = {s: next(i for i, r in enumerate(rows) if r["data_source"] == s) for s in unknown}
+        raise ConfigError(f"{where}: no reward for data_source " + "; ".join(
+            f"{s!r} ({counts[s]} rows, the first is row {first[s] + 1})" for s in unknown)
+            + f". Known: {', '.join(REWARDS.names())}. Set reward.path to a file with a compute_score for them, "
+            "or register one (core.rewards.REWARDS)")

@@ -12,7 +12,7 @@ are reported at once:
   ``critic.loss_agg_mode``, ``actor.kl_loss_type``, ``algo.kl_in_reward.kind`` (a typo was found after Ray, model
   loading and a whole generation);
 - an estimator that reads values (``VALUE_ESTIMATORS``) has a critic, and a critic has an estimator that reads
-  its values;
+  its values; ``data.truncation`` is one of ``error``, ``left``, ``right``;
 - with the built-in rewards (no ``reward.path``), every ``data_source`` of the data files has a reward
   (``check_data_sources``, once the rows are loaded).
 """
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from core.algos import ADVANTAGES, AGGREGATIONS, KL_KINDS, POLICY_LOSSES
 from core.algos.advantages import VALUE_ESTIMATORS
+from core.data.dataset import TRUNCATIONS
 
 if TYPE_CHECKING:
     from core.trainer import RunConfig
@@ -53,6 +54,8 @@ def problems(cfg: "RunConfig") -> list[str]:
                                 ("algo.kl_in_reward.kind", algo.kl_in_reward.kind, KL_KINDS)):
         if name not in registry:
             out.append(f"{key}={name!r} is no {registry.kind}; known: {', '.join(registry.names())}")
+    if cfg.data.truncation not in TRUNCATIONS:
+        out.append(f"data.truncation={cfg.data.truncation!r}: one of {', '.join(TRUNCATIONS)}")
     reads_values = algo.adv.estimator in VALUE_ESTIMATORS
     if reads_values and not cfg.use_critic:
         out.append(f"algo.adv.estimator={algo.adv.estimator!r} reads a critic's values but use_critic is false; "

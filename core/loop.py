@@ -216,5 +216,6 @@ def prompts_from_rows(rows: list[dict]) -> Batch:
     return Batch(non_tensors={"prompt": [r["prompt"] for r in rows], "data_source": [r["data_source"] for r in rows],
                               "ground_truth": [r["ground_truth"] for r in rows],
                               "extra_info": [r["extra_info"] for r in rows],
-                              "uid": [uid(i, r) for i, r in enumerate(rows)]})
+                              "uid": [uid(i, r) for i, r in enumerate(rows)]}
+                 | ({"prompt_ids": [r["prompt_ids"] for r in rows]} if rows and "prompt_ids" in rows[0] else {}))
 

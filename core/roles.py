@@ -83,7 +83,10 @@ class RolloutWorker:
         """n samples for each prompt row (key ``prompt``: chat lists); every non-tensor column is repeated."""
         prompts.require("prompt")
         params = replace(params, seed=replica_seed(self.ctx.rank, self.cfg.tensor_parallel_size, params.seed))
-        out = self.engine.generate(self.engine.chat_prompt_ids(list(prompts["prompt"])), params)
+        # token ids when the data carries them (prompts truncated at load, data.truncation), else the chat template
+        ids = (list(map(list, prompts["prompt_ids"])) if "prompt_ids" in prompts
+               else self.engine.chat_prompt_ids(list(prompts["prompt"])))
+        out = self.engine.generate(ids, params)
         if self.cfg.sleep_after_generate:
             self.engine.sleep()
         out = merge_padded([out], self.engine.pad_id, self.cfg.max_prompt_length, params.max_new_tokens)

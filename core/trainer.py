@@ -42,6 +42,11 @@ class DataConfig:
     val_files: list[str] = field(default_factory=list)
     # use only the first N held-out rows (0 = all)
     val_limit: int = 0
+    # drop prompts longer than rollout.max_prompt_length tokens at load (counted) instead of applying truncation
+    filter_overlong_prompts: bool = False
+    # a prompt longer than rollout.max_prompt_length: error (names file, row, length) | left (keep its last
+    # tokens) | right (keep its first)
+    truncation: str = "error"
 
 
 @dataclass(frozen=True)
@@ -149,8 +154,8 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
     sampling); ``draw()`` returns the next prompt batch, as many times as the step needs."""
     from tqdm import tqdm
 
-    from core.data.dataset import load_rl_parquet
-    from core.models import resolve_model
+    from core.data.dataset import fit_prompt_lengths, load_rl_parquet
+    from core.models import load_tokenizer, resolve_model
     from core.placement import place
     from core.rewards import default_compute_score, load_reward_fn
 
@@ -160,13 +165,19 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=1, default=str))
     reward_fn = load_reward_fn(cfg.reward.path, cfg.reward.name) if cfg.reward.path else default_compute_score
     rows = load_rl_parquet(cfg.data.train_files, cfg.data.limit or None)
-    if len(rows) < cfg.data.prompts_per_step:
-        raise ValueError(f"data has {len(rows)} rows, fewer than data.prompts_per_step={cfg.data.prompts_per_step}")
     for model in {cfg.actor.model, cfg.rollout.model}:
         resolve_model(model)  # convert / locate once here, not in every rank at the same time
     val_rows = load_rl_parquet(cfg.data.val_files, cfg.data.val_limit or None) if cfg.data.val_files else []
     check_data_sources(rows, f"data.train_files {cfg.data.train_files}", bool(cfg.reward.path))
     check_data_sources(val_rows, f"data.val_files {cfg.data.val_files}", bool(cfg.reward.path))
+    tokenizer = load_tokenizer(cfg.rollout.model)  # each prompt's length, once, before Ray
+    for name, part in (("train", rows), ("val", val_rows)) if val_rows else (("train", rows),):
+        fitted, note = fit_prompt_lengths(part, tokenizer, cfg.rollout.max_prompt_length, cfg.data.truncation,
+                                          cfg.data.filter_overlong_prompts)
+        part[:] = fitted
+        print(f"{name} data: {note}", flush=True)
+    if len(rows) < cfg.data.prompts_per_step:
+        raise ValueError(f"data has {len(rows)} rows, fewer than data.prompts_per_step={cfg.data.prompts_per_step}")
     actor_pool = cfg.placement.pools[cfg.placement.roles["actor"]]
     dp = 1 if cfg.trainer.backend == "local" else actor_pool.nnodes * actor_pool.slots_per_node
     print("effective sizes:\n" + effective_sizes(cfg, dp), flush=True)

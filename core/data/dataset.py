@@ -24,7 +24,7 @@ def validate_row(row: dict, where: str) -> dict:
     extra = row.get("extra_info")
     return {"data_source": row["data_source"], "prompt": [dict(m) for m in prompt],
             "ground_truth": rm["ground_truth"], "extra_info": dict(extra) if isinstance(extra, dict) else {},
-            "ability": row.get("ability")}
+            "ability": row.get("ability"), "where": where}
 
 
 def load_rl_parquet(paths: str | Path | list, limit: int | None = None) -> list[dict[str, Any]]:
@@ -42,3 +42,38 @@ def load_rl_parquet(paths: str | Path | list, limit: int | None = None) -> list[
             if limit and len(rows) >= limit:
                 return rows
     return rows
+
+
+TRUNCATIONS = ("error", "left", "right")
+
+
+def fit_prompt_lengths(rows: list[dict], tokenizer, max_len: int, truncation: str = "error",
+                       filter_overlong: bool = False) -> tuple[list[dict], str]:
+    """Tokenize every prompt once (the chat template with its generation prompt, as the rollout engine does) and
+    make each fit ``max_len`` tokens (``rollout.max_prompt_length``); returns the rows and a one-line report.
+
+    ``filter_overlong``: drop the overlong rows (counted in the report). Else ``truncation``: ``error`` raises naming
+    each overlong row's file, row and length (the first 5); ``left`` keeps a prompt's last ``max_len`` tokens,
+    ``right`` its first (verl's ``data.truncation``). With ``left`` / ``right`` every row carries its token ids
+    (``prompt_ids``), which the rollout then uses instead of tokenizing the chat again."""
+    from core.engines.rollout import chat_prompt_ids
+
+    if truncation not in TRUNCATIONS:
+        raise ValueError(f"data.truncation must be one of {TRUNCATIONS}, got {truncation!r}")
+    ids = chat_prompt_ids(tokenizer, [r["prompt"] for r in rows])
+    over = [i for i, x in enumerate(ids) if len(x) > max_len]
+    longest = max(map(len, ids), default=0)
+    if filter_overlong:
+        keep = set(range(len(rows))) - set(over)
+        return [r for i, r in enumerate(rows) if i in keep], (f"{len(over)} of {len(rows)} prompts longer than "
+                                                             f"{max_len} tokens dropped (data.filter_overlong_prompts)")
+    if over and truncation == "error":
+        shown = "; ".join(f"{rows[i].get('where', f'row {i + 1}')}: {len(ids[i])} tokens" for i in over[:5])
+        raise ValueError(f"{len(over)} prompt(s) longer than rollout.max_prompt_length={max_len} tokens: {shown}"
+                         f"{' ...' if len(over) > 5 else ''}. Raise rollout.max_prompt_length (longest: {longest}), "
+                         "or set data.filter_overlong_prompts=true or data.truncation=left|right")
+    if truncation == "error":
+        return rows, f"prompts fit rollout.max_prompt_length={max_len} (longest {longest} tokens)"
+    cut = (lambda x: x[-max_len:]) if truncation == "left" else (lambda x: x[:max_len])
+    rows = [r | {"prompt_ids": cut(x) if len(x) > max_len else x} for r, x in zip(rows, ids)]
+    return rows, f"{len(over)} of {len(rows)} prompts truncated ({truncation}) to {max_len} tokens"

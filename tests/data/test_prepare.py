@@ -85,3 +85,49 @@ def test_schema_errors_name_file_row_and_key(tmp_path):
                   {"data_source": "x", "prompt": [], "reward_model": {"style": "rule", "ground_truth": "1"}}]).to_parquet(path)
     with pytest.raises(ValueError, match=rf"{path}: row 2: key 'prompt' must be a non-empty chat list"):
         load_rl_parquet(path)
+
+
+def test_overlong_prompts_are_named_at_load_or_dropped_or_truncated(tmp_path, tiny_model_dir):
+    """Prompt lengths are checked once at load, before Ray: an overlong prompt names its file, row and length (it
+    used to fail inside a rollout worker, after Ray and model loading); verl's filter and truncation options."""
+    from core.data.dataset import fit_prompt_lengths
+    from core.data.prepare import write_parquet
+    from core.models import load_tokenizer
+
+    path = tmp_path / "d.parquet"
+    write_parquet([{"data_source": "d", "prompt": [{"role": "user", "content": "x" * n}],
+                    "reward_model": {"ground_truth": "1"}} for n in (2, 60, 3, 90)], path)
+    rows, tok = load_rl_parquet(path), load_tokenizer(str(tiny_model_dir))
+    lengths = [len(tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True,
+                                           return_dict=False)) for r in rows]
+    limit = sorted(lengths)[1]                                            # rows 2 and 4 are longer
+    with pytest.raises(ValueError, match=rf"2 prompt\(s\) longer than rollout.max_prompt_length={limit} tokens: "
+                                         rf"{path}: row 2: {lengths[1]} tokens; {path}: row 4: {lengths[3]} tokens"):
+        fit_prompt_lengths(rows, tok, limit)
+    kept, note = fit_prompt_lengths(rows, tok, limit, filter_overlong=True)
+    assert [r["where"] for r in kept] == [f"{path}: row 1", f"{path}: row 3"] and note.startswith("2 of 4 prompts")
+    for side in ("left", "right"):
+        cut, _ = fit_prompt_lengths(rows, tok, limit, truncation=side)
+        full = tok.apply_chat_template(rows[3]["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False)
+        assert cut[3]["prompt_ids"] == (full[-limit:] if side == "left" else full[:limit])
+        assert cut[0]["prompt_ids"] == tok.apply_chat_template(rows[0]["prompt"], add_generation_prompt=True,
+                                                               tokenize=True, return_dict=False)
+
+
+def test_the_rollout_generates_from_truncated_prompt_ids(tiny_model_dir):
+    from core.engines.rollout import SamplingParams
+    from core.loop import prompts_from_rows
+    from core.roles import RolloutConfig, RolloutWorker
+    from core.worker import RoleSpec
+    from core.worker_group import LocalWorkerGroup
+
+    rows = [{"prompt": [{"role": "user", "content": "x" * 80}], "data_source": "d", "ground_truth": "1",
+             "extra_info": {}, "prompt_ids": [5, 6, 7, 8]}]
+    group = LocalWorkerGroup({"rollout": RoleSpec(RolloutWorker, {"cfg": RolloutConfig(
+        model=str(tiny_model_dir), dtype="float32", max_prompt_length=4)})})
+    try:
+        out = group.role("rollout").call_rank0(RolloutWorker.generate, prompts_from_rows(rows),
+                                               SamplingParams(temperature=0, max_new_tokens=3))
+    finally:
+        group.shutdown()
+    assert out["prompts"].tolist() == [[5, 6, 7, 8]]

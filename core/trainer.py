@@ -9,6 +9,7 @@ question about verl's config; at the end, ``core.report``'s summary and ``<outpu
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -197,7 +198,7 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
                   critic=placement["critic"] if "critic" in placement else None)
     stream = PromptStream(rows, cfg.data.prompts_per_step, cfg.data.shuffle, cfg.trainer.seed)
     val_prompts = prompts_from_rows(val_rows) if val_rows else None
-    history, start = [], 0
+    history, start, nonfinite = [], 0, 0
     kl_ctrl = kl_controller(cfg.algo)
     run_step = step_fn or (lambda roles_, draw, *a, **k: step(roles_, draw(), *a, **k))
 
@@ -242,6 +243,13 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
                 log.write(json.dumps(metrics) + "\n")
                 log.flush()
                 history.append(metrics)
+                nonfinite = nonfinite + 1 if not math.isfinite(metrics.get("actor/grad_norm", 0.0)) else 0
+                if 0 < cfg.trainer.max_nonfinite_grad_steps <= nonfinite:  # the step's row is written: nothing lost
+                    raise FloatingPointError(
+                        f"step {i + 1}: the actor's gradient norm was inf/nan for {nonfinite} consecutive steps, so "
+                        f"their optimizer steps were skipped (actor/nonfinite_grad_frac in {out / 'metrics.jsonl'}). "
+                        "Lower actor.optim.lr or check the rewards and advantages; trainer.max_nonfinite_grad_steps "
+                        "(now {}) sets the limit, 0 = never stop".format(cfg.trainer.max_nonfinite_grad_steps))
                 if cfg.trainer.save_freq and ((i + 1) % cfg.trainer.save_freq == 0 or last):
                     tmp = checkpoint.begin(out, i + 1)
                     roles.actor.call_all(FSDPActor.save_checkpoint, str(tmp / "actor"))

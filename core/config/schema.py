@@ -73,6 +73,9 @@ class TrainerConfig:
     experiment_name: str = ""
     # offline: trackers write under output_dir only; online: swanlab / wandb upload (their own login)
     tracker_mode: str = "offline"
+    # stop the run after this many consecutive steps whose actor gradient norm was inf/nan (their optimizer steps
+    # are skipped and counted in actor/nonfinite_grad_frac); 0 = never stop
+    max_nonfinite_grad_steps: int = 3
     # the cluster's shape under verl's names, for a config to interpolate into its pools
     # (placement.pools.main.nnodes: ${trainer.nnodes}); 0 = not used
     nnodes: int = 0

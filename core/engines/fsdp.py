@@ -11,6 +11,8 @@ global token/sequence counts (all-reduced), so the split does not change the gra
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -204,7 +206,9 @@ class FSDPActor:
                             add(f"actor/{k}", v.item())
                         add("actor/entropy", masked_mean(ent.detach() if ent is not None else logp.detach().neg(),
                                                          mb["response_mask"]).item())
-                add("actor/grad_norm", self._step())
+                norm = self._step()
+                add("actor/grad_norm", norm)
+                add("actor/nonfinite_grad_frac", float(not math.isfinite(norm)))  # optimizer steps skipped
         out = {k: sums[k] / counts[k] for k in sums if not k.endswith("_loss")}
         # loss values are sums over micro-batches of parts of one mini-batch's loss: average per mini-batch
         n_mini = counts.get("actor/grad_norm", 1)

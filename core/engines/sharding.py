@@ -194,14 +194,15 @@ def adamw_with_warmup(model: torch.nn.Module, o) -> tuple[torch.optim.Optimizer,
 
 
 def clipped_step(model: torch.nn.Module, optim, sched, clip: float) -> float:
-    """Clip the global gradient norm (0 = no clip), step unless it is inf/nan, zero the grads; returns the norm."""
+    """Clip the global gradient norm (0 = no clip) and step, zero the grads; returns the norm. An inf/nan norm
+    skips the step, the LR schedule included (it counts updates that happened); the caller counts the skips."""
     params = [p for p in model.parameters() if p.grad is not None]
     norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)
     norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     if math.isfinite(norm):
         optim.step()
+        sched.step()
     optim.zero_grad(set_to_none=True)
-    sched.step()
     return norm
 
 

@@ -149,8 +149,9 @@ def _check(i: int, source: str, solution: str, result: Any) -> tuple[float, dict
     if isinstance(result, dict) and "score" not in result:
         raise RewardError(f"reward for sample {i} (data_source={source!r}) returned a dict without 'score': {sorted(result)}")
     value = float(value)
-    if math.isnan(value):
-        raise RewardError(f"reward for sample {i} (data_source={source!r}) is NaN; response starts {solution[:80]!r}")
+    if not math.isfinite(value):  # inf would reach the advantages as inf, then nan: as bad as NaN
+        raise RewardError(f"reward for sample {i} (data_source={source!r}) is {'NaN' if math.isnan(value) else value}; "
+                          f"response starts {solution[:80]!r}")
     return value, ({k: v for k, v in result.items() if k != "score"} if isinstance(result, dict) else {})
 
 

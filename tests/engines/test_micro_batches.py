@@ -1,6 +1,8 @@
 """Micro-batching: padding removal drops only all-padding columns and changes no log-prob or gradient; token-budget
 groups are sized by the width they run at (longest prompt + longest response)."""
 
+import math
+
 import pytest
 import torch
 
@@ -116,3 +118,19 @@ def test_epoch_reshuffles_differ_between_updates_and_replay_from_the_rng_state()
     assert [reshuffle_seed(2) for _ in range(4)] == seeds and len(set(seeds)) == 4
     state = torch.get_rng_state()
     assert reshuffle_seed(1) == 0 and torch.equal(torch.get_rng_state(), state)  # one epoch: nothing drawn
+
+
+def test_a_nonfinite_gradient_skips_the_optimizer_and_the_schedule():
+    """The step is skipped and so is the LR schedule (it counts real updates); a finite one moves both."""
+    from core.engines.sharding import adamw_with_warmup, clipped_step
+
+    model = torch.nn.Linear(3, 2)
+    optim, sched = adamw_with_warmup(model, OptimConfig(lr=0.1, warmup_steps=4))
+    before = [p.detach().clone() for p in model.parameters()]
+    model(torch.ones(1, 3)).sum().backward()
+    model.weight.grad[0, 0] = float("nan")
+    assert math.isnan(clipped_step(model, optim, sched, 1.0))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())) and sched.last_epoch == 0
+    model(torch.ones(1, 3)).sum().backward()
+    assert math.isfinite(clipped_step(model, optim, sched, 1.0)) and sched.last_epoch == 1
+    assert not torch.equal(before[0], model.weight)

@@ -97,3 +97,23 @@ def test_validation_runs_before_training_and_after_the_last_step(tiny_model_dir,
     by_hand = sum(sum(c.isupper() for c in s) / max(1, len(s)) for s in texts) / len(texts)
     assert history[0]["val/reward/mean"] == pytest.approx(by_hand, abs=1e-6) == history[0][src + "avg@1"]
     assert history[0]["val/response_length/mean"] == pytest.approx(float(out["response_mask"].sum(-1).mean()))
+
+
+def test_a_run_stops_after_consecutive_nonfinite_gradient_norms(tiny_model_dir, tmp_path):
+    """The real step, then the gradient norm it reports made nan from step 2 on (the recipe hook fit() offers):
+    the run stops at step 3 (limit 2) naming the steps and the setting, with every row written before."""
+    from core.loop import step
+
+    calls = []
+
+    def run_step(roles, draw, *args, **kwargs):
+        batch, metrics = step(roles, draw(), *args, **kwargs)
+        calls.append(len(calls) + 1)
+        return batch, metrics | ({"actor/grad_norm": float("nan")} if len(calls) > 1 else {})
+
+    t = tree(tiny_model_dir, verl_parquet(tmp_path / "train.parquet"), tmp_path / "run")
+    t["trainer"] |= {"total_steps": 5, "max_nonfinite_grad_steps": 2}
+    with pytest.raises(FloatingPointError, match=r"step 3: the actor's gradient norm was inf/nan for 2 consecutive"):
+        fit(validate(RunConfig, t), run_step)
+    rows = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in rows] == [1, 2, 3] and rows[0]["actor/nonfinite_grad_frac"] == 0.0

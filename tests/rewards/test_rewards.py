@@ -108,6 +108,8 @@ def flaky(data_source, solution_str, ground_truth, extra_info=None):
         raise ValueError("cannot parse")
     if solution_str == "nan":
         return math.nan
+    if solution_str == "-inf":
+        return -math.inf
     if solution_str == "hang":
         time.sleep(30)
     return 1.0
@@ -119,6 +121,8 @@ def test_batch_scoring_names_the_failing_sample(workers):
         score_batch(flaky, ["ds"] * 3, ["ok", "boom", "ok"], ["1"] * 3, num_workers=workers)
     with pytest.raises(RewardError, match=r"sample 2 \(data_source='ds'\) is NaN"):
         score_batch(flaky, ["ds"] * 3, ["ok", "ok", "nan"], ["1"] * 3, num_workers=workers)
+    with pytest.raises(RewardError, match=r"sample 0 \(data_source='ds'\) is -inf"):   # inf: as bad as NaN
+        score_batch(flaky, ["ds"] * 2, ["-inf", "ok"], ["1"] * 2, num_workers=workers)
 
 
 def test_batch_scoring_fallback_counts_failures_and_survives_a_hang():

@@ -11,7 +11,9 @@ from __future__ import annotations
 import importlib.util
 import math
 import multiprocessing as mp
+import signal
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -155,6 +157,24 @@ def _check(i: int, source: str, solution: str, result: Any) -> tuple[float, dict
     return value, ({k: v for k, v in result.items() if k != "score"} if isinstance(result, dict) else {})
 
 
+def _call_in_process(fn, args, timeout_s: float):
+    """``fn(*args)`` in this process, limited to ``timeout_s`` by SIGALRM where that is possible (the main thread
+    of a Unix process: where the driver scores), so ``reward_timeout_s`` holds with ``reward_workers: 0`` too."""
+    if timeout_s <= 0 or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        return fn(*args)
+
+    def on_alarm(signum, frame):
+        raise mp.TimeoutError()
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        return fn(*args)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _pool_context():
     """forkserver: the reward workers fork from a small server process started once, never from the caller -- a
     Ray driver has threads (gRPC, the log monitor) that a fork would copy in whatever state they were in."""
@@ -166,9 +186,10 @@ def _pool_context():
 def score_batch(fn: RewardFn, data_sources: Sequence[str], solutions: Sequence[str], ground_truths: Sequence[Any],
                 extra_infos: Sequence[Any] | None = None, num_workers: int = 0, timeout_s: float = 10.0,
                 fallback: float | None = None) -> ScoredBatch:
-    """Score every response. ``num_workers > 0``: a pool of processes (forkserver), each call limited to ``timeout_s``
-    (a stuck call is abandoned and the pool killed at the end). A call that raises, times out or gives NaN
-    raises ``RewardError`` naming the sample -- or, with ``fallback`` set, scores ``fallback`` and is counted."""
+    """Score every response, each call limited to ``timeout_s``: in this process (``num_workers`` 0) by SIGALRM
+    when this is the main thread; with ``num_workers > 0`` in a pool of processes (forkserver), where a stuck call
+    is abandoned and the pool killed at the end. A call that raises, times out or gives NaN / inf raises
+    ``RewardError`` naming the sample -- or, with ``fallback`` set, scores ``fallback`` and is counted."""
     n = len(solutions)
     extra_infos = extra_infos if extra_infos is not None else [None] * n
     args = [(data_sources[i], solutions[i], ground_truths[i], extra_infos[i]) for i in range(n)]
@@ -189,7 +210,7 @@ def score_batch(fn: RewardFn, data_sources: Sequence[str], solutions: Sequence[s
 
     if num_workers <= 0:
         for i in range(n):
-            settle(i, lambda i=i: fn(*args[i]))
+            settle(i, lambda i=i: _call_in_process(fn, args[i], timeout_s))
     todo = list(range(n)) if num_workers > 0 else []
     while todo:  # a timed-out call blocks its worker: kill the pool, keep finished results, resubmit the rest
         pool = _pool_context().Pool(num_workers)

@@ -142,3 +142,14 @@ def test_grpo_recipe_reward_is_format_aware():
     assert fn("openai/gsm8k", "so #### 72", "72") == {"score": 1.0, "acc": True, "pred": "72"}
     assert fn("openai/gsm8k", "so #### 71", "72")["score"] == 0.1
     assert fn("openai/gsm8k", "so 72", "72")["score"] == 0.0
+
+
+def test_the_timeout_holds_without_reward_workers_too():
+    """reward_workers: 0 scores in the driver; a hanging reward function hung the driver (the timeout applied to
+    worker processes only). Now SIGALRM bounds it there, and the next call runs normally."""
+    t = time.monotonic()
+    with pytest.raises(RewardError, match="sample 1 .* timed out"):
+        score_batch(flaky, ["ds"] * 2, ["ok", "hang"], ["1"] * 2, num_workers=0, timeout_s=0.5)
+    out = score_batch(flaky, ["ds"] * 3, ["ok", "hang", "ok"], ["1"] * 3, num_workers=0, timeout_s=0.3, fallback=-1.0)
+    assert out.scores.tolist() == [1.0, -1.0, 1.0] and out.num_failed == 1
+    assert time.monotonic() - t < 10

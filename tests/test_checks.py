@@ -75,3 +75,12 @@ def test_fit_stops_on_a_disagreement_before_loading_anything(tmp_path):
     with pytest.raises(ConfigError, match="actor.temperature=1.0"):
         fit(cfg)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_role_on_an_unknown_pool_and_a_missing_data_file_are_named():
+    from core.data.dataset import load_rl_parquet
+
+    with pytest.raises(ValueError, match=r"placement.roles names unknown pool\(s\) \{'actor': 'gpu'\}; pools are \['main'\]"):
+        run_config(placement={"roles": {"actor": "gpu", "rollout": "main", "ref": "main"}})
+    with pytest.raises(FileNotFoundError, match="data file not found: /nowhere/train.parquet"):
+        load_rl_parquet("/nowhere/train.parquet")

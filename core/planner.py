@@ -22,6 +22,9 @@ training phase, per GPU (``offload``: none | idle | full, ``core.engines.shardin
     logits                     6 T V + 3 GiB     (bf16 logits, their bf16 gradient and its concatenation; fp32
                                                  normalisation in 2^28-value chunks: ``forward.normalised_logprobs``)
     reference policy           4P / W            (frozen fp32 shards, when the run has one; full: on the host)
+    critic (use_critic)        4Pc/W + 4Pc/W + 8Pc/W  (its fp32 weights, gradients and moments, by critic.offload as
+                               above) + its update's gathered layers, embeddings (4 V h) and activations where they
+                               exceed the actor's (the updates take turns); kept during rollout with offload none
 rollout phase, per GPU
     the engine's share         gpu_memory_utilization x GPU memory (weights 2P / t, the rest its KV cache)
     what training keeps        offload none: the sharded states above (colocated: phases alternate); idle: none
@@ -142,6 +145,11 @@ class RunShape:
     reference: bool = False
     # embedded engine: sequences decoded together (rollout.max_batch_size): its KV cache has that many slots
     rollout_batch: int = 64
+    # a value model (use_critic) on the same GPUs: its shape, offload mode, checkpointing and micro-batch tokens
+    critic: ModelShape | None = None
+    critic_offload: str = "none"
+    critic_checkpointing: bool = True
+    critic_tokens_per_micro: int = 16384
 
     @property
     def engine_tp(self) -> int:
@@ -209,12 +217,37 @@ def plan(m: ModelShape, r: RunShape) -> Plan:
     act = (2 * T * m.hidden * m.layers + layer) if r.gradient_checkpointing else layer * m.layers
     p.lines.append(("activations" + (" (checkpointed)" if r.gradient_checkpointing else ""), act, "train"))
     p.lines.append(("logits (6 T V + chunk work)", 6 * T * m.vocab + CHUNK_WORK, "train"))
+    critic_resident = 0.0
+    if r.critic is not None:  # FSDP2 like the actor; its update runs after the actor's, never beside it
+        c, Wc = r.critic, W
+        check_offload(r.critic_offload, "critic")
+        states = {"critic fp32 master weights (4Pc/W)": 4 * c.params / Wc, "critic fp32 gradients (4Pc/W)":
+                  4 * c.params / Wc, "critic AdamW moments (8Pc/W)": 8 * c.params / Wc}
+        for item, b in states.items():
+            if r.critic_offload == "full":
+                host += b
+                continue
+            p.lines.append((item, b, "train"))
+            if r.critic_offload == "none":
+                critic_resident += b
+            elif not item.startswith("critic fp32 gradients"):
+                parked += b
+        Tc = r.critic_tokens_per_micro
+        c_layer = Tc * (14 * c.hidden + 4 * c.kv_heads * c.head_dim + 8 * c.intermediate)
+        c_act = (2 * Tc * c.hidden * c.layers + c_layer) if r.critic_checkpointing else c_layer * c.layers
+        # gathered layers, embeddings (no LM head: a 1-wide value head) and activations of the critic's update,
+        # counted where they exceed the actor's (the two updates take turns)
+        c_transient = 4 * c.layer_params + 4 * c.vocab * c.hidden + c_act
+        a_transient = sum(b for item, b, ph in p.lines if ph == "train" and item.startswith(
+            ("gathered bf16", "embeddings + LM head", "activations", "logits")))
+        p.lines.append(("critic update, beyond the actor's transient terms",
+                        max(0.0, c_transient - a_transient), "train"))
     embedded = r.rollout_backend == "embedded"
     tp = r.engine_tp
     weights = 2 * m.params / tp
     if embedded:
         p.lines.append(("embedded engine weights (2P, kept)", weights, "train"))
-    resident = sum(sharded.values()) if r.offload == "none" else 0.0
+    resident = (sum(sharded.values()) if r.offload == "none" else 0.0) + critic_resident
     kv_per_token = 2 * m.layers * m.kv_heads * m.head_dim * 2 / tp
     if embedded:
         p.kv_tokens = float(r.rollout_batch * r.max_seq_len)
@@ -295,7 +328,18 @@ def run_shape(cfg) -> RunShape:
                     gradient_checkpointing=cfg.actor.gradient_checkpointing, tokens_per_micro=tokens,
                     rollout_tp=cfg.rollout.tensor_parallel_size,
                     gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, max_seq_len=max_seq,
-                    rollout_backend=cfg.rollout.backend, reference=cfg.has_reference(), rollout_batch=cfg.rollout.max_batch_size)
+                    rollout_backend=cfg.rollout.backend, reference=cfg.has_reference(), rollout_batch=cfg.rollout.max_batch_size,
+                    **_critic_shape(cfg, max_seq))
+
+
+def _critic_shape(cfg, max_seq: int) -> dict:
+    """The critic's part of a RunShape: none without ``use_critic``."""
+    if not cfg.use_critic:
+        return {}
+    c = cfg.critic
+    tokens = c.max_tokens_per_micro if c.max_tokens_per_micro > 0 else c.micro_batch_size * max_seq
+    return {"critic": model_shape(c.model), "critic_offload": c.offload,
+            "critic_checkpointing": c.gradient_checkpointing, "critic_tokens_per_micro": tokens}
 
 
 def plan_run(cfg) -> tuple[str, bool]:

@@ -155,3 +155,48 @@ def test_idle_offload_a_32b_run_fits_16_nodes_and_not_one_and_the_plan_says_full
     assert one.hints == ["with offload=full (every shard on the host, the optimizer stepping on the CPU: slower) the "
                          "plan needs 51.9 GB per GPU training, 64.0 GB rollout, 655 GB host per node: it fits"]
     assert "hint: with offload=full" in one.text()
+
+
+def test_the_critic_is_counted_by_its_offload_mode_and_its_update_peak():
+    """A 7B actor and a 1.5B critic (another size, as a critic may be) on 8 GPUs: the critic's fp32 weights,
+    gradients and moments are 4 x 1.5e9 / 8 = 0.75, 0.75 and 1.5 GB per GPU; kept through the rollout with offload
+    none, parked (weights + moments, 2.25 GB) with idle, on the host (3 GB) with full. Its update's transient terms
+    count only where they exceed the actor's: none at the same token budget, some at 16x the tokens."""
+    actor = ModelShape(params=7e9, layers=28, hidden=3584, intermediate=18944, heads=28, kv_heads=4, vocab=152064)
+    critic = ModelShape(params=1.5e9, layers=28, hidden=1536, intermediate=8960, heads=12, kv_heads=2, vocab=151936)
+    base = RunShape(nnodes=1, gpus_per_node=8, gpu_memory_gb=80, critic=critic, tokens_per_micro=8192,
+                    critic_tokens_per_micro=8192)
+    got = lines(plan(actor, base))
+    assert got["critic fp32 master weights (4Pc/W)"] == pytest.approx(0.75 * GB)
+    assert got["critic fp32 gradients (4Pc/W)"] == pytest.approx(0.75 * GB)
+    assert got["critic AdamW moments (8Pc/W)"] == pytest.approx(1.5 * GB)
+    assert got["training state kept during rollout"] == pytest.approx((14 + 3) * GB)  # actor 3.5+3.5+7, critic 3
+    assert got["critic update, beyond the actor's transient terms"] == 0.0
+    idle = lines(plan(actor, replace(base, offload="idle", critic_offload="idle")))
+    assert idle["(parked while idle training state, host, per GPU)"] == pytest.approx((10.5 + 2.25) * GB)
+    full = lines(plan(actor, replace(base, critic_offload="full")))
+    assert "critic AdamW moments (8Pc/W)" not in full
+    assert full["(offloaded training state, host, per GPU)"] == pytest.approx(3 * GB)
+    assert full["training state kept during rollout"] == pytest.approx(14 * GB)  # the actor's only
+    # at 16x the tokens the critic's checkpointed activations (2 T h L + one layer) outgrow the actor's transients
+    big = lines(plan(actor, replace(base, critic_tokens_per_micro=16 * 8192)))
+    T, c = 16 * 8192, critic
+    c_transient = (4 * c.layer_params + 4 * c.vocab * c.hidden + 2 * T * c.hidden * c.layers
+                   + T * (14 * c.hidden + 4 * c.kv_heads * c.head_dim + 8 * c.intermediate))
+    a_transient = sum(big[k] for k in big if k.startswith(("gathered bf16", "embeddings + LM head", "activations",
+                                                           "logits")))
+    assert big["critic update, beyond the actor's transient terms"] == pytest.approx(c_transient - a_transient)
+    assert c_transient > a_transient
+
+
+def test_the_ppo_gpu_scripts_dry_run_shows_the_critic():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(["bash", "recipes/ppo/run_qwen2.5_0.5b_gsm8k.sh", "--dry-run"], cwd=root, capture_output=True,
+                         text=True, env=dict(os.environ, PY=sys.executable))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "critic fp32 master weights (4Pc/W)" in out.stdout and "critic AdamW moments (8Pc/W)" in out.stdout

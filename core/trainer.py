@@ -249,7 +249,7 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
                         f"step {i + 1}: the actor's gradient norm was inf/nan for {nonfinite} consecutive steps, so "
                         f"their optimizer steps were skipped (actor/nonfinite_grad_frac in {out / 'metrics.jsonl'}). "
                         "Lower actor.optim.lr or check the rewards and advantages; trainer.max_nonfinite_grad_steps "
-                        "(now {}) sets the limit, 0 = never stop".format(cfg.trainer.max_nonfinite_grad_steps))
+                        f"(now {cfg.trainer.max_nonfinite_grad_steps}) sets the limit, 0 = never stop")
                 if cfg.trainer.save_freq and ((i + 1) % cfg.trainer.save_freq == 0 or last):
                     tmp = checkpoint.begin(out, i + 1)
                     roles.actor.call_all(FSDPActor.save_checkpoint, str(tmp / "actor"))

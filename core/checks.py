@@ -10,7 +10,8 @@ are reported at once:
   is built from ``actor.model`` itself; a critic may be another model, e.g. a smaller one);
 - every registry name exists: ``algo.adv.estimator``, ``actor.loss.name``, ``actor.loss_agg_mode``,
   ``critic.loss_agg_mode``, ``actor.kl_loss_type``, ``algo.kl_in_reward.kind`` (a typo was found after Ray, model
-  loading and a whole generation);
+  loading and a whole generation); a loss that aggregates its own way (``FIXED_AGGREGATION``) with another
+  ``actor.loss_agg_mode`` set;
 - an estimator that reads values (``VALUE_ESTIMATORS``) has a critic, and a critic has an estimator that reads
   its values; ``data.truncation`` is one of ``error``, ``left``, ``right``;
 - with the built-in rewards (no ``reward.path``), every ``data_source`` of the data files has a reward
@@ -24,10 +25,14 @@ from typing import TYPE_CHECKING
 
 from core.algos import ADVANTAGES, AGGREGATIONS, KL_KINDS, POLICY_LOSSES
 from core.algos.advantages import VALUE_ESTIMATORS
+from core.algos.losses import FIXED_AGGREGATION
 from core.data.dataset import TRUNCATIONS
+from core.engines.fsdp import ActorConfig
 
 if TYPE_CHECKING:
     from core.trainer import RunConfig
+
+DEFAULT_AGG = ActorConfig.loss_agg_mode  # its default: what "not set" reads as
 
 
 class ConfigError(ValueError):
@@ -54,6 +59,9 @@ def problems(cfg: "RunConfig") -> list[str]:
                                 ("algo.kl_in_reward.kind", algo.kl_in_reward.kind, KL_KINDS)):
         if name not in registry:
             out.append(f"{key}={name!r} is no {registry.kind}; known: {', '.join(registry.names())}")
+    if a.loss.name in FIXED_AGGREGATION and a.loss_agg_mode != DEFAULT_AGG:
+        out.append(f"actor.loss.name={a.loss.name!r} aggregates by {FIXED_AGGREGATION[a.loss.name]} whatever "
+                   f"actor.loss_agg_mode says: {a.loss_agg_mode!r} would have no effect; drop actor.loss_agg_mode")
     if cfg.data.truncation not in TRUNCATIONS:
         out.append(f"data.truncation={cfg.data.truncation!r}: one of {', '.join(TRUNCATIONS)}")
     reads_values = algo.adv.estimator in VALUE_ESTIMATORS

@@ -84,3 +84,10 @@ def test_a_role_on_an_unknown_pool_and_a_missing_data_file_are_named():
         run_config(placement={"roles": {"actor": "gpu", "rollout": "main", "ref": "main"}})
     with pytest.raises(FileNotFoundError, match="data file not found: /nowhere/train.parquet"):
         load_rl_parquet("/nowhere/train.parquet")
+
+
+def test_a_loss_that_aggregates_its_own_way_refuses_another_mode():
+    found = problems(run_config(actor__loss__name="gspo", actor__loss_agg_mode="seq-mean-token-sum"))
+    assert found == ["actor.loss.name='gspo' aggregates by seq-mean-token-mean whatever actor.loss_agg_mode says: "
+                     "'seq-mean-token-sum' would have no effect; drop actor.loss_agg_mode"]
+    assert problems(run_config(actor__loss__name="gspo")) == []

@@ -36,6 +36,10 @@ def _clipped_surrogate(ratio, adv, cfg):
     return pg1, pg2, torch.maximum(pg1, pg2)
 
 
+# losses that aggregate their own way whatever actor.loss_agg_mode says (core.checks refuses a mode set with them)
+FIXED_AGGREGATION = {"gspo": "seq-mean-token-mean", "geo_mean": "the mean over sequences"}
+
+
 @POLICY_LOSSES.register("vanilla")
 def vanilla(logprobs, batch, cfg, norm):
     """PPO clipped surrogate with asymmetric clip (clip-higher) and dual clip.

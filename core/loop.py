@@ -23,7 +23,7 @@ from core.engines.fsdp import FSDPActor
 from core.engines.rollout import SamplingParams
 from core.protocol import Batch
 from core.reshard import sync_across_pools
-from core.rewards import default_compute_score, score_batch
+from core.rewards import default_compute_score, sample_names, score_batch
 from core.roles import RolloutWorker
 from core.worker_group import RoleGroup
 
@@ -103,7 +103,8 @@ def step(roles: Roles, prompts: Batch, cfg: StepConfig, reward_fn: Callable = de
     with timer("reward"):
         texts = list(roles.rollout.dp_split(RolloutWorker.decode, batch)["response_text"])
         scored = score_batch(reward_fn, batch["data_source"], texts, batch["ground_truth"], batch["extra_info"],
-                             cfg.reward_workers, cfg.reward_timeout_s, cfg.reward_fallback)
+                             cfg.reward_workers, cfg.reward_timeout_s, cfg.reward_fallback,
+                             sample_names(batch["where"], batch["uid"]) if "where" in batch else None)
         batch["scores"] = scored.scores
         batch["token_rewards"] = scores_to_token_rewards(scored.scores, batch["response_mask"])
     # 3. log-probs of the same tokens under the actor before the update (the PPO ratio's denominator)
@@ -217,5 +218,5 @@ def prompts_from_rows(rows: list[dict]) -> Batch:
                               "ground_truth": [r["ground_truth"] for r in rows],
                               "extra_info": [r["extra_info"] for r in rows],
                               "uid": [uid(i, r) for i, r in enumerate(rows)]}
-                 | ({"prompt_ids": [r["prompt_ids"] for r in rows]} if rows and "prompt_ids" in rows[0] else {}))
+                 | {key: [r[key] for r in rows] for key in ("prompt_ids", "where") if rows and key in rows[0]})
 

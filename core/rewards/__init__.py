@@ -146,13 +146,19 @@ def _call(fn, args):
     return fn(*args)
 
 
-def _check(i: int, source: str, solution: str, result: Any) -> tuple[float, dict]:
+def sample_names(where: Sequence[str], uids: Sequence[str]) -> list[str]:
+    """How reward errors name a step's samples: the data row each came from and its group (``Batch`` columns
+    ``where`` -- 'file: row N', set at load -- and ``uid``)."""
+    return [f"sample {i} ({w}, uid {u})" for i, (w, u) in enumerate(zip(where, uids))]
+
+
+def _check(name: str, source: str, solution: str, result: Any) -> tuple[float, dict]:
     value = result["score"] if isinstance(result, dict) else result
     if isinstance(result, dict) and "score" not in result:
-        raise RewardError(f"reward for sample {i} (data_source={source!r}) returned a dict without 'score': {sorted(result)}")
+        raise RewardError(f"reward for {name} (data_source={source!r}) returned a dict without 'score': {sorted(result)}")
     value = float(value)
     if not math.isfinite(value):  # inf would reach the advantages as inf, then nan: as bad as NaN
-        raise RewardError(f"reward for sample {i} (data_source={source!r}) is {'NaN' if math.isnan(value) else value}; "
+        raise RewardError(f"reward for {name} (data_source={source!r}) is {'NaN' if math.isnan(value) else value}; "
                           f"response starts {solution[:80]!r}")
     return value, ({k: v for k, v in result.items() if k != "score"} if isinstance(result, dict) else {})
 
@@ -185,26 +191,30 @@ def _pool_context():
 
 def score_batch(fn: RewardFn, data_sources: Sequence[str], solutions: Sequence[str], ground_truths: Sequence[Any],
                 extra_infos: Sequence[Any] | None = None, num_workers: int = 0, timeout_s: float = 10.0,
-                fallback: float | None = None) -> ScoredBatch:
+                fallback: float | None = None, names: Sequence[str] | None = None) -> ScoredBatch:
     """Score every response, each call limited to ``timeout_s``: in this process (``num_workers`` 0) by SIGALRM
     when this is the main thread; with ``num_workers > 0`` in a pool of processes (forkserver), where a stuck call
     is abandoned and the pool killed at the end. A call that raises, times out or gives NaN / inf raises
-    ``RewardError`` naming the sample -- or, with ``fallback`` set, scores ``fallback`` and is counted."""
+    ``RewardError`` naming the sample (``names[i]``, e.g. ``sample_names``; else 'sample i') -- or, with ``fallback``
+    set, scores ``fallback`` and is counted."""
     n = len(solutions)
     extra_infos = extra_infos if extra_infos is not None else [None] * n
     args = [(data_sources[i], solutions[i], ground_truths[i], extra_infos[i]) for i in range(n)]
     scores, extras, failed = [0.0] * n, [{} for _ in range(n)], 0
 
+    def name(i: int) -> str:
+        return names[i] if names is not None else f"sample {i}"
+
     def settle(i: int, get: Callable[[], Any]):
         nonlocal failed
         try:
-            scores[i], extras[i] = _check(i, data_sources[i], solutions[i], get())
+            scores[i], extras[i] = _check(name(i), data_sources[i], solutions[i], get())
         except Exception as e:
             if fallback is None:
                 if isinstance(e, RewardError):
                     raise
                 what = "timed out" if isinstance(e, mp.TimeoutError) else f"raised {type(e).__name__}: {e}"
-                raise RewardError(f"reward for sample {i} (data_source={data_sources[i]!r}) {what}; "
+                raise RewardError(f"reward for {name(i)} (data_source={data_sources[i]!r}) {what}; "
                                   f"response starts {solutions[i][:80]!r}") from e
             scores[i], failed = fallback, failed + 1
 

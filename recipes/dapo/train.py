@@ -26,7 +26,7 @@ from core.engines.fsdp import FSDPActor  # noqa: E402
 from core.engines.rollout import SamplingParams  # noqa: E402
 from core.loop import Roles, StepConfig, Timer, reduce_over_ranks, sync_rollout  # noqa: E402
 from core.protocol import Batch  # noqa: E402
-from core.rewards import score_batch  # noqa: E402
+from core.rewards import sample_names, score_batch  # noqa: E402
 from core.roles import RolloutWorker  # noqa: E402
 from core.trainer import RunConfig  # noqa: E402
 
@@ -74,7 +74,8 @@ def dapo_step(roles: Roles, draw: Callable[[], Batch], cfg: StepConfig, reward_f
         with timer("reward"):
             texts = list(roles.rollout.dp_split(RolloutWorker.decode, batch)["response_text"])
             scored = score_batch(reward_fn, batch["data_source"], texts, batch["ground_truth"], batch["extra_info"],
-                                 cfg.reward_workers, cfg.reward_timeout_s, cfg.reward_fallback)
+                                 cfg.reward_workers, cfg.reward_timeout_s, cfg.reward_fallback,
+                                 sample_names(batch["where"], batch["uid"]) if "where" in batch else None)
             length = batch["response_mask"].sum(-1)
             shaped = overlong_penalty(length, cfg.sampling.max_new_tokens, dapo.overlong_buffer, dapo.overlong_penalty)
             batch["scores"] = scored.scores + shaped

@@ -96,3 +96,27 @@ def test_prompt_uids_are_deterministic_and_distinct_within_a_batch():
             for c in ("a", "b", "a")]
     uids = prompts_from_rows(rows)["uid"]
     assert list(uids) == list(prompts_from_rows(rows)["uid"]) and len(set(uids)) == 3
+
+
+def test_a_reward_error_names_the_data_row_and_the_group(tiny_model_dir, tmp_path):
+    """The failing sample is named by the file and row its prompt came from, and its uid -- not only its index in
+    the step's batch (which row of which file was that?)."""
+    from core.rewards import RewardError
+    from core.worker_group import LocalWorkerGroup
+
+    path = verl_parquet(tmp_path / "train.parquet")
+    rows = load_rl_parquet(path)
+
+    def fails_on_row_3(data_source, solution_str, ground_truth, extra_info=None):
+        if extra_info["index"] == 2:
+            raise ValueError("cannot parse")
+        return 0.0
+
+    group = LocalWorkerGroup(role_specs(tiny_model_dir))
+    roles = Roles(actor=group.role("actor"), rollout=group.role("rollout"), ref=group.role("ref"))
+    try:
+        with pytest.raises(RewardError, match=rf"reward for sample 4 \({path}: row 3, uid 2-[0-9a-f]+\) "
+                                              r"\(data_source='openai/gsm8k'\) raised ValueError: cannot parse"):
+            step(roles, prompts_from_rows(rows), STEP, fails_on_row_3)
+    finally:
+        group.shutdown()

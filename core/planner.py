@@ -6,7 +6,7 @@ Every term is a formula of the model's shape and the run's settings (bytes; P = 
 size, T = tokens per micro-batch, h = hidden size, i = MLP width, kvd = kv_heads x head_dim, L = layers,
 V = vocabulary, t = rollout tensor parallel size, k = 1 for tied embeddings else 2). They describe *our*
 implementation (core/engines): a rank never holds the full fp32 model, even while loading (meta-device build,
-then each rank reads its own rows: ``sharding.load_sharded_causal_lm``).
+then each rank reads its own rows: ``sharding.load_sharded_causal_lm``, the critic's value model too).
 
 training phase, per GPU (``offload``: none | idle | full, ``core.engines.sharding.OFFLOAD_MODES``)
     fp32 master weights        4P / W            (full: on the host)

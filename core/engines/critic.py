@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from core.algos import LossNorm, masked_mean, value_loss
 from core.engines.forward import trim_padding
 from core.engines.fsdp import OptimConfig, length_order, micro_batches, restore_order
-from core.engines.sharding import (IdleOffload, adamw_with_warmup, check_offload, clipped_step, enable_checkpointing,
-                                   equalise_passes, global_counts, load_state, reshuffle_seed, save_state, shard)
+from core.engines.sharding import (IdleOffload, adamw_with_warmup, check_offload, clipped_step, equalise_passes,
+                                   global_counts, load_sharded_causal_lm, load_state, reshuffle_seed, save_state)
 from core.protocol import Batch
 from core.worker import WorkerContext
 
@@ -90,10 +90,9 @@ class FSDPCritic:
 
         self.ctx, self.cfg = ctx, cfg
         torch.manual_seed(cfg.seed)  # the score head's init: the same on every rank
-        model = load_value_model(cfg.model).to(ctx.device)
-        if cfg.gradient_checkpointing:
-            enable_checkpointing(model)
-        self.model = shard(model, ctx, resolve_dtype(cfg.dtype, ctx.device), cfg.offload, "critic")
+        # shard by shard, as the actor: the full fp32 model on every rank would be 128 GB per rank for a 32B critic
+        self.model = load_sharded_causal_lm(cfg.model, ctx, resolve_dtype(cfg.dtype, ctx.device), cfg.offload,
+                                            "critic", cfg.gradient_checkpointing, value_head=True)
         self.optim, self.sched = adamw_with_warmup(self.model, cfg.optim)
         self.idle = IdleOffload(self.model, self.optim, ctx.device, cfg.offload == "idle")
 

@@ -93,7 +93,7 @@ class IdleOffload:
 
 
 def load_sharded_causal_lm(name_or_path: str, ctx: WorkerContext, compute: torch.dtype, offload: str, role: str,
-                           checkpointing: bool = False) -> torch.nn.Module:
+                           checkpointing: bool = False, value_head: bool = False) -> torch.nn.Module:
     """The model built on the meta device, sharded, then filled shard by shard from its safetensors files.
 
     Why: loading the full fp32 model on every rank first costs 4 P bytes per rank -- 131 GB per GPU for a 32B
@@ -102,13 +102,23 @@ def load_sharded_causal_lm(name_or_path: str, ctx: WorkerContext, compute: torch
     shared by the node's ranks), so the peak is its fp32 shard. Buffers that are not in the checkpoint (rotary
     frequencies) are computed on the host at construction, as transformers does, and kept. A folder without
     safetensors files (or a hub id that cannot be fetched), or with tensor names other than the model's, falls
-    back to the full load."""
+    back to the full load.
+
+    ``value_head``: the critic's value model instead (the causal LM's backbone with a 1-output ``score`` head,
+    ``critic.load_value_model``); the head is not in the checkpoint and is drawn on the host as transformers
+    initialises it (normal, std ``initializer_range``; bias 0) from this process's torch RNG, which the caller
+    seeds alike on every rank."""
     from core.models import load_causal_lm, resolve_model
 
     files = _safetensors_files(resolve_model(name_or_path))
-    model, where = _meta_model(files, f"{role} rank {ctx.rank}") if files else (None, None)
+    model, where, fresh = _meta_model(files, f"{role} rank {ctx.rank}", value_head) if files else (None, None, {})
     if model is None:
-        model = load_causal_lm(name_or_path, dtype=torch.float32, device=ctx.device)
+        if value_head:
+            from core.engines.critic import load_value_model
+
+            model = load_value_model(name_or_path).to(ctx.device)
+        else:
+            model = load_causal_lm(name_or_path, dtype=torch.float32, device=ctx.device)
     if checkpointing:
         enable_checkpointing(model)
     if where is None:
@@ -119,27 +129,36 @@ def load_sharded_causal_lm(name_or_path: str, ctx: WorkerContext, compute: torch
     for name, b in buffers.items():
         module, _, attr = name.rpartition(".")
         model.get_submodule(module)._buffers[attr] = b.to(ctx.device)
-    _fill_shards(model, where)
+    _fill_shards(model, where, fresh)
     return model.eval()
 
 
-def _meta_model(files: list, who: str) -> tuple:
-    """The model on the meta device (buffers on the host) and where each of its tensors is in ``files``; (None,
-    None) when the checkpoint names tensors otherwise (older formats transformers renames while loading)."""
+def _meta_model(files: list, who: str, value_head: bool = False) -> tuple:
+    """The model on the meta device (buffers on the host), where each of its tensors is in ``files``, and the
+    host tensors of the parameters a value head adds; (None, None, {}) when the checkpoint names tensors otherwise
+    (older formats transformers renames while loading)."""
     from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
-    config = AutoConfig.from_pretrained(files[0].parent)
+    config = AutoConfig.from_pretrained(files[0].parent, **({"num_labels": 1} if value_head else {}))
+    fresh = {}
+    if value_head:
+        config.classifier_dropout = 0.0  # as load_value_model: the generic head would drop 10% of the state
+        fresh = {"score.weight": torch.empty(1, config.hidden_size).normal_(0.0, config.initializer_range),
+                 "score.bias": torch.zeros(1)}
     with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        build = AutoModelForTokenClassification if value_head else AutoModelForCausalLM
+        model = build.from_config(config, dtype=torch.float32)
     model.tie_weights()  # on meta, from_config leaves tied embeddings as two parameters
     where = _tensor_files(files)
-    missing = sorted(set(dict(model.named_parameters())) - set(where))
+    params = dict(model.named_parameters())
+    fresh = {k: v for k, v in fresh.items() if k in params}
+    missing = sorted(set(params) - set(where) - set(fresh))
     if missing:
         print(f"{who}: {len(missing)} parameter(s) (e.g. {missing[0]}) are not under their names in "
               f"{files[0].parent}; loading the full model instead of shard by shard", flush=True)
-        return None, None
-    return model, where
+        return None, None, {}
+    return model, where, fresh
 
 
 def _safetensors_files(path: str) -> list:
@@ -168,13 +187,15 @@ def _tensor_files(files: list) -> dict:
 
 
 @torch.no_grad()
-def _fill_shards(model: torch.nn.Module, where: dict) -> None:
-    """Copy each parameter's rows of this rank (FSDP2 shards dim 0 as ``torch.chunk`` does) from the files.
-    named_parameters() lists a tied weight once, under its first name (the embeddings)."""
+def _fill_shards(model: torch.nn.Module, where: dict, fresh: dict | None = None) -> None:
+    """Copy each parameter's rows of this rank (FSDP2 shards dim 0 as ``torch.chunk`` does) from the files, or
+    from ``fresh`` (host tensors of parameters the checkpoint lacks). named_parameters() lists a tied weight once,
+    under its first name (the embeddings)."""
+    fresh = fresh or {}
     for name, param in model.named_parameters():
         local = param.to_local() if hasattr(param, "to_local") else param
-        stored = where[name].get_slice(name)
-        rows = stored.get_shape()[0]
+        stored = fresh[name] if name in fresh else where[name].get_slice(name)
+        rows = stored.shape[0] if name in fresh else stored.get_shape()[0]
         start = (param.device_mesh.get_local_rank() * -(-rows // param.device_mesh.size())
                  if hasattr(param, "device_mesh") else 0)
         if local.shape[0]:

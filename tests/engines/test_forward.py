@@ -96,3 +96,51 @@ def test_sharded_load_on_two_ranks_equals_the_full_model(tmp_path, tied):
     for name, b in got["ref_buffers"].items():
         assert torch.equal(got["buffers"][name], b), name
     torch.testing.assert_close(got["logits"], got["ref_logits"], rtol=1e-5, atol=1e-5)
+
+
+def _load_critic_and_compare(rank: int, world: int, port: int, path: str, out: str) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    from core.engines.critic import load_value_model
+    from core.engines.sharding import load_sharded_causal_lm
+    from core.worker import WorkerContext
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    ctx = WorkerContext(rank=rank, world_size=world, local_rank=rank, device=torch.device("cpu"))
+    torch.manual_seed(7)
+    model = load_sharded_causal_lm(path, ctx, torch.float32, "none", "critic", value_head=True)
+    full = {n: (t.full_tensor() if hasattr(t, "full_tensor") else t) for n, t in model.state_dict().items()}
+    if rank == 0:
+        ref = load_value_model(path)
+        torch.manual_seed(7)
+        head = torch.empty(1, ref.config.hidden_size).normal_(0.0, ref.config.initializer_range)
+        torch.save({"full": full, "ref": ref.state_dict(), "head": head}, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_the_critic_loads_shard_by_shard_on_two_ranks(tmp_path):
+    """The value model as the actor: meta build, each rank reads its rows (it loaded the full fp32 model on every
+    rank: 128 GB per rank for a 32B critic). The backbone equals transformers' load; the score head is drawn on the
+    host from the seeded RNG, the same on both ranks, zero bias."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from core.models import tiny_random_model
+
+    path = tiny_random_model(tmp_path / "m", vocab_size=131)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_load_critic_and_compare, args=(2, port, str(path), str(tmp_path / "out.pt")), nprocs=2)
+    got = torch.load(tmp_path / "out.pt", weights_only=False)
+    assert set(got["full"]) == set(got["ref"])
+    for name, t in got["ref"].items():
+        if not name.startswith("score."):
+            assert torch.equal(got["full"][name], t), name
+    assert torch.equal(got["full"]["score.weight"], got["head"])
+    assert torch.equal(got["full"]["score.bias"], torch.zeros(1))

@@ -89,8 +89,8 @@ def check_data_sources(rows: list[dict], where: str, custom_reward: bool) -> Non
         return
     from core.rewards import REWARDS
 
-    counts = Counter(r["data_source"] for r in rows)
-    unknown = sorted(s for s in counts if s not in REWARDS.names())
+    counts, known = Counter(r["data_source"] for r in rows), set(REWARDS.names())
+    unknown = sorted(s for s in counts if s not in known)
     if unknown:
         first = {s: next(i for i, r in enumerate(rows) if r["data_source"] == s) for s in unknown}
         raise ConfigError(f"{where}: no reward for data_source " + "; ".join(

@@ -104,7 +104,7 @@ def step(roles: Roles, prompts: Batch, cfg: StepConfig, reward_fn: Callable = de
         texts = list(roles.rollout.dp_split(RolloutWorker.decode, batch)["response_text"])
         scored = score_batch(reward_fn, batch["data_source"], texts, batch["ground_truth"], batch["extra_info"],
                              cfg.reward_workers, cfg.reward_timeout_s, cfg.reward_fallback,
-                             sample_names(batch["where"], batch["uid"]) if "where" in batch else None)
+                             sample_names(batch))
         batch["scores"] = scored.scores
         batch["token_rewards"] = scores_to_token_rewards(scored.scores, batch["response_mask"])
     # 3. log-probs of the same tokens under the actor before the update (the PPO ratio's denominator)

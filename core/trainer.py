@@ -172,7 +172,9 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
     check_data_sources(rows, f"data.train_files {cfg.data.train_files}", bool(cfg.reward.path))
     check_data_sources(val_rows, f"data.val_files {cfg.data.val_files}", bool(cfg.reward.path))
     tokenizer = load_tokenizer(cfg.rollout.model)  # each prompt's length, once, before Ray
-    for name, part in (("train", rows), ("val", val_rows)) if val_rows else (("train", rows),):
+    for name, part in (("train", rows), ("val", val_rows)):
+        if not part:
+            continue
         fitted, note = fit_prompt_lengths(part, tokenizer, cfg.rollout.max_prompt_length, cfg.data.truncation,
                                           cfg.data.filter_overlong_prompts)
         part[:] = fitted

@@ -63,7 +63,7 @@ class _Group:
     def __init__(self, modules: list[torch.nn.Linear], rows_hint: int, kernel: bool):
         self.modules, self.rows_hint = modules, rows_hint
         fp32 = modules[0].weight.dtype == torch.float32
-        self.kernel = fp32 or (kernel and modules[0].in_features % 2 == 0)  # bf16: ours packs k in pairs
+        self.kernel = kernel and (fp32 or modules[0].in_features % 2 == 0)  # bf16: ours packs k in pairs
         self.splits = [m.out_features for m in modules]
         self.out_features = sum(self.splits)
         self.weight: torch.Tensor | None = None

@@ -146,10 +146,12 @@ def _call(fn, args):
     return fn(*args)
 
 
-def sample_names(where: Sequence[str], uids: Sequence[str]) -> list[str]:
-    """How reward errors name a step's samples: the data row each came from and its group (``Batch`` columns
-    ``where`` -- 'file: row N', set at load -- and ``uid``)."""
-    return [f"sample {i} ({w}, uid {u})" for i, (w, u) in enumerate(zip(where, uids))]
+def sample_names(batch) -> list[str] | None:
+    """How reward errors name a step's samples: the data row each came from and its group (the batch's ``where``
+    -- 'file: row N', set at load -- and ``uid`` columns); None when the batch has no ``where`` (then 'sample i')."""
+    if "where" not in batch:
+        return None
+    return [f"sample {i} ({w}, uid {u})" for i, (w, u) in enumerate(zip(batch["where"], batch["uid"]))]
 
 
 def _check(name: str, source: str, solution: str, result: Any) -> tuple[float, dict]:

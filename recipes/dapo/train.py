@@ -75,7 +75,7 @@ def dapo_step(roles: Roles, draw: Callable[[], Batch], cfg: StepConfig, reward_f
             texts = list(roles.rollout.dp_split(RolloutWorker.decode, batch)["response_text"])
             scored = score_batch(reward_fn, batch["data_source"], texts, batch["ground_truth"], batch["extra_info"],
                                  cfg.reward_workers, cfg.reward_timeout_s, cfg.reward_fallback,
-                                 sample_names(batch["where"], batch["uid"]) if "where" in batch else None)
+                                 sample_names(batch))
             length = batch["response_mask"].sum(-1)
             shaped = overlong_penalty(length, cfg.sampling.max_new_tokens, dapo.overlong_buffer, dapo.overlong_penalty)
             batch["scores"] = scored.scores + shaped

@@ -160,3 +160,18 @@ def test_a_sibling_called_after_its_input_changed_in_place_computes_again():
         assert [len(g.modules) for g in packed.groups] == [2]  # grouped by calibration: same input object
         got = m(x)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch build")
+def test_fp32_without_our_kernel_packs_in_onednns_format(tiny_model_dir):
+    """kernel=False (or no kernels built) on fp32 weights: oneDNN's packed format, not ours (asked for ours, a
+    build without the kernels would have failed on its missing ops), within fp32 noise of F.linear."""
+    model = load_causal_lm(str(tiny_model_dir), dtype=torch.float32)
+    x = torch.randn(4, 5, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    q = model.model.layers[0].self_attn.q_proj
+    with torch.no_grad():
+        want = q(x)
+        packed = PackedLinears(model, lambda: model(input_ids=torch.tensor([[3, 4]])), rows_hint=4, kernel=False)
+        assert packed.groups and not any(g.kernel for g in packed.groups)
+        torch.testing.assert_close(q(x), want, atol=1e-5, rtol=1e-5)
+    packed.remove()

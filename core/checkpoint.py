@@ -11,6 +11,11 @@ Layout under ``<output_dir>/checkpoints/``::
 A save writes ``.step_000004.tmp`` first, renames it to ``step_000004`` once every rank and the driver are done,
 and only then replaces ``latest`` (write + ``os.replace``). A crash at any point leaves ``latest`` naming the
 previous complete checkpoint, which is what resume reads; a left-over ``.tmp`` folder is removed by the next save.
+
+Every rank writes its own shards, so on several machines ``output_dir`` must be storage that all of them mount at
+the same path (NFS, Lustre, a bucket mount). ``write_probe`` / ``answer_probe`` / ``check_probes`` prove it before
+the first step (each rank reads the driver's file and writes one back that the driver must see), and ``commit``
+refuses a checkpoint in which a rank's files are missing.
 """
 
 from __future__ import annotations
@@ -42,9 +47,16 @@ def begin(output_dir: str | Path, step: int) -> Path:
     return tmp
 
 
-def commit(tmp: Path, driver_state: dict, keep: int) -> Path:
+def commit(tmp: Path, driver_state: dict, keep: int, world_sizes: dict[str, int] | None = None) -> Path:
     """Write the driver's state, make the checkpoint visible (rename, then ``latest``), drop all but the last
-    ``keep`` (0 = keep all). Returns the final folder."""
+    ``keep`` (0 = keep all). Returns the final folder. ``world_sizes`` (role -> ranks that saved under
+    ``tmp/<role>``): every rank's RNG file must be there, else nothing is committed and ``latest`` stays."""
+    for role, n in (world_sizes or {}).items():
+        missing = [r for r in range(n) if not (tmp / role / f"rng_rank{r}.pt").is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"checkpoint {tmp}: the files of {role} rank(s) {missing} are not there on the driver's machine, so "
+                f"it was not committed ('latest' still names the previous one). {SHARED_STORAGE}")
     write_atomic(tmp / "trainer.json", json.dumps(driver_state, indent=1))
     final = tmp.parent / tmp.name[1:].removesuffix(".tmp")
     if final.exists():  # a checkpoint of this step from an earlier run that was resumed from before it
@@ -74,6 +86,56 @@ def find(output_dir: str | Path, mode: str) -> Path | None:
         raise FileNotFoundError(f"trainer.resume_mode: {path} is not a complete checkpoint "
                                 f"(needs trainer.json and actor/)")
     return path
+
+
+SHARED_STORAGE = ("Every rank writes its own checkpoint shards under trainer.output_dir and a resume reads all of "
+                  "them: on several machines it must be storage that every node mounts at the same path (NFS, "
+                  "Lustre, a bucket mount), not a node's local disk.")
+
+
+def write_probe(output_dir: str | Path) -> tuple[Path, str]:
+    """The driver's half of the shared-storage check: a fresh folder holding a file ``driver`` with a random
+    token. Returns (folder, token)."""
+    import uuid
+
+    folder = checkpoint_dir(output_dir) / ".probe"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    token = uuid.uuid4().hex
+    write_atomic(folder / "driver", token)
+    return folder, token
+
+
+def answer_probe(folder: str, token: str, name: str) -> str:
+    """A rank's half, run in the worker: read the driver's token, write it back as ``<folder>/<name>``.
+    Returns "" or what went wrong, as seen from this rank's machine."""
+    from core.worker import node_ip
+
+    where = f"{name} on node {node_ip()} ({os.uname().nodename})"
+    try:
+        seen = (Path(folder) / "driver").read_text()
+    except OSError as e:
+        return f"{where} cannot read {folder}/driver, which the driver wrote ({type(e).__name__})"
+    if seen != token:
+        return f"{where} reads another run's {folder}/driver"
+    try:
+        write_atomic(Path(folder) / name, token)
+    except OSError as e:
+        return f"{where} cannot write into {folder} ({e})"
+    return ""
+
+
+def check_probes(folder: Path, token: str, names: list[str], answers: list[str]) -> None:
+    """The driver's verdict: every rank read the token, and each rank's answer file is visible here."""
+    problems = [a for a in answers if a]
+    for name in names:
+        path = folder / name
+        if not problems and (not path.is_file() or path.read_text() != token):
+            problems.append(f"the driver cannot see {path}, which {name} wrote")
+    shutil.rmtree(folder, ignore_errors=True)
+    if problems:
+        raise RuntimeError(f"trainer.output_dir={folder.parent.parent} is not shared by every rank: "
+                           + "; ".join(problems) + f". {SHARED_STORAGE}")
 
 
 def driver_state(path: Path) -> dict:

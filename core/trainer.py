@@ -211,6 +211,8 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
         return validate(roles, val_prompts, val_sampling, reward_fn, cfg.algo.reward_workers, cfg.algo.reward_timeout_s)
 
     try:
+        if cfg.trainer.backend == "ray" and (cfg.trainer.save_freq or cfg.trainer.resume_mode != "disable"):
+            check_shared_output(out, roles)  # before step 1, not at the first save
         resumed = checkpoint.find(out, cfg.trainer.resume_mode)
         if resumed is not None:  # weights, optimizer, RNG, data position; then the engine gets the weights
             state = checkpoint.driver_state(resumed)
@@ -260,7 +262,7 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
                     state = {"step": i + 1, "stream": stream.state(), "model": cfg.actor.model}
                     if kl_ctrl is not None:
                         state["kl_ctrl"] = kl_ctrl.state_dict()
-                    checkpoint.commit(tmp, state, cfg.trainer.save_keep)
+                    checkpoint.commit(tmp, state, cfg.trainer.save_keep, saved_ranks(roles))
                 bar.update(1)
                 for tracker in trackers:
                     tracker.log(metrics, i + 1)
@@ -270,6 +272,22 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
             tracker.close()
     print("summary:\n" + report(history, out / "curves.png"), flush=True)
     return history
+
+
+def saved_ranks(roles: Roles) -> dict[str, int]:
+    """The roles that write checkpoint shards, and how many ranks each."""
+    return {"actor": roles.actor.world_size} | ({"critic": roles.critic.world_size} if roles.critic else {})
+
+
+def check_shared_output(out: Path, roles: Roles) -> None:
+    """Every rank that saves reads a file the driver wrote under ``out`` and writes one back that the driver must
+    see (``core.checkpoint.write_probe``): on a node-local ``output_dir`` the run stops here, naming the rank."""
+    folder, token = checkpoint.write_probe(out)
+    answers = roles.actor.call_all(FSDPActor.answer_probe, str(folder), token)
+    if roles.critic is not None:
+        answers += roles.critic.call_all(FSDPCritic.answer_probe, str(folder), token)
+    names = [f"{role}_rank{r}" for role, n in saved_ranks(roles).items() for r in range(n)]
+    checkpoint.check_probes(folder, token, names, answers)
 
 
 def set_aside_metrics(path: Path) -> Path | None:

@@ -47,6 +47,19 @@ def test_a_save_that_crashed_leaves_the_previous_checkpoint_in_use(tmp_path):
     assert not list(checkpoint.checkpoint_dir(tmp_path).glob(".*.tmp"))
 
 
+def test_a_checkpoint_missing_a_ranks_files_is_not_committed(tmp_path):
+    """Rank 1 wrote to a disk the driver cannot see (a node-local output_dir): no 'latest' pointing at it."""
+    fake_save(tmp_path, 2, keep=0)
+    tmp = checkpoint.begin(tmp_path, 4)
+    (tmp / "actor").mkdir()
+    (tmp / "actor" / "rng_rank0.pt").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=r"actor rank\(s\) \[1\] are not there.*not committed"):
+        checkpoint.commit(tmp, {"step": 4}, keep=0, world_sizes={"actor": 2})
+    assert checkpoint.find(tmp_path, "auto").name == "step_000002"
+    (tmp / "actor" / "rng_rank1.pt").write_bytes(b"")
+    assert checkpoint.commit(tmp, {"step": 4}, keep=0, world_sizes={"actor": 2}).name == "step_000004"
+
+
 def test_resume_from_a_path_that_is_no_checkpoint_names_it(tmp_path):
     with pytest.raises(FileNotFoundError, match=f"{tmp_path}.*not a complete checkpoint"):
         checkpoint.find(tmp_path, str(tmp_path))

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from core.algos import LossNorm, masked_mean, value_loss
+from core.checkpoint import answer_probe
 from core.engines.forward import trim_padding
 from core.engines.fsdp import OptimConfig, length_order, micro_batches, restore_order
 from core.engines.sharding import (IdleOffload, adamw_with_warmup, check_offload, clipped_step, equalise_passes,
@@ -156,3 +157,7 @@ class FSDPCritic:
     def load_checkpoint(self, path: str) -> None:
         with self.idle.on_gpu(optim=True):
             load_state(path, self.model, self.optim, self.sched, self.ctx.rank)
+
+    def answer_probe(self, folder: str, token: str) -> str:
+        """This rank's half of the check that ``output_dir`` is shared storage (``core.checkpoint.write_probe``)."""
+        return answer_probe(folder, token, f"critic_rank{self.ctx.rank}")

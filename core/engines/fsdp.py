@@ -21,6 +21,7 @@ import torch
 from core.algos import POLICY_LOSSES, LossNorm, PolicyLossConfig, entropy_bonus
 from core.algos.kl import kl_loss
 from core.algos.ops import masked_mean
+from core.checkpoint import answer_probe
 from core.engines.forward import response_logprobs
 from core.engines.sharding import (IdleOffload, adamw_with_warmup, check_offload, clipped_step, equalise_passes,
                                    global_counts, load_sharded_causal_lm, load_state, reshuffle_seed, save_state)
@@ -229,6 +230,10 @@ class FSDPActor:
         """Collective: the state ``save_checkpoint`` wrote, into this actor."""
         with self.idle.on_gpu(optim=True):
             load_state(path, self.model, self.optim, self.sched, self.ctx.rank)
+
+    def answer_probe(self, folder: str, token: str) -> str:
+        """This rank's half of the check that ``output_dir`` is shared storage (``core.checkpoint.write_probe``)."""
+        return answer_probe(folder, token, f"actor_rank{self.ctx.rank}")
 
     # ------------------------------------------------------------------------------------ weight export
     @torch.no_grad()

@@ -71,7 +71,8 @@ def measure(folder: str, mode: str, tokens: int) -> dict:
 
 
 def main() -> None:
-    from core.planner import GB, RunShape, model_shape, plan
+    from core.model_shapes import model_shape
+    from core.planner import GB, RunShape, plan
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=12)

@@ -1,5 +1,5 @@
-"""Capacity planner: per-GPU and per-node memory of a colocated RL run (FSDP2 training + a rollout engine),
-before it starts. ``python -m core.train --config-dir <recipe> --dry-run`` (and every recipe's run script with
+"""Capacity planner: per-GPU and per-node memory of an RL run (FSDP2 training + a rollout engine), before it
+starts, one plan per resource pool (colocated roles: one pool; split placement: each pool counts its roles). ``python -m core.train --config-dir <recipe> --dry-run`` (and every recipe's run script with
 ``--dry-run``) prints it for the resolved config and exits non-zero when the run does not fit.
 
 Every term is a formula of the model's shape and the run's settings (bytes; P = parameters, W = FSDP world
@@ -36,6 +36,10 @@ rollout phase, per GPU
                                weights kept in host memory)
 KV cache per token             2 (K and V) x L x kvd x 2 bytes / t
 
+Split placement (roles on several pools): each pool's plan counts its own roles -- a pool without the rollout has
+no rollout phase, a rollout-only pool no training state, a critic alone counts its whole update, a reference alone
+the actor's transient terms (an upper bound: it runs forward only).
+
 Host memory per node: the offloaded (full) or parked (idle) states of its GPUs, plus the sleeping vLLM / SGLang
 weights (2P / t per GPU). ``fits`` checks each phase against the GPU memory (minus a reserve for the CUDA context and
 fragmentation) and the host total against the node's memory. Unit tests check the arithmetic by hand
@@ -44,82 +48,11 @@ fragmentation) and the host total against the node's memory. Unit tests check th
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+
+from core.model_shapes import ModelShape, model_shape
 
 GB = 1e9
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    params: float
-    layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    vocab: int
-    tied: bool = False
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    @property
-    def layer_params(self) -> float:
-        """One decoder layer: q, o (h x h), k, v (h x kv_heads x head_dim), gate/up/down (3 h i), 2 norms."""
-        kv = self.kv_heads * self.head_dim
-        return 2 * self.hidden * self.hidden + 2 * self.hidden * kv + 3 * self.hidden * self.intermediate + 2 * self.hidden
-
-    @staticmethod
-    def from_config(c: dict) -> "ModelShape":
-        """From a transformers config.json (params counted from the shapes, embeddings included)."""
-        h, L, i, V = c["hidden_size"], c["num_hidden_layers"], c["intermediate_size"], c["vocab_size"]
-        heads = c["num_attention_heads"]
-        kv = c.get("num_key_value_heads") or heads
-        tied = bool(c.get("tie_word_embeddings", False))
-        shape = ModelShape(0.0, L, h, i, heads, kv, V, tied)
-        params = L * shape.layer_params + V * h * (1 if tied else 2) + h
-        return ModelShape(float(params), L, h, i, heads, kv, V, tied)
-
-
-# shapes of models our recipes name, for planning without the hub (config.json values)
-KNOWN: dict[str, dict] = {
-    "Qwen/Qwen2.5-32B": {"hidden_size": 5120, "num_hidden_layers": 64, "intermediate_size": 27648,
-                         "num_attention_heads": 40, "num_key_value_heads": 8, "vocab_size": 152064},
-    "Qwen/Qwen2.5-7B": {"hidden_size": 3584, "num_hidden_layers": 28, "intermediate_size": 18944,
-                        "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064},
-    "Qwen/Qwen2-7B-Instruct": {"hidden_size": 3584, "num_hidden_layers": 28, "intermediate_size": 18944,
-                               "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064},
-    "Qwen/Qwen2.5-0.5B-Instruct": {"hidden_size": 896, "num_hidden_layers": 24, "intermediate_size": 4864,
-                                   "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
-                                   "tie_word_embeddings": True},
-}
-for _alias, _base in (("Qwen/Qwen2.5-Math-7B", "Qwen/Qwen2.5-7B"), ("Qwen/Qwen2.5-32B-Instruct", "Qwen/Qwen2.5-32B"),
-                      ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B")):
-    KNOWN[_alias] = KNOWN[_base]
-
-
-def model_shape(name_or_path: str) -> ModelShape:
-    """A local folder's config.json, else the built-in table, else the folder the run itself would load
-    (``core.models.resolve_model``: the model cache, SmolLM2 from its wheel); an unknown name is an error that
-    lists the table."""
-    cfg = Path(name_or_path).expanduser() / "config.json"
-    if cfg.is_file():
-        return ModelShape.from_config(json.loads(cfg.read_text()))
-    if name_or_path in KNOWN:
-        return ModelShape.from_config(KNOWN[name_or_path])
-    from core.models import ModelNotFoundError, resolve_model
-
-    try:
-        cfg = Path(resolve_model(name_or_path)) / "config.json"
-    except ModelNotFoundError:
-        cfg = None
-    if cfg is not None and cfg.is_file():
-        return ModelShape.from_config(json.loads(cfg.read_text()))
-    raise KeyError(f"model {name_or_path!r}: no local config.json and not in the planner's table {sorted(KNOWN)}; "
-                   f"pass a local folder that holds config.json")
 
 
 @dataclass(frozen=True)
@@ -150,6 +83,11 @@ class RunShape:
     critic_offload: str = "none"
     critic_checkpointing: bool = True
     critic_tokens_per_micro: int = 16384
+    # which other roles this pool holds (split placement: a plan per pool)
+    actor: bool = True
+    rollout: bool = True
+    # vLLM / SGLang sleep after each generate (rollout.sleep_after_generate): their weights wait on the host
+    rollout_sleeps: bool = True
 
     @property
     def engine_tp(self) -> int:
@@ -175,10 +113,13 @@ class Plan:
 
     def text(self, verdict: bool = True) -> str:
         out = [f"  {item:<50} {b / GB:9.2f} GB   {phase}" for item, b, phase in self.lines]
-        out.append(f"  {'training phase total':<50} {self.total('train') / GB:9.2f} GB")
-        out.append(f"  {'rollout phase total':<50} {self.total('rollout') / GB:9.2f} GB")
+        if self.total("train"):  # a rollout-only pool (split placement) has no training phase
+            out.append(f"  {'training phase total':<50} {self.total('train') / GB:9.2f} GB")
+        if self.total("rollout"):  # a pool without the rollout (split placement) has no rollout phase
+            out.append(f"  {'rollout phase total':<50} {self.total('rollout') / GB:9.2f} GB")
         out.append(f"  {'host memory per node':<50} {self.host_per_node / GB:9.2f} GB")
-        out.append(f"  {'KV cache holds':<50} {self.kv_tokens:9.0f} tokens per rollout replica")
+        if self.kv_tokens:
+            out.append(f"  {'KV cache holds':<50} {self.kv_tokens:9.0f} tokens per rollout replica")
         if verdict:
             out.append("fits" if self.fits else "DOES NOT FIT:\n" + "\n".join(f"  - {p}" for p in self.problems))
             out.extend(f"  hint: {h}" for h in self.hints if not self.fits)
@@ -191,15 +132,49 @@ CHUNK_WORK = 3 * (1 << 28) * 4
 
 
 def plan(m: ModelShape, r: RunShape) -> Plan:
-    W = r.nnodes * r.gpus_per_node
-    gpu = r.gpu_memory_gb * GB
+    """The per-GPU memory of one pool, for the roles ``r`` puts on it (colocated: all of them; split placement:
+    one plan per pool). ``m`` is the policy's shape (actor, reference, rollout); the critic's is ``r.critic``."""
     from core.engines.sharding import check_offload
 
     check_offload(r.offload, "actor")
     p = Plan()
-    host = parked = 0.0   # per GPU: offloaded for good (full); parked while the roles are idle (idle)
+    W = r.nnodes * r.gpus_per_node
+    host, parked, resident = _policy_terms(m, r, W, p)
+    if r.critic is not None:
+        host, parked, resident = (a + b for a, b in zip((host, parked, resident), _critic_terms(r, W, p)))
+    weights = _rollout_terms(m, r, resident, p) if r.rollout else 0.0
+    gpu = r.gpu_memory_gb * GB
+    limit = gpu - r.reserve_gb * GB
+    for phase in ("train", "rollout"):
+        if p.total(phase) > limit:
+            p.problems.append(f"{phase} phase needs {p.total(phase) / GB:.1f} GB per GPU, more than the "
+                              f"{limit / GB:.1f} GB available ({r.gpu_memory_gb:g} GB - {r.reserve_gb:g} GB reserve)")
+    state = host + parked
+    kind = "parked while idle" if r.offload == "idle" else "offloaded"
+    p.lines.append((f"({kind} training state, host, per GPU)", state, "host"))
+    asleep = weights if r.rollout and r.rollout_backend != "embedded" and r.rollout_sleeps else 0.0
+    p.lines.append(("(sleeping engine weights, host, per GPU)", asleep, "host"))
+    node = (state + asleep) * r.gpus_per_node
+    p.host_per_node = node
+    if node > r.host_memory_gb * GB:
+        p.problems.append(f"host memory: {node / GB:.0f} GB per node ({r.gpus_per_node} GPUs x ({state / GB:.1f} GB "
+                          f"{kind} training state + {asleep / GB:.1f} GB sleeping engine weights)) exceeds the "
+                          f"node's {r.host_memory_gb:g} GB")
+    if not p.fits and r.offload != "full" and (r.actor or r.reference):
+        full = plan(m, replace(r, offload="full"))
+        p.hints.append(f"with offload=full (every shard on the host, the optimizer stepping on the CPU: slower) "
+                       f"the plan needs {full.total('train') / GB:.1f} GB per GPU training, "
+                       f"{full.total('rollout') / GB:.1f} GB rollout, {full.host_per_node / GB:.0f} GB host per node"
+                       f": {'it fits' if full.fits else 'it does not fit either'}")
+    return p
+
+
+def _policy_terms(m: ModelShape, r: RunShape, W: int, p: Plan) -> tuple[float, float, float]:
+    """The actor's and the reference's lines; returns bytes per GPU (on the host for good, parked while idle,
+    kept on the GPU through the rollout)."""
+    host = parked = 0.0
     sharded = {"fp32 master weights (4P/W)": 4 * m.params / W, "fp32 gradients (4P/W)": 4 * m.params / W,
-               "AdamW moments (8P/W)": 8 * m.params / W}
+               "AdamW moments (8P/W)": 8 * m.params / W} if r.actor else {}
     if r.reference:
         sharded["reference fp32 shards (4P/W)"] = 4 * m.params / W
     for item, b in sharded.items():
@@ -209,45 +184,56 @@ def plan(m: ModelShape, r: RunShape) -> Plan:
         p.lines.append((item, b, "train"))
         if r.offload == "idle" and not item.startswith("fp32 gradients"):
             parked += b   # gradients are freed after each optimizer step: nothing of them to park
-    p.lines.append(("gathered bf16 layers (2 x 2 P_layer)", 4 * m.layer_params, "train"))
-    k = 1 if m.tied else 2
-    p.lines.append(("embeddings + LM head, bf16 + grad (2kVh + 2Vh)", (2 * k + 2) * m.vocab * m.hidden, "train"))
-    T = r.tokens_per_micro
-    layer = T * (14 * m.hidden + 4 * m.kv_heads * m.head_dim + 8 * m.intermediate)
-    act = (2 * T * m.hidden * m.layers + layer) if r.gradient_checkpointing else layer * m.layers
-    p.lines.append(("activations" + (" (checkpointed)" if r.gradient_checkpointing else ""), act, "train"))
-    p.lines.append(("logits (6 T V + chunk work)", 6 * T * m.vocab + CHUNK_WORK, "train"))
-    critic_resident = 0.0
-    if r.critic is not None:  # FSDP2 like the actor; its update runs after the actor's, never beside it
-        c, Wc = r.critic, W
-        check_offload(r.critic_offload, "critic")
-        states = {"critic fp32 master weights (4Pc/W)": 4 * c.params / Wc, "critic fp32 gradients (4Pc/W)":
-                  4 * c.params / Wc, "critic AdamW moments (8Pc/W)": 8 * c.params / Wc}
-        for item, b in states.items():
-            if r.critic_offload == "full":
-                host += b
-                continue
-            p.lines.append((item, b, "train"))
-            if r.critic_offload == "none":
-                critic_resident += b
-            elif not item.startswith("critic fp32 gradients"):
-                parked += b
-        Tc = r.critic_tokens_per_micro
-        c_layer = Tc * (14 * c.hidden + 4 * c.kv_heads * c.head_dim + 8 * c.intermediate)
-        c_act = (2 * Tc * c.hidden * c.layers + c_layer) if r.critic_checkpointing else c_layer * c.layers
-        # gathered layers, embeddings (no LM head: a 1-wide value head) and activations of the critic's update,
-        # counted where they exceed the actor's (the two updates take turns)
-        c_transient = 4 * c.layer_params + 4 * c.vocab * c.hidden + c_act
-        a_transient = sum(b for item, b, ph in p.lines if ph == "train" and item.startswith(
-            ("gathered bf16", "embeddings + LM head", "activations", "logits")))
-        p.lines.append(("critic update, beyond the actor's transient terms",
-                        max(0.0, c_transient - a_transient), "train"))
-    embedded = r.rollout_backend == "embedded"
-    tp = r.engine_tp
+    if r.actor or r.reference:  # a reference alone on its pool: the same terms, an upper bound (forward only)
+        p.lines.append(("gathered bf16 layers (2 x 2 P_layer)", 4 * m.layer_params, "train"))
+        k = 1 if m.tied else 2
+        p.lines.append(("embeddings + LM head, bf16 + grad (2kVh + 2Vh)", (2 * k + 2) * m.vocab * m.hidden, "train"))
+        T = r.tokens_per_micro
+        layer = T * (14 * m.hidden + 4 * m.kv_heads * m.head_dim + 8 * m.intermediate)
+        act = (2 * T * m.hidden * m.layers + layer) if r.gradient_checkpointing else layer * m.layers
+        p.lines.append(("activations" + (" (checkpointed)" if r.gradient_checkpointing else ""), act, "train"))
+        p.lines.append(("logits (6 T V + chunk work)", 6 * T * m.vocab + CHUNK_WORK, "train"))
+    return host, parked, (sum(sharded.values()) if r.offload == "none" else 0.0)
+
+
+def _critic_terms(r: RunShape, W: int, p: Plan) -> tuple[float, float, float]:
+    """The critic's lines (FSDP2 like the actor; its update runs after the actor's, never beside it)."""
+    from core.engines.sharding import check_offload
+
+    c = r.critic
+    check_offload(r.critic_offload, "critic")
+    host = parked = resident = 0.0
+    states = {"critic fp32 master weights (4Pc/W)": 4 * c.params / W, "critic fp32 gradients (4Pc/W)":
+              4 * c.params / W, "critic AdamW moments (8Pc/W)": 8 * c.params / W}
+    for item, b in states.items():
+        if r.critic_offload == "full":
+            host += b
+            continue
+        p.lines.append((item, b, "train"))
+        if r.critic_offload == "none":
+            resident += b
+        elif not item.startswith("critic fp32 gradients"):
+            parked += b
+    Tc = r.critic_tokens_per_micro
+    c_layer = Tc * (14 * c.hidden + 4 * c.kv_heads * c.head_dim + 8 * c.intermediate)
+    c_act = (2 * Tc * c.hidden * c.layers + c_layer) if r.critic_checkpointing else c_layer * c.layers
+    # gathered layers, embeddings (no LM head: a 1-wide value head) and activations of the critic's update,
+    # counted where they exceed the actor's on this pool (the two updates take turns)
+    c_transient = 4 * c.layer_params + 4 * c.vocab * c.hidden + c_act
+    a_transient = sum(b for item, b, ph in p.lines if ph == "train" and item.startswith(
+        ("gathered bf16", "embeddings + LM head", "activations", "logits")))
+    p.lines.append(("critic update, beyond the actor's transient terms" if a_transient else
+                    "critic update (layers, embeddings, activations)", max(0.0, c_transient - a_transient),
+                    "train"))
+    return host, parked, resident
+
+
+def _rollout_terms(m: ModelShape, r: RunShape, resident: float, p: Plan) -> float:
+    """The rollout engine's lines and problems; returns its weights per GPU."""
+    embedded, tp, gpu = r.rollout_backend == "embedded", r.engine_tp, r.gpu_memory_gb * GB
     weights = 2 * m.params / tp
-    if embedded:
+    if embedded and (r.actor or r.reference or r.critic is not None):
         p.lines.append(("embedded engine weights (2P, kept)", weights, "train"))
-    resident = (sum(sharded.values()) if r.offload == "none" else 0.0) + critic_resident
     kv_per_token = 2 * m.layers * m.kv_heads * m.head_dim * 2 / tp
     if embedded:
         p.kv_tokens = float(r.rollout_batch * r.max_seq_len)
@@ -259,34 +245,12 @@ def plan(m: ModelShape, r: RunShape) -> Plan:
         p.kv_tokens = max(0.0, engine - weights - 0.05 * gpu) / kv_per_token  # 5% of the GPU: engine activations
     if resident:
         p.lines.append(("training state kept during rollout", resident, "rollout"))
-    limit = gpu - r.reserve_gb * GB
-    for phase in ("train", "rollout"):
-        if p.total(phase) > limit:
-            p.problems.append(f"{phase} phase needs {p.total(phase) / GB:.1f} GB per GPU, more than the "
-                              f"{limit / GB:.1f} GB available ({r.gpu_memory_gb:g} GB - {r.reserve_gb:g} GB reserve)")
     if not embedded and weights > engine:
         p.problems.append(f"rollout weights {weights / GB:.1f} GB per GPU (TP {tp}) exceed the engine's "
                           f"{engine / GB:.1f} GB (gpu_memory_utilization {r.gpu_memory_utilization})")
     elif p.kv_tokens < r.max_seq_len:
         p.problems.append(f"the KV cache holds {p.kv_tokens:.0f} tokens, less than one {r.max_seq_len}-token sequence")
-    state = host + parked
-    kind = "parked while idle" if r.offload == "idle" else "offloaded"
-    p.lines.append((f"({kind} training state, host, per GPU)", state, "host"))
-    asleep = 0.0 if embedded else weights
-    p.lines.append(("(sleeping engine weights, host, per GPU)", asleep, "host"))
-    node = (state + asleep) * r.gpus_per_node
-    p.host_per_node = node
-    if node > r.host_memory_gb * GB:
-        p.problems.append(f"host memory: {node / GB:.0f} GB per node ({r.gpus_per_node} GPUs x ({state / GB:.1f} GB "
-                          f"{kind} training state + {asleep / GB:.1f} GB sleeping engine weights)) exceeds the "
-                          f"node's {r.host_memory_gb:g} GB")
-    if not p.fits and r.offload != "full":
-        full = plan(m, replace(r, offload="full"))
-        p.hints.append(f"with offload=full (every shard on the host, the optimizer stepping on the CPU: slower) "
-                       f"the plan needs {full.total('train') / GB:.1f} GB per GPU training, "
-                       f"{full.total('rollout') / GB:.1f} GB rollout, {full.host_per_node / GB:.0f} GB host per node"
-                       f": {'it fits' if full.fits else 'it does not fit either'}")
-    return p
+    return weights
 
 
 def importable() -> dict[str, str]:
@@ -316,9 +280,11 @@ def _machine_memory_gb() -> tuple[float, float]:
     return gpu, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GB
 
 
-def run_shape(cfg) -> RunShape:
-    """The RunShape of a validated run config (core.trainer.RunConfig or a recipe's extension of it)."""
-    pool = cfg.placement.pools[cfg.placement.roles["actor"]]
+def run_shape(cfg, pool_name: str | None = None) -> RunShape:
+    """The RunShape of one pool of a validated run config (default: the actor's), with the roles placed on it."""
+    pool_name = pool_name or cfg.placement.roles["actor"]
+    pool = cfg.placement.pools[pool_name]
+    here = {role for role, p in cfg.placement.roles.items() if p == pool_name}
     gpu_here, host_here = _machine_memory_gb()
     max_seq = cfg.rollout.max_prompt_length + cfg.algo.sampling.max_new_tokens
     tokens = cfg.actor.max_tokens_per_micro if cfg.actor.max_tokens_per_micro > 0 else cfg.actor.micro_batch_size * max_seq
@@ -328,13 +294,14 @@ def run_shape(cfg) -> RunShape:
                     gradient_checkpointing=cfg.actor.gradient_checkpointing, tokens_per_micro=tokens,
                     rollout_tp=cfg.rollout.tensor_parallel_size,
                     gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, max_seq_len=max_seq,
-                    rollout_backend=cfg.rollout.backend, reference=cfg.has_reference(), rollout_batch=cfg.rollout.max_batch_size,
-                    **_critic_shape(cfg, max_seq))
+                    rollout_backend=cfg.rollout.backend, reference=cfg.has_reference() and "ref" in here,
+                    rollout_batch=cfg.rollout.max_batch_size, actor="actor" in here, rollout="rollout" in here,
+                    rollout_sleeps=cfg.rollout.sleep_after_generate, **_critic_shape(cfg, max_seq, "critic" in here))
 
 
-def _critic_shape(cfg, max_seq: int) -> dict:
-    """The critic's part of a RunShape: none without ``use_critic``."""
-    if not cfg.use_critic:
+def _critic_shape(cfg, max_seq: int, here: bool) -> dict:
+    """The critic's part of a RunShape: none without ``use_critic`` or on a pool without it."""
+    if not (cfg.use_critic and here):
         return {}
     c = cfg.critic
     tokens = c.max_tokens_per_micro if c.max_tokens_per_micro > 0 else c.micro_batch_size * max_seq
@@ -343,33 +310,47 @@ def _critic_shape(cfg, max_seq: int) -> dict:
 
 
 def plan_run(cfg) -> tuple[str, bool]:
-    """The dry-run report of a validated run config: backends, placement, per-GPU memory plan, verdict."""
-    pool_name = cfg.placement.roles["actor"]
-    pool = cfg.placement.pools[pool_name]
+    """The dry-run report of a validated run config: backends, placement, and per pool that holds roles its
+    per-GPU memory plan and verdict (colocated: one pool; split placement: each pool on its own GPUs)."""
     found = importable()
     out = ["backends importable here: " + ", ".join(f"{k} {v}" for k, v in found.items())]
     if cfg.rollout.backend != "embedded" and found.get(cfg.rollout.backend) != "yes":
         out.append(f"  note: rollout.backend={cfg.rollout.backend} is not importable on this machine; the plan is "
                    f"for the cluster's (pip install -e '.[{cfg.rollout.backend}]' there)")
+    used = [name for name in cfg.placement.pools if name in cfg.placement.roles.values()]
     roles = ", ".join(f"{role} -> {p}" for role, p in cfg.placement.roles.items())
-    out.append(f"placement: {roles}; pool {pool_name!r}: {pool.nnodes} node(s) x {pool.slots_per_node} "
-               f"{pool.device} rank(s)")
-    if pool.device != "cuda":
-        out.append("memory plan: only for GPU pools (device cuda); a CPU run keeps everything in host memory")
-        return "\n".join(out), True
-    r = run_shape(cfg)
+    out.append(f"placement: {roles}; " + "; ".join(
+        f"pool {name!r}: {cfg.placement.pools[name].nnodes} node(s) x {cfg.placement.pools[name].slots_per_node} "
+        f"{cfg.placement.pools[name].device} rank(s)" for name in used))
     m = model_shape(cfg.actor.model)
-    replicas = r.nnodes * r.gpus_per_node // r.engine_tp
     out.append(f"model {cfg.actor.model}: {m.params / 1e9:.2f}B parameters, {m.layers} layers, hidden {m.hidden}, "
                f"vocab {m.vocab}")
-    out.append(f"FSDP2 world size {r.nnodes * r.gpus_per_node}, offload {r.offload}, "
-               f"{r.tokens_per_micro} tokens per micro-batch, rollout {r.rollout_backend} TP "
-               f"{r.engine_tp} x {replicas} replicas at "
-               f"{r.gpu_memory_utilization:g} of {r.gpu_memory_gb:g} GB; host {r.host_memory_gb:g} GB per node")
-    p = plan(m, r)
-    out.append("per-GPU memory plan (GB):")
-    known = r.gpu_memory_gb > 0 and r.host_memory_gb > 0   # else nothing to check against: the needs, no verdict
-    out.append(p.text(verdict=known))
-    if not known:
-        out.append(f"no verdict: state placement.pools.{pool_name}.gpu_memory_gb and host_memory_gb (no GPU here)")
-    return "\n".join(out), p.fits or not known
+    fits = True
+    for name in used:
+        pool = cfg.placement.pools[name]
+        if pool.device != "cuda":
+            out.append(f"memory plan of pool {name!r}: only for GPU pools (device cuda); a CPU run keeps everything "
+                       "in host memory")
+            continue
+        r = run_shape(cfg, name)
+        here = [role for role, p in cfg.placement.roles.items() if p == name]
+        if len(used) > 1:
+            out.append(f"pool {name!r} ({', '.join(here)}):")
+        W = r.nnodes * r.gpus_per_node
+        parts = [f"FSDP2 world size {W}, offload {r.offload}, {r.tokens_per_micro} tokens per micro-batch"
+                 ] if r.actor or r.reference else []
+        if r.critic is not None:
+            parts.append(f"critic FSDP2 world size {W}, offload {r.critic_offload}, {r.critic_tokens_per_micro} "
+                         "tokens per micro-batch")
+        if r.rollout:
+            parts.append(f"rollout {r.rollout_backend} TP {r.engine_tp} x {W // r.engine_tp} replicas at "
+                         f"{r.gpu_memory_utilization:g} of {r.gpu_memory_gb:g} GB")
+        out.append(", ".join(parts) + f"; host {r.host_memory_gb:g} GB per node")
+        p = plan(m, r)
+        out.append("per-GPU memory plan (GB):")
+        known = r.gpu_memory_gb > 0 and r.host_memory_gb > 0   # else nothing to check against: the needs, no verdict
+        out.append(p.text(verdict=known))
+        if not known:
+            out.append(f"no verdict: state placement.pools.{name}.gpu_memory_gb and host_memory_gb (no GPU here)")
+        fits = fits and (p.fits or not known)
+    return "\n".join(out), fits

@@ -4,7 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from core.planner import CHUNK_WORK, GB, KNOWN, ModelShape, RunShape, model_shape, plan
+from core.model_shapes import KNOWN, ModelShape, model_shape
+from core.planner import CHUNK_WORK, GB, RunShape, plan
 
 
 def lines(p):
@@ -200,3 +201,61 @@ def test_the_ppo_gpu_scripts_dry_run_shows_the_critic():
                          text=True, env=dict(os.environ, PY=sys.executable))
     assert out.returncode == 0, out.stderr[-2000:]
     assert "critic fp32 master weights (4Pc/W)" in out.stdout and "critic AdamW moments (8Pc/W)" in out.stdout
+
+
+def test_split_placement_counts_each_pools_own_roles():
+    """Actor + reference on one pool, the vLLM engine on a second, the critic on a third: each pool's plan holds
+    its roles only (the training pools no rollout phase, the rollout pool no training state)."""
+    m = ModelShape(params=7e9, layers=28, hidden=3584, intermediate=18944, heads=28, kv_heads=4, vocab=152064)
+    c = ModelShape(params=1.5e9, layers=28, hidden=1536, intermediate=8960, heads=12, kv_heads=2, vocab=151936)
+    colocated = plan(m, RunShape(nnodes=1, gpus_per_node=8, gpu_memory_gb=80, reference=True, critic=c))
+    train = plan(m, RunShape(nnodes=1, gpus_per_node=8, gpu_memory_gb=80, reference=True, rollout=False))
+    got = lines(train)
+    # the actor's and reference's terms are the colocated plan's, and nothing of the engine or the critic
+    want = {k: b for k, b in lines(colocated).items() if not k.startswith(("critic", "rollout", "training state kept",
+                                                                             "(sleeping"))}
+    assert got == want | {"(sleeping engine weights, host, per GPU)": 0.0}
+    assert train.total("rollout") == 0 and train.kv_tokens == 0 and "rollout phase total" not in train.text()
+    # vLLM alone on 4 GPUs of 40 GB at 0.9, TP 2: 36 GB each; weights 2 x 7e9 / 2 = 7 GB; KV per token
+    # 2 x 28 x 4 x 128 x 2 / 2 = 28,672 bytes; the engine sleeps its weights to the host after each rollout
+    gen = plan(m, RunShape(nnodes=1, gpus_per_node=4, gpu_memory_gb=40, actor=False, rollout_tp=2,
+                           gpu_memory_utilization=0.9))
+    assert gen.total("train") == 0 and gen.total("rollout") == pytest.approx(36 * GB)
+    assert gen.kv_tokens == pytest.approx((36 - 7 - 2) * GB / 28_672)
+    assert lines(gen)["(sleeping engine weights, host, per GPU)"] == pytest.approx(7 * GB)
+    assert gen.host_per_node == pytest.approx(4 * 7 * GB) and gen.fits
+    awake = plan(m, RunShape(nnodes=1, gpus_per_node=4, gpu_memory_gb=40, actor=False, rollout_tp=2,
+                             gpu_memory_utilization=0.9, rollout_sleeps=False))
+    assert awake.host_per_node == 0
+    # the critic alone on 2 GPUs: 16 x 1.5e9 / 2 = 12 GB of states, and its update's whole transient terms
+    crit = lines(plan(m, RunShape(nnodes=1, gpus_per_node=2, gpu_memory_gb=80, actor=False, rollout=False,
+                                  critic=c, critic_tokens_per_micro=8192)))
+    T = 8192
+    transient = (4 * c.layer_params + 4 * c.vocab * c.hidden + 2 * T * c.hidden * c.layers
+                 + T * (14 * c.hidden + 4 * c.kv_heads * c.head_dim + 8 * c.intermediate))
+    assert crit["critic update (layers, embeddings, activations)"] == pytest.approx(transient)
+    assert sum(b for k, b in crit.items() if k.startswith("critic fp32") or k.startswith("critic AdamW")) == \
+        pytest.approx(12 * GB)
+    assert not any(k.startswith(("fp32 master", "gathered", "rollout")) for k in crit)
+
+
+def test_the_dry_run_of_a_split_placement_plans_every_pool_and_fails_on_the_one_that_does_not_fit():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    split = ["++placement.pools.gen={nnodes: 1, slots_per_node: 1, device: cuda, gpu_memory_gb: 40, host_memory_gb: 512}",
+             "++placement.pools.crit={nnodes: 1, slots_per_node: 1, device: cuda, gpu_memory_gb: 24, host_memory_gb: 512}",
+             "placement.roles.rollout=gen", "placement.roles.critic=crit", "++rollout.backend=vllm",
+             "++rollout.gpu_memory_utilization=0.9"]
+    out = subprocess.run(["bash", "recipes/ppo/run_qwen2.5_0.5b_gsm8k.sh", "--dry-run", *split], cwd=root,
+                         capture_output=True, text=True, env=dict(os.environ, PY=sys.executable))
+    assert out.returncode != 0, out.stderr[-2000:]
+    text = out.stdout
+    main, gen, crit = (text.split(f"pool '{name}' (")[1] for name in ("main", "gen", "crit"))
+    assert main.startswith("actor, ref):") and "rollout engine" not in main.split("pool 'gen'")[0]
+    assert gen.startswith("rollout):") and "rollout engine (0.9 x GPU; weights 2P/1)" in gen.split("pool 'crit'")[0]
+    assert crit.startswith("critic):") and "critic AdamW moments (8Pc/W)" in crit
+    assert "DOES NOT FIT" in crit and "24 GB - 4 GB reserve" in crit and text.count("\nfits") == 2

@@ -33,29 +33,35 @@ def cluster(tmp_path_factory):
     home, temp, private = base / "home", base / "ray", base / "node-local"
     for d in (home, temp, private):
         d.mkdir()
-    env = os.environ | {"HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0"}
+    # nothing of this process's distributed or Ray settings (an in-process worker group sets RANK, MASTER_PORT, ...)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k not in
+           ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env |= {"HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0"}
     port = free_port()
     common = ["--num-cpus=1", "--disable-usage-stats", "--block"]
+    logs = [open(base / f"node{i}.log", "w") for i in range(2)]
     head = subprocess.Popen([RAY, "start", "--head", f"--port={port}", "--include-dashboard=false",
                              f"--temp-dir={temp}", *common], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=logs[0], stderr=subprocess.STDOUT)
     nodes = [head]
     try:
         address = f"127.0.0.1:{port}"
-        _wait_for_nodes(address, env, 1)
+        _wait_for_nodes(address, env, 1, base / "node0.log")
         nodes.append(subprocess.Popen(
             ["unshare", "-m", "sh", "-c", f'mount -t tmpfs none "{private}" && exec "$0" "$@"', RAY, "start",
              f"--address={address}", *common], env=env, start_new_session=True,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        _wait_for_nodes(address, env, 2)
+            stdout=logs[1], stderr=subprocess.STDOUT))
+        _wait_for_nodes(address, env, 2, base / "node1.log")
         yield address, env | {"RAY_ADDRESS": address}, private
     finally:
         for p in nodes:  # each node's session: ray start, its GCS/raylet and every worker they started
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+        for f in logs:
+            f.close()
 
 
-def _wait_for_nodes(address: str, env: dict, n: int, timeout_s: float = 60.0) -> None:
+def _wait_for_nodes(address: str, env: dict, n: int, log: Path, timeout_s: float = 60.0) -> None:
     probe = f"import ray; ray.init(address='{address}', log_to_driver=False); print(len(ray.nodes()))"
     deadline = time.time() + timeout_s
     while time.time() < deadline:
@@ -63,7 +69,8 @@ def _wait_for_nodes(address: str, env: dict, n: int, timeout_s: float = 60.0) ->
         if r.returncode == 0 and r.stdout.strip().endswith(str(n)):
             return
         time.sleep(1)
-    raise RuntimeError(f"the test cluster at {address} did not reach {n} node(s) in {timeout_s:.0f}s")
+    raise RuntimeError(f"the test cluster at {address} did not reach {n} node(s) in {timeout_s:.0f}s; the last "
+                       f"probe said:\n{r.stderr[-1500:]}\nray start said:\n{log.read_text()[-1500:]}")
 
 
 def run(conf: Path, out: Path, env: dict) -> subprocess.CompletedProcess:

@@ -23,7 +23,7 @@ from core.engines.fsdp import FSDPActor
 from core.engines.rollout import SamplingParams
 from core.protocol import Batch
 from core.reshard import sync_across_pools
-from core.rewards import default_compute_score, sample_names, score_batch
+from core.rewards import ScoredBatch, default_compute_score, sample_names, score_batch
 from core.roles import RolloutWorker
 from core.worker_group import RoleGroup
 
@@ -94,55 +94,96 @@ def step(roles: Roles, prompts: Batch, cfg: StepConfig, reward_fn: Callable = de
          ) -> tuple[Batch, dict[str, float]]:
     """One RL step on a batch of prompts (non-tensor keys: prompt, data_source, ground_truth, extra_info, uid).
     ``update_actor=False``: the critic learns, the policy stays (critic warm-up). ``kl_ctrl``: the driver's KL
-    controller when KL is a reward penalty (``kl_controller(cfg)``); it is updated here."""
-    timer, t0 = Timer(), time.perf_counter()
-    # 1. generate n responses per prompt, with the rollout engine's log-probs of the sampled tokens
+    controller when KL is a reward penalty (``kl_controller(cfg)``); it is updated here. A recipe whose loop
+    differs copies this function into its ``train.py`` and changes the phase that differs: every phase is one
+    public call below."""
+    timer = Timer()
+    with timer("step"):
+        # 1. generate n responses per prompt, with the rollout engine's log-probs of the sampled tokens
+        batch = generate(roles, prompts, cfg.sampling, timer)
+        # 2. score each response with the verifiable reward; the outcome goes on its last valid token
+        scored = score(roles, batch, cfg, reward_fn, timer)
+        # 3. log-probs of the same tokens under the actor before the update, and under the reference if any
+        batch = logprobs(roles, batch, timer)
+        # 4. KL to the reference as a reward penalty (with a KL controller); the critic's values (with a critic)
+        kl = reward_kl_penalty(batch, kl_ctrl, cfg)
+        values(roles, batch, timer)
+        # 5. advantages (and returns) from the token rewards, by the configured estimator
+        advantages(batch, cfg, timer)
+        # 6. critic update, policy update (unless warming up the critic), weight sync to the rollout engine
+        updates = update(roles, batch, cfg, timer, update_actor)
+    return batch, step_metrics(batch, updates | kl, timer, scored.num_failed, cfg)
+
+
+# ---------------------------------------------------------------------------------------------- the step's phases
+def generate(roles: Roles, prompts: Batch, sampling: SamplingParams, timer: Timer) -> Batch:
+    """n samples per prompt row: ``prompts``, ``responses``, masks, ``rollout_logprobs``; non-tensor keys repeated."""
     with timer("gen"):
-        batch = roles.rollout.dp_split(RolloutWorker.generate, prompts, cfg.sampling)
-    # 2. score each response with the verifiable reward; the outcome goes on its last valid token
+        return roles.rollout.dp_split(RolloutWorker.generate, prompts, sampling)
+
+
+def score(roles: Roles, batch: Batch, cfg: StepConfig, reward_fn: Callable, timer: Timer) -> ScoredBatch:
+    """Decode and score every response: sets ``scores`` (B,) and ``token_rewards`` (B, R; the score on the last
+    valid token). Returns the scoring (``num_failed``, ``extras`` such as ``acc``); failures name the data row."""
     with timer("reward"):
         texts = list(roles.rollout.dp_split(RolloutWorker.decode, batch)["response_text"])
         scored = score_batch(reward_fn, batch["data_source"], texts, batch["ground_truth"], batch["extra_info"],
-                             cfg.reward_workers, cfg.reward_timeout_s, cfg.reward_fallback,
-                             sample_names(batch))
+                             cfg.reward_workers, cfg.reward_timeout_s, cfg.reward_fallback, sample_names(batch))
         batch["scores"] = scored.scores
         batch["token_rewards"] = scores_to_token_rewards(scored.scores, batch["response_mask"])
-    # 3. log-probs of the same tokens under the actor before the update (the PPO ratio's denominator)
+    return scored
+
+
+def logprobs(roles: Roles, batch: Batch, timer: Timer) -> Batch:
+    """``old_logprobs`` under the actor before its update (the PPO ratio's denominator), and ``ref_logprobs``
+    under the frozen reference when the run has one."""
     with timer("old_logprob"):
         batch = batch.union(roles.actor.dp_split(FSDPActor.compute_logprobs, batch))
-    # 4. log-probs under the frozen reference policy (for the KL loss), when there is one
     if roles.ref is not None:
         with timer("ref"):
             batch["ref_logprobs"] = roles.ref.dp_split(FSDPActor.compute_logprobs, batch)["old_logprobs"]
-    # 4b. KL to the reference subtracted from the token rewards, when KL is a reward penalty
-    kl_metrics = {}
-    if kl_ctrl is not None:
-        batch["token_rewards"], kl_metrics = apply_kl_reward_penalty(batch, kl_ctrl, cfg.kl_in_reward.kind)
-    # 4c. the critic's value of every response prefix, when there is a critic
+    return batch
+
+
+def reward_kl_penalty(batch: Batch, kl_ctrl: FixedKLController | AdaptiveKLController | None,
+                      cfg: StepConfig) -> dict[str, float]:
+    """KL(old || ref) x beta subtracted from ``token_rewards`` when KL is a reward penalty; its metrics."""
+    if kl_ctrl is None:
+        return {}
+    batch["token_rewards"], metrics = apply_kl_reward_penalty(batch, kl_ctrl, cfg.kl_in_reward.kind)
+    return metrics
+
+
+def values(roles: Roles, batch: Batch, timer: Timer) -> None:
+    """``values`` (B, R): the critic's value of every response prefix, when the run has a critic."""
     if roles.critic is not None:
         with timer("values"):
             batch["values"] = roles.critic.dp_split(FSDPCritic.compute_values, batch)["values"]
-    # 5. advantages (and returns) from the token rewards, by the configured estimator
+
+
+def advantages(batch: Batch, cfg: StepConfig, timer: Timer) -> None:
+    """``advantages`` and ``returns`` (B, R) by ``cfg.adv.estimator``; scaled by truncated importance weights
+    min(pi_old / pi_rollout, cap) when ``cfg.tis_cap`` > 0 (the engine samples from a slightly different policy)."""
     with timer("adv"):
         batch["advantages"], batch["returns"] = compute_advantages(batch, cfg.adv)
-        if cfg.tis_cap > 0:  # correct for the rollout engine sampling from a slightly different policy
+        if cfg.tis_cap > 0:
             batch["advantages"] = batch["advantages"] * truncated_is_weights(
                 batch["old_logprobs"], batch["rollout_logprobs"], batch["response_mask"], cfg.tis_cap)
-    # 6. critic update toward the returns, when there is a critic
-    critic = {}
+
+
+def update(roles: Roles, batch: Batch, cfg: StepConfig, timer: Timer, update_actor: bool = True) -> dict[str, float]:
+    """The critic's update toward the returns (with a critic); the actor's PPO epochs on every DP rank and the
+    bucketed weight sync to the rollout engine (unless ``update_actor`` is false). Their metrics."""
+    out = {}
     if roles.critic is not None:
         with timer("update_critic"):
-            critic = reduce_over_ranks(roles.critic.dp_split(FSDPCritic.update, batch))
-    # 7. policy update: PPO epochs of mini-batches on every DP rank (skipped while the critic warms up)
-    actor, sync = {}, {}
+            out |= reduce_over_ranks(roles.critic.dp_split(FSDPCritic.update, batch))
     if update_actor:
         with timer("update_actor"):
-            actor = reduce_over_ranks(roles.actor.dp_split(FSDPActor.update, batch))
-        # 8. send the new weights to the rollout engine, bucket by bucket (in each process when colocated)
+            out |= reduce_over_ranks(roles.actor.dp_split(FSDPActor.update, batch))
         with timer("sync_weights"):
-            sync = sync_rollout(roles, cfg.sync_timeout_s)
-    timer.seconds["step"] = time.perf_counter() - t0
-    return batch, _metrics(batch, actor | critic | kl_metrics, sync, timer, scored.num_failed, cfg)
+            out |= sync_rollout(roles, cfg.sync_timeout_s)
+    return out
 
 
 def kl_controller(cfg: StepConfig) -> FixedKLController | AdaptiveKLController | None:
@@ -160,18 +201,22 @@ def sync_rollout(roles: Roles, timeout_s: float) -> dict[str, float]:
     return sync_across_pools(roles.actor, roles.rollout, timeout_s)
 
 
-def _metrics(batch: Batch, actor: dict, sync: dict, timer: Timer, failed: int, cfg: StepConfig) -> dict[str, float]:
+def step_metrics(batch: Batch, updates: dict[str, float], timer: Timer, num_failed: int,
+                 cfg: StepConfig) -> dict[str, float]:
+    """The metrics of a step's trained batch: reward, response lengths and clip ratio, failed rewards, rollout vs
+    trainer log-prob gap, the updates' metrics, the critic's explained variance, phase times (``timer`` must hold
+    ``step``) and throughput. A recipe's step adds its own keys to these."""
     mask, scores = batch["response_mask"], batch["scores"]
     lengths = mask.sum(-1)
     diff = (batch["rollout_logprobs"] - batch["old_logprobs"]).abs() * mask
     tokens = float(lengths.sum() + batch["attention_mask"][:, :batch["prompts"].shape[1]].sum())
     return {"reward/mean": float(scores.mean()), "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
-            "reward/num_failed": float(failed),
+            "reward/num_failed": float(num_failed),
             "response_length/mean": float(lengths.mean()),
             "response_length/clip_ratio": float((lengths >= cfg.sampling.max_new_tokens).float().mean()),
             "rollout/logprob_diff_mean": float(diff.sum() / mask.sum().clamp(min=1)),
             "rollout/logprob_diff_max": float(diff.max()),
-            "actor/kl_loss": 0.0, "actor/pg_loss": 0.0, **actor, **sync,
+            "actor/kl_loss": 0.0, "actor/pg_loss": 0.0, **updates,
             **_explained_variance(batch),
             **{f"timing_s/{k}": v for k, v in timer.seconds.items()},
             "perf/throughput_tokens_per_s": tokens / timer.seconds["step"]}

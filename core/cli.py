@@ -1,37 +1,124 @@
-"""``hybridrl <command>`` / ``python -m core.cli <command>``.
+"""hybridrl <command> (or python -m core.cli <command>): one entry point for what users run.
 
-Commands: ``selfcheck`` (start the worker groups as configured and check the runtime).
+    hybridrl train grpo --config-name demo_cpu trainer.total_steps=5    run a recipe (its train.py)
+    hybridrl plan dapo --config-name qwen32b trainer.nnodes=8           its memory plan, nothing started
+    hybridrl new myalgo --from grpo                                     copy a recipe as a new algorithm
+    hybridrl eval --model SmolLM2-135M-Instruct --data gsm8k --limit 50  score a model on a benchmark
+    hybridrl export outputs/run/checkpoints/step_000020 outputs/hf      a checkpoint as a HF folder
+    hybridrl selfcheck                                                   start the worker groups, check the runtime
+
+``<recipe>`` is a folder, or a name under ``recipes/`` (of the working directory, else of this repository).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+EXAMPLES = {
+    "train": "hybridrl train grpo --config-name demo_cpu trainer.total_steps=5\n"
+             "hybridrl train recipes/myalgo --dry-run\n"
+             "  (arguments after the recipe: --config-name, --dry-run, Hydra overrides; `hybridrl train grpo --help`)",
+    "plan": "hybridrl plan dapo --config-name qwen32b trainer.nnodes=8\n"
+            "  (the same as `hybridrl train <recipe> --dry-run`: exit 1 when the plan does not fit)",
+    "new": "hybridrl new myalgo --from grpo\n"
+           "  (copies recipes/grpo to recipes/myalgo, points it at itself, resets expected.yaml, runs 2 tiny steps)",
+    "eval": "hybridrl eval --model SmolLM2-135M-Instruct --data gsm8k --limit 50 --temperature 0\n"
+            "  (all options: `hybridrl eval --help`)",
+    "export": "hybridrl export outputs/grpo_smollm2_cpu/checkpoints/step_000020 outputs/hf --dtype bfloat16",
+    "selfcheck": "hybridrl selfcheck --workers 2 --split",
+}
+
+
+def recipe_dir(name: str) -> Path:
+    """A recipe folder from a path or a name under recipes/ (working directory first, then this repository)."""
+    for path in (Path(name), Path("recipes") / name, ROOT / "recipes" / name):
+        if (path / "config.yaml").is_file():
+            return path.resolve()
+    known = sorted(p.parent.name for p in (ROOT / "recipes").glob("*/config.yaml"))
+    raise SystemExit(f"hybridrl: no recipe {name!r} (a folder with config.yaml); recipes here: {', '.join(known)}")
+
+
+def run_recipe(folder: Path, argv: list[str]) -> int:
+    """The recipe's own ``train.py`` ``main(argv)`` when it has one, else core's run with its config."""
+    script = folder / "train.py"
+    if not script.is_file():
+        from core.train import main
+
+        return main(argv, config_dir=folder)
+    spec = importlib.util.spec_from_file_location(f"recipe_{folder.name}_train", script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve their annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module.main(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hybridrl")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="hybridrl", description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n")[1], formatter_class=argparse.RawTextHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    check = sub.add_parser("selfcheck", help="place the roles on Ray (or locally) and check dispatch and collectives")
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, description=text, epilog="example:\n  " + EXAMPLES[name].replace(
+            "\n", "\n  "), formatter_class=argparse.RawDescriptionHelpFormatter, add_help=name not in ("eval", "export"))
+
+    for name, text in (("train", "run a recipe: its train.py with its config.yaml and your overrides"),
+                       ("plan", "validate a recipe's config and print its capacity plan; start nothing")):
+        p = command(name, text)
+        p.add_argument("recipe", help="a folder, or a name under recipes/")
+        p.add_argument("args", nargs=argparse.REMAINDER, help="--config-name, --dry-run, Hydra overrides")
+    p = command("new", "copy a recipe as the start of a new algorithm")
+    p.add_argument("name", help="the new recipe's name (a folder beside the source recipe)")
+    p.add_argument("--from", dest="source", required=True, help="the recipe to copy (a folder or a name)")
+    p.add_argument("--no-check", action="store_true", help="skip the 2-step run of the copy on a tiny model")
+    for name, text in (("eval", "score a model on a benchmark (core.eval)"),
+                       ("export", "write a checkpoint as a Hugging Face folder (core.export)")):
+        command(name, text).add_argument("args", nargs=argparse.REMAINDER)
+    check = command("selfcheck", "place the roles on Ray (or locally) and check dispatch and collectives")
     check.add_argument("--backend", choices=["ray", "local"], default="ray")
     check.add_argument("--workers", type=int, default=2, help="ranks per pool")
     check.add_argument("--split", action="store_true", help="put the reference on its own pool instead of colocating")
-    args = parser.parse_args(argv)
+    if argv[:1] in (["eval"], ["export"]):  # their own parsers own every option, --help included
+        args = argparse.Namespace(command=argv[0], args=argv[1:])
+    else:
+        args = parser.parse_args(argv)
 
-    if args.command == "selfcheck":
-        from core.config import PlacementConfig, PoolConfig
-        from core.selfcheck import selfcheck
+    if args.command in ("train", "plan"):
+        return run_recipe(recipe_dir(args.recipe), (["--dry-run"] if args.command == "plan" else []) + args.args)
+    if args.command == "new":
+        from core.scaffold import new_recipe
 
-        pools = {"main": PoolConfig(slots_per_node=args.workers)}
-        roles = {"actor": "main", "rollout": "main", "ref": "main"}
-        if args.split:
-            pools["ref"], roles["ref"] = PoolConfig(slots_per_node=args.workers), "ref"
-        if args.backend == "ray":
-            from core.worker_group import init_ray
+        new_recipe(args.name, recipe_dir(args.source), check=not args.no_check)
+        return 0
+    if args.command == "eval":
+        from core.eval import main as eval_main
 
-            init_ray(num_cpus=max(2, len(pools) * args.workers))
-        return 0 if selfcheck(PlacementConfig(pools, roles), args.backend) else 1
-    return 2
+        return eval_main(args.args)
+    if args.command == "export":
+        from core.export import main as export_main
+
+        return export_main(args.args)
+    return _selfcheck(args)
+
+
+def _selfcheck(args: argparse.Namespace) -> int:
+    from core.config import PlacementConfig, PoolConfig
+    from core.selfcheck import selfcheck
+
+    pools = {"main": PoolConfig(slots_per_node=args.workers)}
+    roles = {"actor": "main", "rollout": "main", "ref": "main"}
+    if args.split:
+        pools["ref"], roles["ref"] = PoolConfig(slots_per_node=args.workers), "ref"
+    if args.backend == "ray":
+        from core.worker_group import init_ray
+
+        init_ray(num_cpus=max(2, len(pools) * args.workers))
+    return 0 if selfcheck(PlacementConfig(pools, roles), args.backend) else 1
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from core.checks import check_run
 from core.config import validate
@@ -17,32 +17,48 @@ from core.planner import plan_run
 from core.trainer import RunConfig, effective_sizes, fit
 
 
-def load_run_config(config_dir: str | Path, config_name: str = "config", overrides: list[str] | None = None,
-                    schema: type = RunConfig) -> RunConfig:
-    """The recipe's Hydra config composed with ``overrides``, validated into ``schema`` (a recipe whose loop
-    differs passes its own dataclass that extends RunConfig with its section)."""
+def load_run_config(config_dir: str | Path, config_name: str = "config", overrides: list[str] | None = None
+                    ) -> RunConfig:
+    """The recipe's Hydra config composed with ``overrides``, validated into ``RunConfig``."""
+    return load_recipe_config(config_dir, config_name, overrides)[0]
+
+
+def load_recipe_config(config_dir: str | Path, config_name: str = "config", overrides: list[str] | None = None,
+                       sections: dict[str, type] | None = None) -> tuple[RunConfig, dict[str, Any]]:
+    """``load_run_config`` for a recipe with sections of its own (DAPO's ``dapo:``): each is taken out of the tree
+    and validated into its dataclass, the rest into ``RunConfig``. Returns (run config, {section: dataclass}).
+    A relative ``reward.path`` is the recipe folder's file (a copied recipe uses its own reward), else the
+    working directory's."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     config_dir = Path(config_dir).resolve()
+    where = str(config_dir / f"{config_name}.yaml")
     if not (config_dir / f"{config_name}.yaml").is_file():
         raise FileNotFoundError(f"no {config_name}.yaml in {config_dir}")
     with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-        tree = compose(config_name=config_name, overrides=list(overrides or []))
-    return validate(schema, OmegaConf.to_container(tree, resolve=True), where=str(config_dir / f"{config_name}.yaml"))
+        tree = OmegaConf.to_container(compose(config_name=config_name, overrides=list(overrides or [])), resolve=True)
+    extra = {name: validate(cls, tree.pop(name, None), where=f"{where}.{name}") for name, cls in (sections or {}).items()}
+    reward = tree.get("reward") or {}
+    if reward.get("path") and not Path(reward["path"]).is_absolute() and (config_dir / reward["path"]).is_file():
+        reward["path"] = str(config_dir / reward["path"])
+    return validate(RunConfig, tree, where=where), extra
 
 
-def main(argv: list[str] | None = None, schema: type = RunConfig, make_step: Callable | None = None) -> int:
-    """The CLI; a recipe with its own loop calls it with its config ``schema`` and ``make_step(cfg) -> step_fn``."""
-    p = argparse.ArgumentParser(prog="python -m core.train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config-dir", required=True, help="the recipe folder holding config.yaml")
+def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
+         sections: dict[str, type] | None = None, make_step: Callable | None = None) -> int:
+    """The CLI of a run. A recipe's ``train.py`` calls it with its folder, its own config ``sections`` and
+    ``make_step(cfg, sections) -> step_fn`` (its copy of the step, ``core.trainer.fit``'s ``step_fn``)."""
+    p = argparse.ArgumentParser(prog="hybridrl train <recipe>", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config-dir", required=config_dir is None, default=config_dir,
+                   help="the recipe folder holding config.yaml" + (f" (default {config_dir})" if config_dir else ""))
     p.add_argument("--config-name", default="config")
     p.add_argument("--dry-run", action="store_true",
                    help="validate the config, print the effective batch sizes and the capacity plan (core.planner); "
                         "start nothing; exit 1 when the plan does not fit")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.total_steps=5 actor.optim.lr=1e-5")
     a = p.parse_intermixed_args(argv)
-    cfg = load_run_config(a.config_dir, a.config_name, a.overrides, schema)
+    cfg, extra = load_recipe_config(a.config_dir, a.config_name, a.overrides, sections)
     check_run(cfg)  # sections that disagree fail here, before the plan or Ray
     if a.dry_run:
         pool = cfg.placement.pools[cfg.placement.roles["actor"]]
@@ -52,7 +68,12 @@ def main(argv: list[str] | None = None, schema: type = RunConfig, make_step: Cal
         text, fits = plan_run(cfg)
         print(text)
         return 0 if fits else 1
-    fit(cfg, make_step(cfg) if make_step else None)
+    recipe = Path(a.config_dir)
+    missing = [f for f in (*cfg.data.train_files, *cfg.data.val_files) if not Path(f).is_file()]
+    if missing and (recipe / "data.py").is_file():  # before anything loads: say how this recipe makes its data
+        raise FileNotFoundError(f"data file(s) not found: {', '.join(missing)}. This recipe writes its data with "
+                                f"`python {recipe}/data.py --help` (its run scripts do so when the files are missing)")
+    fit(cfg, make_step(cfg, extra) if make_step else None)
     return 0
 
 

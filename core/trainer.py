@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from core import checkpoint
-from core.checks import check_data_sources, check_run
+from core.checks import ConfigError, check_data_sources, check_run
 from core.config.schema import PlacementConfig, TrainerConfig
 from core.engines.critic import CriticConfig, FSDPCritic
 from core.engines.fsdp import ActorConfig, FSDPActor
@@ -33,8 +33,11 @@ from core.worker_group import init_ray
 class DataConfig:
     # verl-schema parquet files to train on
     train_files: list[str] = field(default_factory=list)
-    # prompts per RL step (each sampled n times)
+    # prompts per RL step (each sampled n times); with a filtering step (DAPO), prompts per draw (gen batch)
     prompts_per_step: int = 8
+    # prompts whose samples one step trains on, for a recipe's step that filters and redraws (DAPO's dynamic
+    # sampling keeps this many groups); 0 = prompts_per_step. Core's step trains every prompt it draws.
+    train_prompts_per_step: int = 0
     # shuffle the prompts each epoch (seeded by trainer.seed)
     shuffle: bool = True
     # use only the first N rows (0 = all)
@@ -77,14 +80,10 @@ class RunConfig:
         """A frozen reference policy is placed: asked for, or needed by a KL loss or a KL reward penalty."""
         return self.use_ref or self.actor.kl_loss_coef > 0 or self.algo.kl_in_reward.coef > 0
 
-    def prompts_trained_per_step(self) -> int:
-        """Prompts whose samples one step trains on (a recipe with its own loop may differ: DAPO keeps a count)."""
-        return self.data.prompts_per_step
-
 
 def effective_sizes(cfg: RunConfig, dp_size: int) -> str:
     """The batch-size arithmetic in words, printed at start."""
-    n, prompts = cfg.algo.sampling.n, cfg.prompts_trained_per_step()
+    n, prompts = cfg.algo.sampling.n, cfg.data.train_prompts_per_step or cfg.data.prompts_per_step
     samples = prompts * n
     mini = cfg.actor.ppo_mini_batch_size
     if samples % mini:
@@ -161,6 +160,10 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
     from core.rewards import default_compute_score, load_reward_fn
 
     check_run(cfg)  # how the sections agree, before anything is loaded or started
+    if step_fn is None and cfg.data.train_prompts_per_step not in (0, cfg.data.prompts_per_step):
+        raise ConfigError(f"data.train_prompts_per_step={cfg.data.train_prompts_per_step} differs from "
+                          f"data.prompts_per_step={cfg.data.prompts_per_step}, but core's step trains every prompt "
+                          "it draws; it is for a recipe's step that filters (e.g. DAPO's): drop it, or run that recipe")
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=1, default=str))

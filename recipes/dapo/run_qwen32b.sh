@@ -27,7 +27,7 @@ args=()
 for a in "$@"; do
   if [ "$a" = --dry-run ]; then dry=1; else args+=("$a"); fi
 done
-run=("$PY" "$here/train.py" --config-dir "$here" --config-name qwen32b)
+run=("$PY" -m core.cli train "$here" --config-name qwen32b)
 if [ "$dry" = 1 ]; then
   exec "${run[@]}" --dry-run "${args[@]}"
 fi

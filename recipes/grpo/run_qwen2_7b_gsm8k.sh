@@ -15,7 +15,7 @@ case " $* " in
   *" --dry-run "*) ;;  # only resolve and print the config
   *) [ -f outputs/data/gsm8k/train.parquet ] || "$PY" "$here/data.py" --task gsm8k --out outputs/data ;;
 esac
-exec "$PY" -m core.train --config-dir "$here" --config-name config \
+exec "$PY" -m core.cli train "$here" --config-name config \
     trainer.total_steps=105 trainer.test_freq=5 trainer.output_dir=outputs/grpo_qwen2_7b_gsm8k \
     'data.train_files=[outputs/data/gsm8k/train.parquet]' 'data.val_files=[outputs/data/gsm8k/test.parquet]' \
     data.prompts_per_step=1024 \

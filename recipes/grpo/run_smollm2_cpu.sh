@@ -12,4 +12,4 @@ CONFIG="${CONFIG:-demo_cpu}"
 task=arith folder=arith_v2
 [ "$CONFIG" = config ] && task=gsm8k folder=gsm8k
 [ -f "outputs/data/$folder/train.parquet" ] || "$PY" "$here/data.py" --task "$task" --out outputs/data
-exec "$PY" -m core.train --config-dir "$here" --config-name "$CONFIG" "$@"
+exec "$PY" -m core.cli train "$here" --config-name "$CONFIG" "$@"

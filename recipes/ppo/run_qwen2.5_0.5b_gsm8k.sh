@@ -16,7 +16,7 @@ case " $* " in
   *) [ -f outputs/data/gsm8k/train.parquet ] || "$PY" "$here/data.py" --task gsm8k --out outputs/data ;;
 esac
 model=Qwen/Qwen2.5-0.5B-Instruct
-exec "$PY" -m core.train --config-dir "$here" --config-name config \
+exec "$PY" -m core.cli train "$here" --config-name config \
     trainer.total_steps=435 trainer.test_freq=10 trainer.save_freq=50 trainer.output_dir=outputs/ppo_qwen2.5_0.5b_gsm8k \
     'data.train_files=[outputs/data/gsm8k/train.parquet]' 'data.val_files=[outputs/data/gsm8k/test.parquet]' \
     data.prompts_per_step=256 \

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from core.data.prepare import write_parquet
-from core.train import load_run_config
+from core.train import load_recipe_config
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "dapo"
 
@@ -33,14 +33,14 @@ def tiny_dapo_run(tmp_path: Path, model_dir: Path, train_groups: int, extra: str
     conf.mkdir()
     (conf / "config.yaml").write_text(f"""
 trainer: {{backend: local, total_steps: 2, output_dir: {tmp_path / 'out'}}}
-data: {{train_files: ["{tmp_path / 'train.parquet'}"], prompts_per_step: 2}}
+data: {{train_files: ["{tmp_path / 'train.parquet'}"], prompts_per_step: 2, train_prompts_per_step: {train_groups}}}
 use_ref: false
 actor: {{model: "{model_dir}", dtype: float32, ppo_mini_batch_size: {4 * train_groups}, micro_batch_size: 4,
         loss: {{clip_low: 0.2, clip_high: 0.28, dual_clip_c: 10.0}}, optim: {{lr: 0.001}}}}
 rollout: {{model: "{model_dir}", dtype: float32, max_prompt_length: 32}}
 algo: {{sampling: {{n: 4, temperature: 1.0, max_new_tokens: 6}}}}
 reward: {{path: "{tmp_path / 'reward.py'}"}}
-dapo: {{train_groups: {train_groups}, filter_metric: acc, max_num_gen_batches: 20, overlong_buffer: 4,
+dapo: {{filter_metric: acc, max_num_gen_batches: 20, overlong_buffer: 4,
        overlong_penalty: 1.0}}
 {extra}""")
     return conf
@@ -50,15 +50,21 @@ def test_dynamic_sampling_keeps_train_groups_from_several_gen_batches(tmp_path, 
     from core.trainer import fit
 
     dapo = dapo_module()
-    cfg = load_run_config(tiny_dapo_run(tmp_path, tiny_model_dir, train_groups=3), schema=dapo.DAPORunConfig)
-    assert cfg.dapo.train_groups == 3 and cfg.actor.loss.clip_high == 0.28
-    history = fit(cfg, dapo.make_step(cfg))
+    cfg, sections = load_recipe_config(tiny_dapo_run(tmp_path, tiny_model_dir, train_groups=3),
+                                       sections={"dapo": dapo.DAPOConfig})
+    assert cfg.data.train_prompts_per_step == 3 and cfg.actor.loss.clip_high == 0.28
+    assert sections["dapo"].filter_metric == "acc" and sections["dapo"].overlong_buffer == 4
+    history = fit(cfg, dapo.make_step(cfg, sections))
     for m in history:
         # 2 prompts per gen batch can give at most 2 groups: 3 groups always take 2 or more gen batches
         assert m["dapo/num_gen_batches"] >= 2 and 0 < m["dapo/kept_group_frac"] <= 1
         # max_new_tokens 6, buffer 4: every response longer than 2 tokens is penalised, a 6-token one by -1
         assert m["dapo/overlong_frac"] > 0 and -1 <= m["dapo/overlong_penalty_mean"] < 0
         assert "actor/grad_norm" in m
+        # core's step metrics, which the recipe's first copy of the step had lost
+        for key in ("response_length/clip_ratio", "rollout/logprob_diff_mean", "reward/num_failed",
+                    "perf/throughput_tokens_per_s", "timing_s/gen", "timing_s/update_actor"):
+            assert key in m, key
 
 
 def test_a_step_that_cannot_find_varying_groups_says_so(tmp_path, tiny_model_dir):
@@ -66,19 +72,20 @@ def test_a_step_that_cannot_find_varying_groups_says_so(tmp_path, tiny_model_dir
 
     dapo = dapo_module()
     conf = tiny_dapo_run(tmp_path, tiny_model_dir, train_groups=3)
-    cfg = load_run_config(conf, overrides=["dapo.max_num_gen_batches=1"], schema=dapo.DAPORunConfig)
+    cfg, sections = load_recipe_config(conf, overrides=["dapo.max_num_gen_batches=1"], sections={"dapo": dapo.DAPOConfig})
     with pytest.raises(RuntimeError, match=r"dapo: 1 gen batches kept only \d of 3 groups"):
-        fit(cfg, dapo.make_step(cfg))
+        fit(cfg, dapo.make_step(cfg, sections))
 
 
 @pytest.mark.parametrize("name", ["config", "demo_cpu", "qwen32b"])
 def test_recipe_configs_validate_with_dapos_settings(name):
     from core.trainer import effective_sizes, role_specs
 
-    cfg = load_run_config(RECIPE, name, schema=dapo_module().DAPORunConfig)
+    cfg, sections = load_recipe_config(RECIPE, name, sections={"dapo": dapo_module().DAPOConfig})
     assert (cfg.actor.loss.clip_low, cfg.actor.loss.clip_high, cfg.actor.loss.dual_clip_c) == (0.2, 0.28, 10.0)
     assert cfg.actor.loss_agg_mode == "token-mean" and cfg.actor.kl_loss_coef == 0 and "ref" not in role_specs(cfg)
-    assert f"samples per step           {cfg.dapo.train_groups * cfg.algo.sampling.n}" in effective_sizes(cfg, 2)
+    assert f"samples per step           {cfg.data.train_prompts_per_step * cfg.algo.sampling.n}" in effective_sizes(cfg, 2)
+    assert sections["dapo"].filter_metric == "acc" and Path(cfg.reward.path) == RECIPE / "reward.py"
 
 
 def dapo_data_module():

@@ -22,9 +22,8 @@ from core.engines.critic import FSDPCritic
 from core.engines.fsdp import FSDPActor
 from core.engines.rollout import SamplingParams
 from core.protocol import Batch
-from core.reshard import sync_across_pools
 from core.rewards import ScoredBatch, default_compute_score, sample_names, score_batch
-from core.roles import RolloutWorker
+from core.roles import RolloutWorker, sync_across_pools
 from core.worker_group import RoleGroup
 
 

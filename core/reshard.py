@@ -9,22 +9,19 @@ checksum of every tensor after the copy. The metrics include the peak memory abo
 (device memory on CUDA, RSS on CPU) and what is left after it. A peer that never joins a gather stalls the
 collective: the controller bounds the call (``StepConfig.sync_timeout_s``) and raises ``WorkerTimeoutError``.
 
-Split (the rollout on a pool of its own): ``sync_across_pools`` runs in the controller. Per bucket, the actor
-ranks gather it together and rank 0 returns it cast to the engine's dtype; every rollout rank then copies it in.
-The bucket travels through Ray's object store; at most one bucket is in flight.
+Split (the rollout on a pool of its own): ``core.roles.sync_across_pools`` runs in the controller. Per bucket,
+the actor ranks gather it together and rank 0 returns it cast to the engine's dtype; every rollout rank then
+copies it in. The bucket travels through Ray's object store; at most one bucket is in flight. This module holds
+the in-process mechanics only, so it imports no role (the roles import it).
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from core.engines.fsdp import FSDPActor
 from core.engines.rollout import RolloutEngine
 from core.memory import peak_memory
-
-if TYPE_CHECKING:
-    from core.worker_group import RoleGroup
 
 
 class WeightSyncError(RuntimeError):
@@ -60,25 +57,4 @@ def _sync(actor: FSDPActor, engine: RolloutEngine, bucket_bytes: int, debug: boo
     if missing:
         raise WeightSyncError(f"rollout weights not sent by the actor: {missing[:5]}{'...' if len(missing) > 5 else ''}")
     return {"sync/seconds": time.perf_counter() - t0, "sync/megabytes": sent / 2**20, "sync/buckets": buckets,
-            "sync/peak_bucket_megabytes": peak / 2**20}
-
-
-def sync_across_pools(actor: "RoleGroup", rollout: "RoleGroup", timeout_s: float | None = None) -> dict:
-    """Actor pool -> rollout pool, bucket by bucket through the controller (buckets of the rollout config's
-    ``sync_bucket_megabytes``); returns the colocated sync's metrics keys but memory, which is per process."""
-    from core.roles import RolloutWorker
-
-    t0 = time.perf_counter()
-    names, dtype, bucket_bytes = rollout.call_rank0(RolloutWorker.sync_spec, timeout_s=timeout_s)
-    plan = actor.call_rank0(FSDPActor.bucket_plan, bucket_bytes, timeout_s=timeout_s)
-    missing = sorted(set(names) - {n for bucket in plan for n in bucket}) if names is not None else []
-    if missing:
-        raise WeightSyncError(f"rollout weights the actor does not have: {missing[:5]}{'...' if len(missing) > 5 else ''}")
-    sent, peak = 0, 0
-    for bucket_names in plan:
-        bucket = actor.call_all(FSDPActor.gather_bucket, bucket_names, dtype, timeout_s=timeout_s)[0]
-        size = rollout.call_all(RolloutWorker.load_weights, bucket, timeout_s=timeout_s)[0]
-        sent, peak = sent + size, max(peak, size)
-        del bucket
-    return {"sync/seconds": time.perf_counter() - t0, "sync/megabytes": sent / 2**20, "sync/buckets": len(plan),
             "sync/peak_bucket_megabytes": peak / 2**20}

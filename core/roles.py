@@ -5,15 +5,18 @@ The controller reaches each through explicit dispatch, e.g. ``rollout.dp_split(R
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 
 import torch
 
 from core.engines.fsdp import ActorConfig, FSDPActor
-from core.engines.rollout import RolloutEngine, SamplingParams, merge_padded, replica_seed
+from core.engines.rollout import RolloutEngine, SamplingParams, replica_seed
+from core.engines.rollout_batch import merge_padded
 from core.protocol import Batch
-from core.reshard import sync_weights
+from core.reshard import WeightSyncError, sync_weights
 from core.worker import WorkerContext
+from core.worker_group import RoleGroup
 
 __all__ = ["ActorConfig", "FSDPActor", "RolloutConfig", "RolloutWorker"]
 
@@ -108,7 +111,7 @@ class RolloutWorker:
                 self.cfg.sync_bucket_megabytes << 20)
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
-        """One bucket of full weights sent from another pool (``core.reshard.sync_across_pools``); bytes written."""
+        """One bucket of full weights sent from another pool (``core.roles.sync_across_pools``); bytes written."""
         return self.engine.update_weights(named_tensors)
 
     @torch.no_grad()
@@ -117,5 +120,24 @@ class RolloutWorker:
         actor = self.ctx.colocated.get("actor")
         if actor is None:
             raise RuntimeError("sync_weights needs the actor colocated in this process; with the rollout on its own "
-                               "pool the controller syncs through core.reshard.sync_across_pools")
+                               "pool the controller syncs through core.roles.sync_across_pools")
         return sync_weights(actor, self.engine, self.cfg.sync_bucket_megabytes << 20, self.cfg.debug_sync)
+
+
+def sync_across_pools(actor: RoleGroup, rollout: RoleGroup, timeout_s: float | None = None) -> dict:
+    """Actor pool -> rollout pool, bucket by bucket through the controller (buckets of the rollout config's
+    ``sync_bucket_megabytes``); returns the colocated sync's metrics keys but memory, which is per process."""
+    t0 = time.perf_counter()
+    names, dtype, bucket_bytes = rollout.call_rank0(RolloutWorker.sync_spec, timeout_s=timeout_s)
+    plan = actor.call_rank0(FSDPActor.bucket_plan, bucket_bytes, timeout_s=timeout_s)
+    missing = sorted(set(names) - {n for bucket in plan for n in bucket}) if names is not None else []
+    if missing:
+        raise WeightSyncError(f"rollout weights the actor does not have: {missing[:5]}{'...' if len(missing) > 5 else ''}")
+    sent, peak = 0, 0
+    for bucket_names in plan:
+        bucket = actor.call_all(FSDPActor.gather_bucket, bucket_names, dtype, timeout_s=timeout_s)[0]
+        size = rollout.call_all(RolloutWorker.load_weights, bucket, timeout_s=timeout_s)[0]
+        sent, peak = sent + size, max(peak, size)
+        del bucket
+    return {"sync/seconds": time.perf_counter() - t0, "sync/megabytes": sent / 2**20, "sync/buckets": len(plan),
+            "sync/peak_bucket_megabytes": peak / 2**20}

@@ -257,8 +257,9 @@ def test_a_reward_pool_in_the_ray_driver_scores_right_and_is_no_fork_of_it(ray_s
     from core.rewards import load_reward_fn, score_batch
 
     f = tmp_path / "my_reward.py"
-    f.write_text("import os\n"
+    f.write_text("import os, time\n"
                  "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                 "    time.sleep(0.05)  # long enough that the pool spreads the 16 calls over its workers\n"
                  "    return {'score': float(solution_str == ground_truth), 'parent': os.getppid(), 'pid': os.getpid()}\n")
     n = 16
     out = score_batch(load_reward_fn(f), ["d"] * n, [str(i % 3) for i in range(n)], ["1"] * n, num_workers=4)

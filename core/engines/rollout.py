@@ -22,6 +22,7 @@ from core.engines import attention, cpu_kernels
 from core.engines.forward import keeps_logits
 from core.engines.kv_cache import SlotKVCache
 from core.engines.packed import PackedLinears, can_pack
+from core.engines.rollout_batch import assemble, chat_prompt_ids, decode_responses
 from core.engines.sampling import filter_logits, sample_inverse_cdf, unnormalised_probs_
 from core.protocol import Batch
 
@@ -318,45 +319,6 @@ class _Run:
         return assemble(self.prompts, self.tokens, self.logps, self.p.n, self.e.pad_id)
 
 
-def assemble(prompts: list[list[int]], tokens: list[list[int]], logps: list[list[float]], n: int, pad: int) -> Batch:
-    """The generate() Batch of finished samples: ``tokens[b]`` / ``logps[b]`` are sample b's response and its
-    tokens' log-probs, samples b = i * n ... i * n + n - 1 those of ``prompts[i]``. Prompts are left-padded and
-    responses right-padded to the longest of each (any engine's output goes through here)."""
-    Tp = max(map(len, prompts))
-    Tr = max(map(len, tokens))
-    B = len(tokens)
-    if B != len(prompts) * n or len(logps) != B:
-        raise ValueError(f"{len(prompts)} prompts x n={n} need {len(prompts) * n} samples, got {B} token lists and "
-                         f"{len(logps)} log-prob lists")
-    out_prompts = torch.full((B, Tp), pad, dtype=torch.long)
-    prompt_mask = torch.zeros(B, Tp, dtype=torch.long)
-    responses = torch.full((B, Tr), pad, dtype=torch.long)
-    mask = torch.zeros(B, Tr)
-    out_logps = torch.zeros(B, Tr)
-    for b in range(B):
-        p, r = prompts[b // n], tokens[b]
-        if len(logps[b]) != len(r):
-            raise ValueError(f"sample {b}: {len(r)} tokens but {len(logps[b])} log-probs")
-        out_prompts[b, Tp - len(p):] = torch.tensor(p)
-        prompt_mask[b, Tp - len(p):] = 1
-        responses[b, :len(r)] = torch.tensor(r, dtype=torch.long)
-        mask[b, :len(r)] = 1.0
-        out_logps[b, :len(r)] = torch.tensor(logps[b])
-    return _assemble(out_prompts, prompt_mask, responses, mask, out_logps)
-
-
-def decode_responses(tokenizer, batch: Batch) -> list[str]:
-    """Response texts of a generated batch (valid tokens only, special tokens dropped)."""
-    return tokenizer.batch_decode([r[m > 0] for r, m in zip(batch["responses"], batch["response_mask"])],
-                                  skip_special_tokens=True)
-
-
-def chat_prompt_ids(tokenizer, prompts: Sequence[list[dict]]) -> list[list[int]]:
-    """Token ids of chat prompts with the generation prompt appended (the model's chat template)."""
-    return [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)
-            for p in prompts]
-
-
 MIN_SHARED_PREFIX = 8
 
 
@@ -376,37 +338,3 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A boolean attention mask as the additive float mask every attention implementation accepts, on the
     boolean mask's device (decode builds it on the engine's device; prefill on CPU, then moves it)."""
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
-
-
-def _assemble(prompts, prompt_mask, responses, response_mask, logps) -> Batch:
-    attention = torch.cat([prompt_mask, response_mask.long()], dim=1)
-    position = (attention.cumsum(-1) - 1).clamp(min=0)
-    return Batch({"prompts": prompts, "responses": responses, "response_mask": response_mask,
-                  "rollout_logprobs": logps, "input_ids": torch.cat([prompts, responses], 1),
-                  "attention_mask": attention, "position_ids": position})
-
-
-def merge_padded(parts: list[Batch], pad_id: int, prompt_width: int | None = None,
-                 response_width: int | None = None) -> Batch:
-    """Concatenate generated chunks, padding prompts on the left and responses on the right to common widths
-    (the widest part, or the given widths -- fixed widths make outputs of different ranks concatenable)."""
-    Tp = max(p["prompts"].shape[1] for p in parts)
-    Tr = max(p["responses"].shape[1] for p in parts)
-    if prompt_width is not None:
-        if Tp > prompt_width:
-            raise ValueError(f"a prompt has {Tp} tokens, more than max_prompt_length={prompt_width}")
-        Tp = prompt_width
-    Tr = response_width if response_width is not None else Tr
-
-    def left(x, width, value):
-        return torch.nn.functional.pad(x, (width - x.shape[1], 0), value=value)
-
-    def right(x, width, value):
-        return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
-
-    prompts = torch.cat([left(p["prompts"], Tp, pad_id) for p in parts])
-    pmask = torch.cat([left(p["attention_mask"][:, :p["prompts"].shape[1]], Tp, 0) for p in parts])
-    responses = torch.cat([right(p["responses"], Tr, pad_id) for p in parts])
-    rmask = torch.cat([right(p["response_mask"], Tr, 0.0) for p in parts])
-    logps = torch.cat([right(p["rollout_logprobs"], Tr, 0.0) for p in parts])
-    return _assemble(prompts, pmask, responses, rmask, logps)

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from core.engines.rollout import SamplingParams, assemble, replica_seed
+from core.engines.rollout import SamplingParams, replica_seed
+from core.engines.rollout_batch import assemble
 from core.engines.vllm_rollout import completion_rows, engine_kwargs, sampling_kwargs
 from core.roles import RolloutConfig, RolloutWorker
 from core.worker import WorkerContext

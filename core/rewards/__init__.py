@@ -66,6 +66,15 @@ def gsm8k_strict(data_source, solution_str, ground_truth, extra_info=None):
     return _result(score, gsm8k.extract_answer(solution_str, "strict"))
 
 
+@REWARDS.register("gsm8k_format")
+def gsm8k_format(data_source, solution_str, ground_truth, extra_info=None):
+    """GSM8K, strict ``#### n`` with a format term: 1.0 for the right number, 0.1 for ``#### n`` with a wrong one, 0
+    without ``####`` (a small model near 0 on strict GSM8K still gets groups whose rewards vary). ``acc`` is the
+    strict correctness. Examples vs '72': '#### 72' -> 1.0; '#### 70' -> 0.1; 'it is 72' -> 0.0."""
+    score = gsm8k.compute_score(solution_str, ground_truth, method="strict", format_score=0.1)
+    return _result(score, gsm8k.extract_answer(solution_str, "strict"))
+
+
 @REWARDS.register("gsm8k_flexible")
 def gsm8k_flexible(data_source, solution_str, ground_truth, extra_info=None):
     """GSM8K, the last number in the response. Example: 'so 3 + 4 = 7' vs '7' -> score 1.0."""

@@ -29,6 +29,10 @@ def test_gsm8k_scores_and_ground_truth():
     assert default_compute_score("openai/gsm8k", "... #### 999", "1000")["score"] == 0.0
     assert default_compute_score("openai/gsm8k", "the answer is 1000", "1000")["score"] == 0.0  # strict needs ####
     assert default_compute_score("gsm8k_flexible", "the answer is 1000", "1000")["score"] == 1.0
+    # the format-aware variant the recipes use on GSM8K: 0.1 for '#### n' with a wrong n, acc stays strict
+    assert default_compute_score("gsm8k_format", "... #### 72", "72") == {"score": 1.0, "acc": True, "pred": "72"}
+    assert default_compute_score("gsm8k_format", "... #### 71", "72") == {"score": 0.1, "acc": False, "pred": "71"}
+    assert default_compute_score("gsm8k_format", "it is 72", "72") == {"score": 0.0, "acc": False, "pred": ""}
     assert ground_truth_from_solution("Natalia sold 48/2 = <<48/2=24>>24 clips.\n#### 72") == "72"
     with pytest.raises(ValueError, match="####"):
         ground_truth_from_solution("no marker")

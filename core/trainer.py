@@ -154,17 +154,65 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
     sampling); ``draw()`` returns the next prompt batch, as many times as the step needs."""
     from tqdm import tqdm
 
-    from core.data.dataset import fit_prompt_lengths, load_rl_parquet
-    from core.models import load_tokenizer, resolve_model
-    from core.placement import place
-    from core.rewards import default_compute_score, load_reward_fn
-
     check_run(cfg)  # how the sections agree, before anything is loaded or started
     if step_fn is None and cfg.data.train_prompts_per_step not in (0, cfg.data.prompts_per_step):
         raise ConfigError(f"data.train_prompts_per_step={cfg.data.train_prompts_per_step} differs from "
                           f"data.prompts_per_step={cfg.data.prompts_per_step}, but core's step trains every prompt "
                           "it draws; it is for a recipe's step that filters (e.g. DAPO's): drop it, or run that recipe")
-    out = Path(cfg.trainer.output_dir)
+    t, out = cfg.trainer, Path(cfg.trainer.output_dir)
+    reward_fn, rows, val_rows = load_inputs(cfg, out)
+    trackers = make_trackers(t.logger, out, t.project_name, t.experiment_name or out.name, asdict(cfg),
+                             t.tracker_mode, write=tqdm.write)  # before Ray: a missing package fails here
+    placement, roles = start_roles(cfg, trackers)
+    val_prompts = prompts_from_rows(val_rows) if val_rows else None
+    val_sampling = replace(cfg.algo.val_sampling,
+                           max_new_tokens=cfg.algo.val_sampling.max_new_tokens or cfg.algo.sampling.max_new_tokens)
+    kl_ctrl, nonfinite = kl_controller(cfg.algo), 0
+    run_step = step_fn or (lambda roles_, draw, *a, **k: step(roles_, draw(), *a, **k))
+    try:
+        start, stream, history = resume(cfg, out, roles, rows, kl_ctrl)
+        with (out / "metrics.jsonl").open("a") as log, tqdm(total=t.total_steps, initial=start, desc="steps") as bar:
+            def record(metrics: dict) -> None:
+                log.write(json.dumps(metrics) + "\n")
+                log.flush()
+                history.append(metrics)
+                for tracker in trackers:
+                    tracker.log(metrics, metrics["step"])
+
+            def held_out() -> dict:
+                return validate(roles, val_prompts, val_sampling, reward_fn, cfg.algo.reward_workers,
+                                cfg.algo.reward_timeout_s)
+
+            if val_prompts is not None and start == 0:  # the untrained policy's held-out score: the val curve's start
+                record({"step": 0, **held_out()})
+            for i in range(start, t.total_steps):
+                # a fresh sampling seed each step: the same seed would replay the same uniforms every step
+                algo = replace(cfg.algo, sampling=replace(cfg.algo.sampling, seed=cfg.algo.sampling.seed + i))
+                _, metrics = run_step(roles, lambda: prompts_from_rows(next(stream)), algo, reward_fn,
+                                      update_actor=i >= t.critic_warmup, kl_ctrl=kl_ctrl)
+                metrics = {"step": i + 1, **metrics}
+                if val_prompts is not None and due(i + 1, t.test_freq, t.total_steps):
+                    metrics |= held_out()
+                record(metrics)  # written before a stop below: nothing of the step is lost
+                nonfinite = count_nonfinite(metrics, nonfinite, t.max_nonfinite_grad_steps, out)
+                if t.save_freq and due(i + 1, t.save_freq, t.total_steps):
+                    save(out, i + 1, roles, stream, kl_ctrl, cfg)
+                bar.update(1)
+    finally:
+        placement.shutdown()
+        for tracker in trackers:
+            tracker.close()
+    print("summary:\n" + report(history, out / "curves.png"), flush=True)
+    return history
+
+
+def load_inputs(cfg: RunConfig, out: Path) -> tuple[Callable, list[dict], list[dict]]:
+    """Before Ray: the output folder and its config.json, the reward, the data rows (sources checked, prompt
+    lengths fitted), the models located or converted once. Returns (reward_fn, train rows, val rows)."""
+    from core.data.dataset import fit_prompt_lengths, load_rl_parquet
+    from core.models import load_tokenizer, resolve_model
+    from core.rewards import default_compute_score, load_reward_fn
+
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=1, default=str))
     reward_fn = load_reward_fn(cfg.reward.path, cfg.reward.name) if cfg.reward.path else default_compute_score
@@ -176,105 +224,90 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
     check_data_sources(val_rows, f"data.val_files {cfg.data.val_files}", bool(cfg.reward.path))
     tokenizer = load_tokenizer(cfg.rollout.model)  # each prompt's length, once, before Ray
     for name, part in (("train", rows), ("val", val_rows)):
-        if not part:
-            continue
-        fitted, note = fit_prompt_lengths(part, tokenizer, cfg.rollout.max_prompt_length, cfg.data.truncation,
-                                          cfg.data.filter_overlong_prompts)
-        part[:] = fitted
-        print(f"{name} data: {note}", flush=True)
+        if part:
+            fitted, note = fit_prompt_lengths(part, tokenizer, cfg.rollout.max_prompt_length, cfg.data.truncation,
+                                              cfg.data.filter_overlong_prompts)
+            part[:] = fitted
+            print(f"{name} data: {note}", flush=True)
     if len(rows) < cfg.data.prompts_per_step:
         raise ValueError(f"data has {len(rows)} rows, fewer than data.prompts_per_step={cfg.data.prompts_per_step}")
+    return reward_fn, rows, val_rows
+
+
+def start_roles(cfg: RunConfig, trackers: list) -> tuple:
+    """Ray (with backend ray) and the worker groups of every role; the trackers' runs end if a worker fails to
+    start (no dangling "running" runs). Returns (placement, Roles)."""
+    from core.placement import place
+
     actor_pool = cfg.placement.pools[cfg.placement.roles["actor"]]
     dp = 1 if cfg.trainer.backend == "local" else actor_pool.nnodes * actor_pool.slots_per_node
     print("effective sizes:\n" + effective_sizes(cfg, dp), flush=True)
-    t = cfg.trainer
-    trackers = make_trackers(t.logger, out, t.project_name, t.experiment_name or out.name, asdict(cfg),
-                             t.tracker_mode, write=tqdm.write)  # before Ray: a missing package fails here
     try:
         if cfg.trainer.backend == "ray":
             init_ray()
         placement = place(cfg.placement, role_specs(cfg), cfg.trainer.backend, cfg.trainer.call_timeout_s)
-    except BaseException:  # a worker failed to start: the trackers' runs end here, not as dangling "running" ones
-        for tracker in trackers:
-            tracker.close()
-        raise
-    roles = Roles(actor=placement["actor"], rollout=placement["rollout"],
-                  ref=placement["ref"] if "ref" in placement else None,
-                  critic=placement["critic"] if "critic" in placement else None)
-    stream = PromptStream(rows, cfg.data.prompts_per_step, cfg.data.shuffle, cfg.trainer.seed)
-    val_prompts = prompts_from_rows(val_rows) if val_rows else None
-    history, start, nonfinite = [], 0, 0
-    kl_ctrl = kl_controller(cfg.algo)
-    run_step = step_fn or (lambda roles_, draw, *a, **k: step(roles_, draw(), *a, **k))
-
-    val_sampling = replace(cfg.algo.val_sampling,
-                           max_new_tokens=cfg.algo.val_sampling.max_new_tokens or cfg.algo.sampling.max_new_tokens)
-
-    def val_metrics() -> dict:
-        return validate(roles, val_prompts, val_sampling, reward_fn, cfg.algo.reward_workers, cfg.algo.reward_timeout_s)
-
-    try:
+        roles = Roles(actor=placement["actor"], rollout=placement["rollout"],
+                      ref=placement["ref"] if "ref" in placement else None,
+                      critic=placement["critic"] if "critic" in placement else None)
         if cfg.trainer.backend == "ray" and (cfg.trainer.save_freq or cfg.trainer.resume_mode != "disable"):
-            check_shared_output(out, roles)  # before step 1, not at the first save
-        resumed = checkpoint.find(out, cfg.trainer.resume_mode)
-        if resumed is not None:  # weights, optimizer, RNG, data position; then the engine gets the weights
-            state = checkpoint.driver_state(resumed)
-            roles.actor.call_all(FSDPActor.load_checkpoint, str(resumed / "actor"))
-            if roles.critic is not None:
-                roles.critic.call_all(FSDPCritic.load_checkpoint, str(resumed / "critic"))
-            sync_rollout(roles, cfg.algo.sync_timeout_s)
-            start, stream = state["step"], PromptStream(rows, cfg.data.prompts_per_step, cfg.data.shuffle,
-                                                        cfg.trainer.seed, **state["stream"])
-            history = rewind_metrics(out / "metrics.jsonl", start)
-            if kl_ctrl is not None:
-                kl_ctrl.load_state_dict(state["kl_ctrl"])
-            print(f"resumed from {resumed} (step {start})", flush=True)
-        else:  # a fresh run starts a fresh file: appending would mix two runs in one history and one report
-            set_aside_metrics(out / "metrics.jsonl")
-        with (out / "metrics.jsonl").open("a") as log, tqdm(total=cfg.trainer.total_steps, initial=start,
-                                                            desc="steps") as bar:
-            if val_prompts is not None and start == 0:  # the untrained policy's held-out score: the val curve's start
-                history.append({"step": 0, **val_metrics()})
-                log.write(json.dumps(history[-1]) + "\n")
-                for tracker in trackers:
-                    tracker.log(history[-1], 0)
-            for i in range(start, cfg.trainer.total_steps):
-                # a fresh sampling seed each step: the same seed would replay the same uniforms every step
-                algo = replace(cfg.algo, sampling=replace(cfg.algo.sampling, seed=cfg.algo.sampling.seed + i))
-                _, metrics = run_step(roles, lambda: prompts_from_rows(next(stream)), algo, reward_fn,
-                                      update_actor=i >= cfg.trainer.critic_warmup, kl_ctrl=kl_ctrl)
-                metrics = {"step": i + 1, **metrics}
-                last = i + 1 == cfg.trainer.total_steps
-                if val_prompts is not None and (last or (cfg.trainer.test_freq and (i + 1) % cfg.trainer.test_freq == 0)):
-                    metrics |= val_metrics()
-                log.write(json.dumps(metrics) + "\n")
-                log.flush()
-                history.append(metrics)
-                nonfinite = nonfinite + 1 if not math.isfinite(metrics.get("actor/grad_norm", 0.0)) else 0
-                if 0 < cfg.trainer.max_nonfinite_grad_steps <= nonfinite:  # the step's row is written: nothing lost
-                    raise FloatingPointError(
-                        f"step {i + 1}: the actor's gradient norm was inf/nan for {nonfinite} consecutive steps, so "
-                        f"their optimizer steps were skipped (actor/nonfinite_grad_frac in {out / 'metrics.jsonl'}). "
-                        "Lower actor.optim.lr or check the rewards and advantages; trainer.max_nonfinite_grad_steps "
-                        f"(now {cfg.trainer.max_nonfinite_grad_steps}) sets the limit, 0 = never stop")
-                if cfg.trainer.save_freq and ((i + 1) % cfg.trainer.save_freq == 0 or last):
-                    tmp = checkpoint.begin(out, i + 1)
-                    roles.actor.call_all(FSDPActor.save_checkpoint, str(tmp / "actor"))
-                    if roles.critic is not None:
-                        roles.critic.call_all(FSDPCritic.save_checkpoint, str(tmp / "critic"))
-                    state = {"step": i + 1, "stream": stream.state(), "model": cfg.actor.model}
-                    if kl_ctrl is not None:
-                        state["kl_ctrl"] = kl_ctrl.state_dict()
-                    checkpoint.commit(tmp, state, cfg.trainer.save_keep, saved_ranks(roles))
-                bar.update(1)
-                for tracker in trackers:
-                    tracker.log(metrics, i + 1)
-    finally:
-        placement.shutdown()
+            check_shared_output(Path(cfg.trainer.output_dir), roles)  # before step 1, not at the first save
+    except BaseException:
         for tracker in trackers:
             tracker.close()
-    print("summary:\n" + report(history, out / "curves.png"), flush=True)
-    return history
+        if "placement" in locals():
+            placement.shutdown()
+        raise
+    return placement, roles
+
+
+def resume(cfg: RunConfig, out: Path, roles: Roles, rows: list[dict], kl_ctrl) -> tuple[int, "PromptStream", list]:
+    """The checkpoint ``trainer.resume_mode`` names, if any: weights, optimizer, RNG, data position, KL controller,
+    the engine synced, metrics.jsonl rewound. Else a fresh start (an earlier run's metrics moved aside).
+    Returns (first step, prompt stream, metrics so far)."""
+    stream = PromptStream(rows, cfg.data.prompts_per_step, cfg.data.shuffle, cfg.trainer.seed)
+    resumed = checkpoint.find(out, cfg.trainer.resume_mode)
+    if resumed is None:  # a fresh run starts a fresh file: appending would mix two runs in one history and report
+        set_aside_metrics(out / "metrics.jsonl")
+        return 0, stream, []
+    state = checkpoint.driver_state(resumed)
+    roles.actor.call_all(FSDPActor.load_checkpoint, str(resumed / "actor"))
+    if roles.critic is not None:
+        roles.critic.call_all(FSDPCritic.load_checkpoint, str(resumed / "critic"))
+    sync_rollout(roles, cfg.algo.sync_timeout_s)
+    stream = PromptStream(rows, cfg.data.prompts_per_step, cfg.data.shuffle, cfg.trainer.seed, **state["stream"])
+    if kl_ctrl is not None:
+        kl_ctrl.load_state_dict(state["kl_ctrl"])
+    print(f"resumed from {resumed} (step {state['step']})", flush=True)
+    return state["step"], stream, rewind_metrics(out / "metrics.jsonl", state["step"])
+
+
+def due(step_no: int, every: int, total: int) -> bool:
+    """Validation / a save after step ``step_no``: every ``every`` steps (0 = never) and after the last step."""
+    return step_no == total or (every > 0 and step_no % every == 0)
+
+
+def count_nonfinite(metrics: dict, count: int, limit: int, out: Path) -> int:
+    """Consecutive steps whose actor gradient norm was inf/nan; the run stops at ``limit`` (0 = never)."""
+    count = count + 1 if not math.isfinite(metrics.get("actor/grad_norm", 0.0)) else 0
+    if 0 < limit <= count:
+        raise FloatingPointError(
+            f"step {metrics['step']}: the actor's gradient norm was inf/nan for {count} consecutive steps, so their "
+            f"optimizer steps were skipped (actor/nonfinite_grad_frac in {out / 'metrics.jsonl'}). Lower "
+            "actor.optim.lr or check the rewards and advantages; trainer.max_nonfinite_grad_steps "
+            f"(now {limit}) sets the limit, 0 = never stop")
+    return count
+
+
+def save(out: Path, step_no: int, roles: Roles, stream: "PromptStream", kl_ctrl, cfg: RunConfig) -> None:
+    """A checkpoint after ``step_no``: every saving rank's shards, then the driver's state, committed atomically."""
+    tmp = checkpoint.begin(out, step_no)
+    roles.actor.call_all(FSDPActor.save_checkpoint, str(tmp / "actor"))
+    if roles.critic is not None:
+        roles.critic.call_all(FSDPCritic.save_checkpoint, str(tmp / "critic"))
+    state = {"step": step_no, "stream": stream.state(), "model": cfg.actor.model}
+    if kl_ctrl is not None:
+        state["kl_ctrl"] = kl_ctrl.state_dict()
+    checkpoint.commit(tmp, state, cfg.trainer.save_keep, saved_ranks(roles))
 
 
 def saved_ranks(roles: Roles) -> dict[str, int]:

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from bench.conftest import median_time
-from core.algos import (ADVANTAGES, POLICY_LOSSES, AdvantageConfig, LossNorm, PolicyLossConfig, gae_scan,
-                        scores_to_token_rewards)
+from core.config import AdvantageConfig, PolicyLossConfig
+from core.algos import ADVANTAGES, POLICY_LOSSES, LossNorm, gae_scan, scores_to_token_rewards
 from core.protocol import Batch
 
 

@@ -23,12 +23,11 @@ import time
 import pytest
 import torch
 
-from core.algos import AdvantageConfig
-from core.engines.fsdp import ActorConfig, FSDPActor, OptimConfig
-from core.engines.rollout import SamplingParams
-from core.loop import Roles, StepConfig, prompts_from_rows, step
+from core.config import ActorConfig, AdvantageConfig, AlgoConfig, OptimConfig, RolloutConfig, SamplingParams
+from core.engines.fsdp import FSDPActor
+from core.loop import Roles, prompts_from_rows, step
 from core.models import default_dtype, resolve_model
-from core.roles import RolloutConfig, RolloutWorker
+from core.roles import RolloutWorker
 from core.worker import RoleSpec
 from core.worker_group import LocalWorkerGroup
 
@@ -58,8 +57,8 @@ def grpo_specs(path: str, dtype: str, samples: int) -> dict[str, RoleSpec]:
             "rollout": RoleSpec(RolloutWorker, {"cfg": rollout})}
 
 
-def grpo_step_config(n: int, new: int) -> StepConfig:
-    return StepConfig(sampling=SamplingParams(n=n, temperature=1.0, max_new_tokens=new),
+def grpo_step_config(n: int, new: int) -> AlgoConfig:
+    return AlgoConfig(sampling=SamplingParams(n=n, temperature=1.0, max_new_tokens=new),
                       adv=AdvantageConfig(estimator="grpo"))
 
 

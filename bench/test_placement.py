@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from bench.test_grpo_step import arith_rows, grpo_specs, grpo_step_config, reward
-from core.loop import Roles, StepConfig, prompts_from_rows, step
+from core.config import AlgoConfig
+from core.loop import Roles, prompts_from_rows, step
 from core.models import default_dtype, resolve_model
 from core.worker_group import ResourcePool, WorkerGroup
 
@@ -29,7 +30,7 @@ def ray_session():
     ray.shutdown()
 
 
-def median_step_seconds(groups: list[WorkerGroup], roles: Roles, rows, cfg: StepConfig, steps: int) -> float:
+def median_step_seconds(groups: list[WorkerGroup], roles: Roles, rows, cfg: AlgoConfig, steps: int) -> float:
     times = []
     try:
         for i in range(steps + 1):

@@ -30,7 +30,8 @@ import time
 import pytest
 import torch
 
-from core.engines.rollout import RolloutEngine, SamplingParams
+from core.config import SamplingParams
+from core.engines.rollout import RolloutEngine
 from core.memory import peak_memory
 from core.models import default_dtype, load_causal_lm, load_tokenizer, resolve_model
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import torch
 
 from bench.conftest import median_time
-from core.engines.fsdp import ActorConfig, FSDPActor
+from core.config import ActorConfig, RolloutConfig
+from core.engines.fsdp import FSDPActor
 from core.models import default_dtype, load_causal_lm, resolve_model
-from core.roles import RolloutConfig, RolloutWorker
+from core.roles import RolloutWorker
 from core.worker import RoleSpec
 from core.worker_group import LocalWorkerGroup
 

@@ -15,7 +15,8 @@ import torch
 
 from bench.conftest import median_time
 from bench.test_rollout import DEV, matmul_flops_per_s
-from core.engines.fsdp import ActorConfig, FSDPActor, OptimConfig
+from core.config import ActorConfig, OptimConfig
+from core.engines.fsdp import FSDPActor
 from core.models import default_dtype, load_causal_lm, resolve_model
 from core.protocol import Batch
 from core.worker import RoleSpec

@@ -21,16 +21,12 @@ are reported at once:
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
 
 from core.algos import ADVANTAGES, AGGREGATIONS, KL_KINDS, POLICY_LOSSES
 from core.algos.advantages import VALUE_ESTIMATORS
 from core.algos.losses import FIXED_AGGREGATION
+from core.config import ActorConfig, RunConfig
 from core.data.dataset import TRUNCATIONS
-from core.engines.fsdp import ActorConfig
-
-if TYPE_CHECKING:
-    from core.trainer import RunConfig
 
 DEFAULT_AGG = ActorConfig.loss_agg_mode  # its default: what "not set" reads as
 

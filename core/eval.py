@@ -19,7 +19,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from core.engines.rollout import RolloutEngine, SamplingParams
+from core.config import SamplingParams
+from core.engines.rollout import RolloutEngine
 from core.rewards import default_compute_score, score_batch
 
 

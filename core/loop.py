@@ -10,56 +10,19 @@ import hashlib
 import json
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from core.algos import (AdaptiveKLController, AdvantageConfig, FixedKLController, apply_kl_reward_penalty,
-                        compute_advantages, scores_to_token_rewards, truncated_is_weights,
-                        value_targets_explained_variance)
+from core.algos import (AdaptiveKLController, FixedKLController, apply_kl_reward_penalty, compute_advantages, scores_to_token_rewards, truncated_is_weights, value_targets_explained_variance)
+from core.config import AlgoConfig, SamplingParams
 from core.engines.critic import FSDPCritic
 from core.engines.fsdp import FSDPActor
-from core.engines.rollout import SamplingParams
 from core.protocol import Batch
 from core.rewards import ScoredBatch, default_compute_score, sample_names, score_batch
 from core.roles import RolloutWorker, sync_across_pools
 from core.worker_group import RoleGroup
-
-
-@dataclass(frozen=True)
-class KLInRewardConfig:
-    # beta of KL(old || ref) subtracted from every token's reward (0 = off; needs a reference); the start value
-    # when adaptive
-    coef: float = 0.0
-    # per-token KL estimator (core.algos.KL_KINDS)
-    kind: str = "k1"
-    # adapt beta toward target_kl over horizon samples (Ziegler et al. 2019); false = fixed beta
-    adaptive: bool = False
-    target_kl: float = 0.1
-    horizon: float = 10000.0
-
-
-@dataclass(frozen=True)
-class StepConfig:
-    # generation: n samples per prompt, temperature, lengths
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    # advantage estimator and its knobs
-    adv: AdvantageConfig = field(default_factory=AdvantageConfig)
-    # processes scoring rewards in parallel (0 = in the driver) and the per-call limit
-    reward_workers: int = 0
-    reward_timeout_s: float = 10.0
-    # score given to a sample whose reward raises / times out / is NaN (None = fail the step)
-    reward_fallback: float | None = None
-    # a weight sync that takes longer fails the step (WorkerTimeoutError) instead of hanging on a stalled peer
-    sync_timeout_s: float = 300.0
-    # truncated importance sampling (Yao et al. 2025): scale advantages by min(pi_old / pi_rollout, cap); 0 = off
-    tis_cap: float = 0.0
-    # KL to the reference as a reward penalty with a fixed or adaptive coefficient (classic PPO-RLHF)
-    kl_in_reward: KLInRewardConfig = field(default_factory=KLInRewardConfig)
-    # held-out validation sampling: greedy, one sample by default (max_new_tokens 0 = the training value)
-    val_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(n=1, temperature=0.0,
-                                                                                max_new_tokens=0))
 
 
 @dataclass
@@ -88,7 +51,7 @@ def reduce_over_ranks(per_rank: list[dict]) -> dict[str, float]:
     return {k: float((np.sum if k.endswith("_loss") else np.mean)([m[k] for m in per_rank])) for k in per_rank[0]}
 
 
-def step(roles: Roles, prompts: Batch, cfg: StepConfig, reward_fn: Callable = default_compute_score,
+def step(roles: Roles, prompts: Batch, cfg: AlgoConfig, reward_fn: Callable = default_compute_score,
          update_actor: bool = True, kl_ctrl: FixedKLController | AdaptiveKLController | None = None
          ) -> tuple[Batch, dict[str, float]]:
     """One RL step on a batch of prompts (non-tensor keys: prompt, data_source, ground_truth, extra_info, uid).
@@ -121,7 +84,7 @@ def generate(roles: Roles, prompts: Batch, sampling: SamplingParams, timer: Time
         return roles.rollout.dp_split(RolloutWorker.generate, prompts, sampling)
 
 
-def score(roles: Roles, batch: Batch, cfg: StepConfig, reward_fn: Callable, timer: Timer) -> ScoredBatch:
+def score(roles: Roles, batch: Batch, cfg: AlgoConfig, reward_fn: Callable, timer: Timer) -> ScoredBatch:
     """Decode and score every response: sets ``scores`` (B,) and ``token_rewards`` (B, R; the score on the last
     valid token). Returns the scoring (``num_failed``, ``extras`` such as ``acc``); failures name the data row."""
     with timer("reward"):
@@ -145,7 +108,7 @@ def logprobs(roles: Roles, batch: Batch, timer: Timer) -> Batch:
 
 
 def reward_kl_penalty(batch: Batch, kl_ctrl: FixedKLController | AdaptiveKLController | None,
-                      cfg: StepConfig) -> dict[str, float]:
+                      cfg: AlgoConfig) -> dict[str, float]:
     """KL(old || ref) x beta subtracted from ``token_rewards`` when KL is a reward penalty; its metrics."""
     if kl_ctrl is None:
         return {}
@@ -160,7 +123,7 @@ def values(roles: Roles, batch: Batch, timer: Timer) -> None:
             batch["values"] = roles.critic.dp_split(FSDPCritic.compute_values, batch)["values"]
 
 
-def advantages(batch: Batch, cfg: StepConfig, timer: Timer) -> None:
+def advantages(batch: Batch, cfg: AlgoConfig, timer: Timer) -> None:
     """``advantages`` and ``returns`` (B, R) by ``cfg.adv.estimator``; scaled by truncated importance weights
     min(pi_old / pi_rollout, cap) when ``cfg.tis_cap`` > 0 (the engine samples from a slightly different policy)."""
     with timer("adv"):
@@ -170,7 +133,7 @@ def advantages(batch: Batch, cfg: StepConfig, timer: Timer) -> None:
                 batch["old_logprobs"], batch["rollout_logprobs"], batch["response_mask"], cfg.tis_cap)
 
 
-def update(roles: Roles, batch: Batch, cfg: StepConfig, timer: Timer, update_actor: bool = True) -> dict[str, float]:
+def update(roles: Roles, batch: Batch, cfg: AlgoConfig, timer: Timer, update_actor: bool = True) -> dict[str, float]:
     """The critic's update toward the returns (with a critic); the actor's PPO epochs on every DP rank and the
     bucketed weight sync to the rollout engine (unless ``update_actor`` is false). Their metrics."""
     out = {}
@@ -185,7 +148,7 @@ def update(roles: Roles, batch: Batch, cfg: StepConfig, timer: Timer, update_act
     return out
 
 
-def kl_controller(cfg: StepConfig) -> FixedKLController | AdaptiveKLController | None:
+def kl_controller(cfg: AlgoConfig) -> FixedKLController | AdaptiveKLController | None:
     """The driver's KL-in-reward controller (None when off); its state goes into checkpoints."""
     k = cfg.kl_in_reward
     if k.coef <= 0:
@@ -201,7 +164,7 @@ def sync_rollout(roles: Roles, timeout_s: float) -> dict[str, float]:
 
 
 def step_metrics(batch: Batch, updates: dict[str, float], timer: Timer, num_failed: int,
-                 cfg: StepConfig) -> dict[str, float]:
+                 cfg: AlgoConfig) -> dict[str, float]:
     """The metrics of a step's trained batch: reward, response lengths and clip ratio, failed rewards, rollout vs
     trainer log-prob gap, the updates' metrics, the critic's explained variance, phase times (``timer`` must hold
     ``step``) and throughput. A recipe's step adds its own keys to these."""

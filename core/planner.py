@@ -8,7 +8,7 @@ V = vocabulary, t = rollout tensor parallel size, k = 1 for tied embeddings else
 implementation (core/engines): a rank never holds the full fp32 model, even while loading (meta-device build,
 then each rank reads its own rows: ``sharding.load_sharded_causal_lm``, the critic's value model too).
 
-training phase, per GPU (``offload``: none | idle | full, ``core.engines.sharding.OFFLOAD_MODES``)
+training phase, per GPU (``offload``: none | idle | full, ``core.config.OFFLOAD_MODES``)
     fp32 master weights        4P / W            (full: on the host)
     fp32 gradients             4P / W            (full: on the host: FSDP2 offloads them together)
     AdamW moments (fp32 m, v)  8P / W            (full: on the host)
@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from core.config import check_offload_mode
 from core.model_shapes import ModelShape, model_shape
 
 GB = 1e9
@@ -61,7 +62,7 @@ class RunShape:
     gpus_per_node: int
     gpu_memory_gb: float
     host_memory_gb: float = 1000.0
-    # none | idle | full (core.engines.sharding.OFFLOAD_MODES)
+    # none | idle | full (core.config.OFFLOAD_MODES)
     offload: str = "none"
     gradient_checkpointing: bool = True
     # tokens of one micro-batch (the token budget with dynamic batching)
@@ -134,9 +135,7 @@ CHUNK_WORK = 3 * (1 << 28) * 4
 def plan(m: ModelShape, r: RunShape) -> Plan:
     """The per-GPU memory of one pool, for the roles ``r`` puts on it (colocated: all of them; split placement:
     one plan per pool). ``m`` is the policy's shape (actor, reference, rollout); the critic's is ``r.critic``."""
-    from core.engines.sharding import check_offload
-
-    check_offload(r.offload, "actor")
+    check_offload_mode(r.offload, "actor")
     p = Plan()
     W = r.nnodes * r.gpus_per_node
     host, parked, resident = _policy_terms(m, r, W, p)
@@ -198,10 +197,8 @@ def _policy_terms(m: ModelShape, r: RunShape, W: int, p: Plan) -> tuple[float, f
 
 def _critic_terms(r: RunShape, W: int, p: Plan) -> tuple[float, float, float]:
     """The critic's lines (FSDP2 like the actor; its update runs after the actor's, never beside it)."""
-    from core.engines.sharding import check_offload
-
     c = r.critic
-    check_offload(r.critic_offload, "critic")
+    check_offload_mode(r.critic_offload, "critic")
     host = parked = resident = 0.0
     states = {"critic fp32 master weights (4Pc/W)": 4 * c.params / W, "critic fp32 gradients (4Pc/W)":
               4 * c.params / W, "critic AdamW moments (8Pc/W)": 8 * c.params / W}

@@ -7,7 +7,7 @@ Each bucket is all-gathered (every rank iterates the same buckets in the same or
 so at most one bucket of full tensors exists beside the engine's own weights. ``debug=True`` also compares a
 checksum of every tensor after the copy. The metrics include the peak memory above the level before the sync
 (device memory on CUDA, RSS on CPU) and what is left after it. A peer that never joins a gather stalls the
-collective: the controller bounds the call (``StepConfig.sync_timeout_s``) and raises ``WorkerTimeoutError``.
+collective: the controller bounds the call (``AlgoConfig.sync_timeout_s``) and raises ``WorkerTimeoutError``.
 
 Split (the rollout on a pool of its own): ``core.roles.sync_across_pools`` runs in the controller. Per bucket,
 the actor ranks gather it together and rank 0 returns it cast to the engine's dtype; every rollout rank then

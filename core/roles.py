@@ -6,12 +6,13 @@ The controller reaches each through explicit dispatch, e.g. ``rollout.dp_split(R
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
-from core.engines.fsdp import ActorConfig, FSDPActor
-from core.engines.rollout import RolloutEngine, SamplingParams, replica_seed
+from core.config import ActorConfig, RolloutConfig, SamplingParams
+from core.engines.fsdp import FSDPActor
+from core.engines.rollout import RolloutEngine, replica_seed
 from core.engines.rollout_batch import merge_padded
 from core.protocol import Batch
 from core.reshard import WeightSyncError, sync_weights
@@ -19,42 +20,6 @@ from core.worker import WorkerContext
 from core.worker_group import RoleGroup
 
 __all__ = ["ActorConfig", "FSDPActor", "RolloutConfig", "RolloutWorker"]
-
-
-@dataclass(frozen=True)
-class RolloutConfig:
-    # HF id or local folder (normally the actor's model)
-    model: str = "SmolLM2-135M-Instruct"
-    # engine dtype: auto (bf16 where the hardware has it), float32, bfloat16
-    dtype: str = "auto"
-    # sequences decoded together
-    max_batch_size: int = 64
-    # prompts are left-padded to this many tokens (a longer prompt is an error naming its length)
-    max_prompt_length: int = 512
-    # bytes per weight-sync bucket
-    sync_bucket_megabytes: int = 64
-    # verify every synced tensor after the copy (slower)
-    debug_sync: bool = False
-    # free the KV cache after each generate call, so the colocated trainer gets that memory for its phases
-    # (the next call allocates it again)
-    sleep_after_generate: bool = True
-    # embedded (core/engines/rollout.py, CPU or GPU), vllm or sglang (GPU, optional extras: pip install -e '.[vllm]')
-    backend: str = "embedded"
-    # vllm / sglang: GPUs per engine replica (tensor parallel); the embedded engine has none (1)
-    tensor_parallel_size: int = 1
-    # vllm / sglang: share of each GPU's memory the engine takes (weights + KV cache) while it generates
-    gpu_memory_utilization: float = 0.5
-
-    def __post_init__(self):
-        if self.backend not in ("embedded", "vllm", "sglang"):
-            raise ValueError(f"rollout.backend must be embedded, vllm or sglang, got {self.backend!r}")
-        if self.tensor_parallel_size < 1:
-            raise ValueError(f"rollout.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
-        if self.backend == "embedded" and self.tensor_parallel_size != 1:
-            raise ValueError(f"rollout.tensor_parallel_size={self.tensor_parallel_size}: the embedded engine has no "
-                             f"tensor parallelism (use rollout.backend=vllm or sglang, or 1)")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"rollout.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 
 
 class RolloutWorker:

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from core.checks import check_run
-from core.config import validate
+from core.config import RunConfig, validate
 from core.planner import plan_run
-from core.trainer import RunConfig, effective_sizes, fit
+from core.trainer import effective_sizes, fit
 
 
 def load_run_config(config_dir: str | Path, config_name: str = "config", overrides: list[str] | None = None

@@ -12,73 +12,21 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
 from core import checkpoint
 from core.checks import ConfigError, check_data_sources, check_run
-from core.config.schema import PlacementConfig, TrainerConfig
-from core.engines.critic import CriticConfig, FSDPCritic
-from core.engines.fsdp import ActorConfig, FSDPActor
-from core.loop import Roles, StepConfig, kl_controller, prompts_from_rows, step, sync_rollout, validate
+from core.config import ActorConfig, RunConfig
+from core.engines.critic import FSDPCritic
+from core.engines.fsdp import FSDPActor
+from core.loop import Roles, kl_controller, prompts_from_rows, step, sync_rollout, validate
 from core.report import report
-from core.roles import RolloutConfig, RolloutWorker
+from core.roles import RolloutWorker
 from core.tracking import make_trackers
 from core.worker import RoleSpec
 from core.worker_group import init_ray
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    # verl-schema parquet files to train on
-    train_files: list[str] = field(default_factory=list)
-    # prompts per RL step (each sampled n times); with a filtering step (DAPO), prompts per draw (gen batch)
-    prompts_per_step: int = 8
-    # prompts whose samples one step trains on, for a recipe's step that filters and redraws (DAPO's dynamic
-    # sampling keeps this many groups); 0 = prompts_per_step. Core's step trains every prompt it draws.
-    train_prompts_per_step: int = 0
-    # shuffle the prompts each epoch (seeded by trainer.seed)
-    shuffle: bool = True
-    # use only the first N rows (0 = all)
-    limit: int = 0
-    # held-out verl-schema parquet scored greedily before training, every trainer.test_freq steps and at the end
-    val_files: list[str] = field(default_factory=list)
-    # use only the first N held-out rows (0 = all)
-    val_limit: int = 0
-    # drop prompts longer than rollout.max_prompt_length tokens at load (counted) instead of applying truncation
-    filter_overlong_prompts: bool = False
-    # a prompt longer than rollout.max_prompt_length: error (names file, row, length) | left (keep its last
-    # tokens) | right (keep its first)
-    truncation: str = "error"
-
-
-@dataclass(frozen=True)
-class RewardConfig:
-    # a Python file with a custom reward function (empty: the built-in registry keyed by data_source)
-    path: str = ""
-    # the function's name in that file
-    name: str = "compute_score"
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    placement: PlacementConfig = field(default_factory=PlacementConfig)
-    actor: ActorConfig = field(default_factory=ActorConfig)
-    # a frozen reference policy (for the KL loss); off when actor.kl_loss_coef is 0 and this is false
-    use_ref: bool = True
-    # a value model (for GAE-style advantages: algo.adv.estimator gae and its variants)
-    use_critic: bool = False
-    critic: CriticConfig = field(default_factory=CriticConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    algo: StepConfig = field(default_factory=StepConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
-
-    def has_reference(self) -> bool:
-        """A frozen reference policy is placed: asked for, or needed by a KL loss or a KL reward penalty."""
-        return self.use_ref or self.actor.kl_loss_coef > 0 or self.algo.kl_in_reward.coef > 0
 
 
 def effective_sizes(cfg: RunConfig, dp_size: int) -> str:

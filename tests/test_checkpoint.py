@@ -153,7 +153,8 @@ def _rows(path: Path) -> list[dict]:
 def test_export_writes_a_folder_transformers_loads_and_that_generates(tmp_path, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from core.engines.fsdp import ActorConfig, FSDPActor
+    from core.config import ActorConfig, SamplingParams
+    from core.engines.fsdp import FSDPActor
     from core.export import export
     from core.worker import RoleSpec
     from core.worker_group import LocalWorkerGroup
@@ -178,7 +179,8 @@ def test_export_writes_a_folder_transformers_loads_and_that_generates(tmp_path, 
     assert ids.shape == (1, 8)
     # the rollout engine and the eval harness take the folder like any model: same greedy tokens as generate
     from core.data.dataset import load_rl_parquet
-    from core.engines.rollout import RolloutEngine, SamplingParams
+    from core.config import ActorConfig, SamplingParams
+    from core.engines.rollout import RolloutEngine
     from core.eval import evaluate_rows
     from core.models import load_causal_lm, load_tokenizer
 

@@ -5,8 +5,7 @@ unknown reward data_sources are found at load, naming the file and row. Each cas
 import pytest
 
 from core.checks import ConfigError, check_data_sources, check_run, problems
-from core.config import validate
-from core.trainer import RunConfig
+from core.config import RunConfig, validate
 
 
 def run_config(**sections) -> RunConfig:

@@ -9,7 +9,6 @@
 from core.algos.advantages import (ADVANTAGES, compute_advantages, gae_scan, reverse_linear_scan,
                                    value_targets_explained_variance)
 from core.algos.aggregate import AGGREGATIONS, LossNorm, aggregate, seq_mean
-from core.algos.config import AdvantageConfig, PolicyLossConfig
 from core.algos.filters import groups_with_variance, overlong_penalty, pf_ppo_resample
 from core.algos.kl import (KL_KINDS, AdaptiveKLController, FixedKLController, apply_kl_reward_penalty,
                            kl_loss, kl_penalty)
@@ -18,8 +17,8 @@ from core.algos.ops import (group_ids, group_stats, masked_mean, masked_var, mas
                             scores_to_token_rewards, truncated_is_weights)
 
 __all__ = [
-    "ADVANTAGES", "AGGREGATIONS", "KL_KINDS", "POLICY_LOSSES", "AdaptiveKLController", "AdvantageConfig",
-    "FixedKLController", "LossNorm", "PolicyLossConfig", "aggregate", "apply_kl_reward_penalty",
+    "ADVANTAGES", "AGGREGATIONS", "KL_KINDS", "POLICY_LOSSES", "AdaptiveKLController",
+    "FixedKLController", "LossNorm", "aggregate", "apply_kl_reward_penalty",
     "compute_advantages", "entropy_bonus", "gae_scan", "group_ids", "group_stats", "groups_with_variance",
     "kl_loss", "kl_penalty", "masked_mean", "masked_var", "masked_whiten", "overlong_penalty", "pf_ppo_resample",
     "positive_nll_loss", "reverse_linear_scan", "scores_to_token_rewards", "seq_mean", "truncated_is_weights", "value_loss", "value_targets_explained_variance",

@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from core.algos.config import AdvantageConfig
+from core.config import AdvantageConfig
 from core.algos.ops import group_ids, group_stats, masked_mean, masked_whiten
 from core.algos.registry import Registry
 from core.protocol import Batch

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from core.algos.aggregate import AGGREGATIONS, LossNorm, aggregate, seq_mean
-from core.algos.config import PolicyLossConfig
+from core.config import PolicyLossConfig
 from core.algos.ops import masked_mean
 from core.algos.registry import Registry
 from core.protocol import Batch

@@ -9,52 +9,18 @@ Values are read where log-probs are: the hidden state at position Tp-1+t gives V
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 import torch.nn.functional as F
 
 from core.algos import LossNorm, masked_mean, value_loss
 from core.checkpoint import answer_probe
+from core.config import CriticConfig
 from core.engines.forward import trim_padding
-from core.engines.fsdp import OptimConfig, length_order, micro_batches, restore_order
-from core.engines.sharding import (IdleOffload, adamw_with_warmup, check_offload, clipped_step, equalise_passes,
+from core.engines.fsdp import length_order, micro_batches, restore_order
+from core.engines.sharding import (IdleOffload, adamw_with_warmup, clipped_step, equalise_passes,
                                    global_counts, load_sharded_causal_lm, load_state, reshuffle_seed, save_state)
 from core.protocol import Batch
 from core.worker import WorkerContext
-
-
-@dataclass(frozen=True)
-class CriticConfig:
-    # HF id or local folder of the backbone (normally the actor's model)
-    model: str = "SmolLM2-135M-Instruct"
-    # compute dtype: auto (bf16 where the hardware has it), float32, bfloat16
-    dtype: str = "auto"
-    # optimizer; a critic usually takes a larger LR than the actor
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
-    # samples per optimizer step, over all data-parallel ranks
-    ppo_mini_batch_size: int = 8
-    # samples per forward/backward on one rank
-    micro_batch_size: int = 4
-    # > 0: cut micro-batches by this token budget instead (dynamic batching)
-    max_tokens_per_micro: int = 0
-    # run each micro-batch without the columns that are padding in all its rows
-    remove_padding: bool = True
-    # passes over the step's batch
-    ppo_epochs: int = 1
-    # the new value may move at most this far from the old one before the clipped loss takes over
-    cliprange_value: float = 0.5
-    # loss aggregation mode (core.algos.AGGREGATIONS)
-    loss_agg_mode: str = "token-mean"
-    # recompute activations in backward to save memory
-    gradient_checkpointing: bool = False
-    # CUDA only: none | idle | full -- where the sharded weights and optimizer state live (as actor.offload)
-    offload: str = "none"
-    # seed for the value head's init and mini-batch shuffles
-    seed: int = 0
-
-    def __post_init__(self):
-        check_offload(self.offload, "critic")
 
 
 def load_value_model(name_or_path: str, dtype: torch.dtype = torch.float32):

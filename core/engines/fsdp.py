@@ -13,78 +13,20 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
 
-from core.algos import POLICY_LOSSES, LossNorm, PolicyLossConfig, entropy_bonus
+from core.algos import POLICY_LOSSES, LossNorm, entropy_bonus
 from core.algos.kl import kl_loss
 from core.algos.ops import masked_mean
 from core.checkpoint import answer_probe
+from core.config import ActorConfig
 from core.engines.forward import response_logprobs
-from core.engines.sharding import (IdleOffload, adamw_with_warmup, check_offload, clipped_step, equalise_passes,
+from core.engines.sharding import (IdleOffload, adamw_with_warmup, clipped_step, equalise_passes,
                                    global_counts, load_sharded_causal_lm, load_state, reshuffle_seed, save_state)
 from core.protocol import Batch
 from core.worker import WorkerContext
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    # peak learning rate
-    lr: float = 1e-6
-    # AdamW decoupled weight decay
-    weight_decay: float = 0.0
-    # AdamW betas
-    betas: tuple[float, float] = (0.9, 0.999)
-    # linear warmup from lr/warmup_steps to lr over this many optimizer steps (0 = none)
-    warmup_steps: int = 0
-    # clip the global gradient norm to this (0 = off)
-    grad_clip: float = 1.0
-
-
-@dataclass(frozen=True)
-class ActorConfig:
-    # HF id or local folder
-    model: str = "SmolLM2-135M-Instruct"
-    # compute dtype: auto (bf16 where the hardware has it), float32, bfloat16
-    dtype: str = "auto"
-    # optimizer (ignored when trainable is false)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    # false: a frozen policy (the reference), no optimizer state
-    trainable: bool = True
-    # samples per optimizer step, over all data-parallel ranks
-    ppo_mini_batch_size: int = 8
-    # samples per forward/backward on one rank
-    micro_batch_size: int = 4
-    # > 0: cut micro-batches by this token budget instead (dynamic batching)
-    max_tokens_per_micro: int = 0
-    # run each micro-batch without the columns that are padding in all its rows (verl's use_remove_padding)
-    remove_padding: bool = True
-    # passes over the step's batch
-    ppo_epochs: int = 1
-    # policy loss and its knobs
-    loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    # loss aggregation mode (core.algos.AGGREGATIONS)
-    loss_agg_mode: str = "token-mean"
-    # KL-to-reference loss coefficient (0 = off) and estimator
-    kl_loss_coef: float = 0.0
-    kl_loss_type: str = "low_var_kl"
-    # entropy bonus coefficient (0 = off)
-    entropy_coef: float = 0.0
-    # sampling temperature: log-probs are taken under logits / temperature, as the rollout sampled them
-    temperature: float = 1.0
-    # recompute activations in backward to save memory
-    gradient_checkpointing: bool = False
-    # CUDA only: none | idle (sharded weights and optimizer state in host memory while the actor is idle, on the GPU
-    # for its calls; GPU optimizer) | full (in host memory always, FSDP2 CPUOffloadPolicy; CPU optimizer, slowest).
-    # core.engines.sharding.OFFLOAD_MODES; the capacity planner (--dry-run) shows what each costs per GPU and node
-    offload: str = "none"
-    # seed for model init order and mini-batch shuffles
-    seed: int = 0
-
-    def __post_init__(self):
-        check_offload(self.offload, "actor")
 
 
 def micro_batches(batch: Batch, size: int, max_tokens: int) -> list[Batch]:

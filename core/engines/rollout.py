@@ -13,11 +13,11 @@ the same distribution the trainer recomputes, so the two can be compared token b
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import torch
 
+from core.config import SamplingParams
 from core.engines import attention, cpu_kernels
 from core.engines.forward import keeps_logits
 from core.engines.kv_cache import SlotKVCache
@@ -25,26 +25,6 @@ from core.engines.packed import PackedLinears, can_pack
 from core.engines.rollout_batch import assemble, chat_prompt_ids, decode_responses
 from core.engines.sampling import filter_logits, sample_inverse_cdf, unnormalised_probs_
 from core.protocol import Batch
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    # samples per prompt
-    n: int = 1
-    # 0 = greedy
-    temperature: float = 1.0
-    # nucleus sampling mass (1 = off)
-    top_p: float = 1.0
-    # keep the k most likely tokens (0 or -1 = off)
-    top_k: int = -1
-    # response length limit in tokens
-    max_new_tokens: int = 256
-    # extra strings that end a response (EOS always does)
-    stop: tuple[str, ...] = ()
-    # seed of the sampling generator
-    seed: int = 0
-    # keep generating past EOS up to max_new_tokens (benchmarks: every sequence has the same length)
-    ignore_eos: bool = False
 
 
 def replica_seed(rank: int, tensor_parallel_size: int, base: int = 0) -> int:

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
+from core.config import check_offload_mode
 from core.worker import WorkerContext
 
 
@@ -25,13 +26,10 @@ from core.worker import WorkerContext
 #         trip of the shards per call
 #   full  in host memory always: each layer is copied in as it is computed and the optimizer steps on the CPU (FSDP2
 #         CPUOffloadPolicy): the least GPU memory, and the slowest
-OFFLOAD_MODES = ("none", "idle", "full")
-
-
 def check_offload(mode: str, role: str, ctx: WorkerContext | None = None) -> None:
-    """``mode`` is one of OFFLOAD_MODES and, given the rank's context, usable there (not none: CUDA only)."""
-    if mode not in OFFLOAD_MODES:
-        raise ValueError(f"{role}.offload must be one of {OFFLOAD_MODES}, got {mode!r}")
+    """``mode`` is one of ``core.config.OFFLOAD_MODES`` and, given the rank's context, usable there (not none:
+    CUDA only)."""
+    check_offload_mode(mode, role)
     if ctx is not None and mode != "none" and ctx.device.type != "cuda":
         raise ValueError(f"{role}.offload={mode} moves FSDP shards to host memory and needs a CUDA device; rank "
                          f"{ctx.rank} runs on {ctx.device} (where everything is in host memory already)")

@@ -33,7 +33,8 @@ from typing import Iterable, Sequence
 
 import torch
 
-from core.engines.rollout import SamplingParams, replica_seed
+from core.config import SamplingParams
+from core.engines.rollout import replica_seed
 from core.engines.rollout_batch import assemble, chat_prompt_ids, decode_responses
 from core.protocol import Batch
 

@@ -24,9 +24,8 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 import torch  # noqa: E402
 
 from core.algos import groups_with_variance, overlong_penalty, scores_to_token_rewards  # noqa: E402
-from core.engines.rollout import SamplingParams  # noqa: E402
-from core.loop import (Roles, StepConfig, Timer, advantages, generate, logprobs, score, step_metrics,  # noqa: E402
-                       update)
+from core.config import AlgoConfig, SamplingParams  # noqa: E402
+from core.loop import Roles, Timer, advantages, generate, logprobs, score, step_metrics, update  # noqa: E402
 from core.protocol import Batch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -51,7 +50,7 @@ def gen_batch_sampling(sampling: SamplingParams, gen_batch: int) -> SamplingPara
     return replace(sampling, seed=sampling.seed + 1_000_000_007 * (gen_batch - 1))
 
 
-def step(roles: Roles, draw: Callable[[], Batch], cfg: StepConfig, reward_fn: Callable, dapo: DAPOConfig,
+def step(roles: Roles, draw: Callable[[], Batch], cfg: AlgoConfig, reward_fn: Callable, dapo: DAPOConfig,
          train_groups: int, update_actor: bool = True, kl_ctrl=None) -> tuple[Batch, dict[str, float]]:
     timer, n = Timer(), cfg.sampling.n
     kept, kept_rows, gen_batches, groups_seen, failed, lengths, penalties, raw = [], 0, 0, 0, 0, [], [], []

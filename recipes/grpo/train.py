@@ -18,14 +18,14 @@ from typing import Callable
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from core.loop import (Roles, StepConfig, Timer, advantages, generate, logprobs, reward_kl_penalty, score,  # noqa: E402
-                       step_metrics, update)
+from core.config import AlgoConfig  # noqa: E402
+from core.loop import (Roles, Timer, advantages, generate, logprobs, reward_kl_penalty, score, step_metrics, update)  # noqa: E402
 from core.protocol import Batch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
 
-def step(roles: Roles, draw: Callable[[], Batch], cfg: StepConfig, reward_fn: Callable, update_actor: bool = True,
+def step(roles: Roles, draw: Callable[[], Batch], cfg: AlgoConfig, reward_fn: Callable, update_actor: bool = True,
          kl_ctrl=None) -> tuple[Batch, dict[str, float]]:
     """One GRPO step on the next prompt batch (``draw()``); returns the trained batch and the step's metrics."""
     timer = Timer()

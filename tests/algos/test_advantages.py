@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from core.algos import ADVANTAGES, AdvantageConfig, gae_scan, reverse_linear_scan
+from core.config import AdvantageConfig
+from core.algos import ADVANTAGES, gae_scan, reverse_linear_scan
 from core.protocol import Batch
 from tests.algos.helpers import mask_of, outcome_batch
 

@@ -10,7 +10,8 @@
 import pytest
 import torch
 
-from core.algos import AGGREGATIONS, POLICY_LOSSES, LossNorm, PolicyLossConfig
+from core.config import PolicyLossConfig
+from core.algos import AGGREGATIONS, POLICY_LOSSES, LossNorm
 from core.protocol import Batch
 
 LOSSES = POLICY_LOSSES.names()

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from core.algos import (AGGREGATIONS, POLICY_LOSSES, LossNorm, PolicyLossConfig, entropy_bonus,
-                        positive_nll_loss, value_loss)
+from core.config import PolicyLossConfig
+from core.algos import AGGREGATIONS, POLICY_LOSSES, LossNorm, entropy_bonus, positive_nll_loss, value_loss
 from core.protocol import Batch
 
 C = PolicyLossConfig()

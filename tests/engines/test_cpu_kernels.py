@@ -12,7 +12,8 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 from core.engines import cpu_kernels
 from core.engines.packed import can_pack
-from core.engines.rollout import RolloutEngine, SamplingParams
+from core.config import SamplingParams
+from core.engines.rollout import RolloutEngine
 from core.models import load_causal_lm, load_tokenizer
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="CPU kernels could not be built here")

@@ -4,8 +4,8 @@ updates lower the value loss, and a PPO run (GAE, critic warm-up) logs the criti
 import pytest
 import torch
 
-from core.engines.critic import CriticConfig, FSDPCritic, load_value_model, response_values
-from core.engines.fsdp import OptimConfig
+from core.config import CriticConfig, OptimConfig, RunConfig, SamplingParams
+from core.engines.critic import FSDPCritic, load_value_model, response_values
 from core.protocol import Batch
 from core.worker import RoleSpec
 from core.worker_group import LocalWorkerGroup
@@ -55,8 +55,7 @@ def test_critic_updates_lower_the_value_loss(tiny_model_dir):
 
 
 def test_ppo_run_with_a_critic_and_warmup_logs_critic_metrics(tmp_path, tiny_model_dir):
-    from core.engines.rollout import SamplingParams
-    from core.trainer import RunConfig, fit
+    from core.trainer import fit
     from tests.test_checkpoint import write_run  # the tiny run's data and reward
     from core.train import load_run_config
 

@@ -8,9 +8,9 @@ KL of the dummy passes that equalise the update."""
 import pytest
 import torch
 
-from core.algos import PolicyLossConfig
-from core.engines.critic import CriticConfig, FSDPCritic
-from core.engines.fsdp import ActorConfig, FSDPActor, OptimConfig
+from core.config import ActorConfig, CriticConfig, OptimConfig, PolicyLossConfig
+from core.engines.critic import FSDPCritic
+from core.engines.fsdp import FSDPActor
 from core.loop import reduce_over_ranks
 from core.worker import RoleSpec
 from core.worker_group import LocalWorkerGroup, ResourcePool, WorkerGroup

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from core.algos import AdvantageConfig, PolicyLossConfig, compute_advantages
-from core.engines.fsdp import ActorConfig, FSDPActor, OptimConfig
-from core.engines.rollout import SamplingParams
+from core.config import ActorConfig, AdvantageConfig, AlgoConfig, OptimConfig, PolicyLossConfig, RolloutConfig, SamplingParams
+from core.algos import compute_advantages
+from core.engines.fsdp import FSDPActor
 from core.placement import Placement
 from core.protocol import Batch
-from core.roles import RolloutConfig, RolloutWorker
+from core.roles import RolloutWorker
 from core.worker import RoleSpec
 from core.worker_group import LocalWorkerGroup, ResourcePool, WorkerGroup, WorkerTimeoutError
 
@@ -134,7 +134,7 @@ def test_bf16_rollout_vs_fsdp_logprob_mismatch_is_reported(tiny_model_dir):
 def test_split_placement_syncs_the_rollout_pool_from_the_actor_pool(group, tiny_model_dir):
     """Actor on one pool, rollout on another (separate processes and torch.distributed worlds): after an update,
     a whole RL step's sync goes bucket by bucket through the controller and the engine equals the actor exactly."""
-    from core.loop import Roles, StepConfig, step
+    from core.loop import Roles, step
 
     s = specs(tiny_model_dir)
     rollout_cfg = s["rollout"].kwargs["cfg"]
@@ -150,7 +150,7 @@ def test_split_placement_syncs_the_rollout_pool_from_the_actor_pool(group, tiny_
         reward = lambda source, text, truth, extra=None: sum(map(ord, text)) / 1e3  # noqa: E731 differs within groups
         batch = prompts()
         batch.non_tensors.update({"data_source": ["x"] * 4, "ground_truth": ["0"] * 4, "extra_info": [{}] * 4})
-        _, metrics = step(roles, batch, StepConfig(sampling=PARAMS), reward)
+        _, metrics = step(roles, batch, AlgoConfig(sampling=PARAMS), reward)
         actor_full = roles.actor.call_all(FSDPActor.full_state_dict)[0]
         engine = roles.rollout.call_rank0(RolloutWorker.engine_state_dict)
     finally:

@@ -5,8 +5,8 @@ updates without offload, export the same weights, and idle leaves nothing of the
 import pytest
 import torch
 
-from core.algos import PolicyLossConfig
-from core.engines.fsdp import ActorConfig, FSDPActor, OptimConfig
+from core.config import ActorConfig, OptimConfig, PolicyLossConfig, RolloutConfig, SamplingParams
+from core.engines.fsdp import FSDPActor
 from core.worker import RoleSpec, WorkerContext
 
 
@@ -26,9 +26,8 @@ def test_an_unknown_offload_mode_is_named_in_the_error():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_offloaded_updates_equal_the_resident_ones_on_gpu(tiny_model_dir):
-    from core.engines.rollout import SamplingParams
     from core.protocol import Batch
-    from core.roles import RolloutConfig, RolloutWorker
+    from core.roles import RolloutWorker
     from core.worker_group import LocalWorkerGroup
 
     results = {}

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from core.algos import PolicyLossConfig
-from core.engines.fsdp import ActorConfig, FSDPActor, OptimConfig, micro_batches
+from core.config import ActorConfig, OptimConfig, PolicyLossConfig
+from core.engines.fsdp import FSDPActor, micro_batches
 from core.engines.forward import response_logprobs, trim_padding
 from core.models import load_causal_lm
 from core.protocol import Batch

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from core.engines.packed import PackedLinears, _onednn_usable, can_pack, kernel_usable
-from core.engines.rollout import RolloutEngine, SamplingParams
+from core.config import SamplingParams
+from core.engines.rollout import RolloutEngine
 from core.models import load_causal_lm, load_tokenizer
 
 needs_bf16 = pytest.mark.skipif(

@@ -9,10 +9,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from core.engines.rollout import SamplingParams, replica_seed
+from core.config import ActorConfig, RolloutConfig, RunConfig, SamplingParams
+from core.engines.rollout import replica_seed
 from core.engines.rollout_batch import assemble
 from core.engines.vllm_rollout import completion_rows, engine_kwargs, sampling_kwargs
-from core.roles import RolloutConfig, RolloutWorker
+from core.roles import RolloutWorker
 from core.worker import WorkerContext
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -95,7 +96,7 @@ def test_vllm_on_a_cpu_rank_and_sglang_are_clear_errors(tiny_model_dir):
 
 
 def test_a_tensor_parallel_rollout_role_spans_its_replicas_ranks():
-    from core.trainer import RunConfig, role_specs
+    from core.trainer import role_specs
 
     cfg = RunConfig()
     tp4 = replace(cfg, rollout=replace(cfg.rollout, backend="vllm", tensor_parallel_size=4))
@@ -107,7 +108,7 @@ def test_a_tensor_parallel_rollout_role_spans_its_replicas_ranks():
 @pytest.mark.gpu
 @pytest.mark.skipif(not (HAS_VLLM and torch.cuda.is_available()), reason="needs vLLM and a CUDA GPU")
 def test_vllm_engine_generates_syncs_and_agrees_with_the_actor(tiny_model_dir):
-    from core.engines.fsdp import ActorConfig, FSDPActor
+    from core.engines.fsdp import FSDPActor
     from core.protocol import Batch
     from core.worker import RoleSpec
     from core.worker_group import LocalWorkerGroup

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from core.config import validate
-from core.trainer import RunConfig, effective_sizes, fit
+from core.config import RunConfig, SamplingParams, validate
+from core.trainer import effective_sizes, fit
 from tests.loop.test_step import KEYS, verl_parquet
 
 
@@ -70,7 +70,7 @@ def test_hydra_config_with_overrides_is_validated(tmp_path):
 def test_validation_runs_before_training_and_after_the_last_step(tiny_model_dir, tmp_path):
     """Step 0 holds the untrained policy's greedy held-out score, equal to scoring a fresh engine's greedy
     responses by hand; the last step's line carries the score after training."""
-    from core.engines.rollout import RolloutEngine, SamplingParams
+    from core.engines.rollout import RolloutEngine
     from core.models import load_causal_lm, load_tokenizer
     from core.data.dataset import load_rl_parquet
 

@@ -7,17 +7,15 @@ import pandas as pd
 import pytest
 import torch
 
-from core.algos import AdvantageConfig, PolicyLossConfig
-from core.config import PlacementConfig, PoolConfig
+from core.config import ActorConfig, AdvantageConfig, AlgoConfig, OptimConfig, PlacementConfig, PolicyLossConfig, PoolConfig, RolloutConfig, SamplingParams
 from core.data.dataset import load_rl_parquet
-from core.engines.fsdp import ActorConfig, FSDPActor, OptimConfig
-from core.engines.rollout import SamplingParams
-from core.loop import Roles, StepConfig, prompts_from_rows, step
+from core.engines.fsdp import FSDPActor
+from core.loop import Roles, prompts_from_rows, step
 from core.placement import place
-from core.roles import RolloutConfig, RolloutWorker
+from core.roles import RolloutWorker
 from core.worker import RoleSpec
 
-STEP = StepConfig(sampling=SamplingParams(n=2, temperature=1.0, max_new_tokens=8, seed=0),
+STEP = AlgoConfig(sampling=SamplingParams(n=2, temperature=1.0, max_new_tokens=8, seed=0),
                   adv=AdvantageConfig(estimator="grpo"))
 KEYS = ["reward/mean", "reward/std", "response_length/mean", "response_length/clip_ratio", "actor/pg_loss",
         "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/lr", "timing_s/gen", "timing_s/reward",

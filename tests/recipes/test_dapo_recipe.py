@@ -145,7 +145,8 @@ def test_run_qwen32b_dry_run_fits_on_16_nodes_and_not_on_one():
 def test_each_gen_batch_of_a_step_samples_with_its_own_seed():
     """A step's redraws (dynamic sampling) once reused the step's seed, replaying the first draw's uniforms. The
     first draw keeps the step's seed; later ones move past every rank's replica offset."""
-    from core.engines.rollout import SamplingParams, replica_seed
+    from core.config import SamplingParams
+    from core.engines.rollout import replica_seed
 
     train = dapo_module()
     base = SamplingParams(n=4, seed=7)

@@ -1,0 +1,108 @@
+"""The ``algo:`` section (``AlgoConfig``): sampling, advantages, rewards' handling, KL in the reward, validation
+sampling -- and the policy-loss knobs the ``actor.loss`` section holds. Each field is commented once, here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    # samples per prompt
+    n: int = 1
+    # 0 = greedy
+    temperature: float = 1.0
+    # nucleus sampling mass (1 = off)
+    top_p: float = 1.0
+    # keep the k most likely tokens (0 or -1 = off)
+    top_k: int = -1
+    # response length limit in tokens
+    max_new_tokens: int = 256
+    # extra strings that end a response (EOS always does)
+    stop: tuple[str, ...] = ()
+    # seed of the sampling generator
+    seed: int = 0
+    # keep generating past EOS up to max_new_tokens (benchmarks: every sequence has the same length)
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    # estimator name, one of core.algos.ADVANTAGES
+    estimator: str = "grpo"
+    # discount factor
+    gamma: float = 1.0
+    # GAE lambda (for decoupled GAE: the actor's lambda)
+    lam: float = 1.0
+    # VAPO decoupled GAE: lambda for the critic's value targets
+    lam_critic: float = 1.0
+    # VAPO length-adaptive GAE: lambda_i = 1 - 1 / (alpha * length_i)
+    length_alpha: float = 0.05
+    # GRPO: divide by the group std (false = Dr.GRPO)
+    norm_by_std: bool = True
+    # added to the std before dividing
+    epsilon: float = 1e-6
+    # SPPO: temperature beta of the soft-mean baseline
+    sppo_beta: float = 1.0
+    # GPG: normalising constant f_norm
+    gpg_f_norm: float = 1.0
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    # loss name, one of core.algos.POLICY_LOSSES
+    name: str = "vanilla"
+    # PPO ratio clip: [1 - clip_low, 1 + clip_high] (DAPO clip-higher: 0.2 / 0.28)
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    # dual-clip constant c (> 1) bounding the loss for negative advantages
+    dual_clip_c: float = 3.0
+    # Clip-Cov: fraction of tokens whose gradient is cut, and the covariance window they are drawn from
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    # KL-Cov: fraction of highest-covariance tokens given a KL penalty, and its coefficient
+    kl_cov_ratio: float = 0.0002
+    kl_cov_coef: float = 1.0
+    # CISPO: importance-weight clip [1 - low, 1 + high] (the paper leaves the lower side open)
+    cispo_clip_low: float = 1.0
+    cispo_clip_high: float = 0.28
+    # SPPO: eta scaling the advantage target of the squared loss
+    sppo_eta: float = 1.0
+    # mixed into Clip-Cov's random token choice (each call also draws from the process's torch RNG)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class KLInRewardConfig:
+    # beta of KL(old || ref) subtracted from every token's reward (0 = off; needs a reference); the start value
+    # when adaptive
+    coef: float = 0.0
+    # per-token KL estimator (core.algos.KL_KINDS)
+    kind: str = "k1"
+    # adapt beta toward target_kl over horizon samples (Ziegler et al. 2019); false = fixed beta
+    adaptive: bool = False
+    target_kl: float = 0.1
+    horizon: float = 10000.0
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    # generation: n samples per prompt, temperature, lengths
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    # advantage estimator and its knobs
+    adv: AdvantageConfig = field(default_factory=AdvantageConfig)
+    # processes scoring rewards in parallel (0 = in the driver) and the per-call limit
+    reward_workers: int = 0
+    reward_timeout_s: float = 10.0
+    # score given to a sample whose reward raises / times out / is NaN (None = fail the step)
+    reward_fallback: float | None = None
+    # a weight sync that takes longer fails the step (WorkerTimeoutError) instead of hanging on a stalled peer
+    sync_timeout_s: float = 300.0
+    # truncated importance sampling (Yao et al. 2025): scale advantages by min(pi_old / pi_rollout, cap); 0 = off
+    tis_cap: float = 0.0
+    # KL to the reference as a reward penalty with a fixed or adaptive coefficient (classic PPO-RLHF)
+    kl_in_reward: KLInRewardConfig = field(default_factory=KLInRewardConfig)
+    # held-out validation sampling: greedy, one sample by default (max_new_tokens 0 = the training value)
+    val_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(n=1, temperature=0.0,
+                                                                                max_new_tokens=0))

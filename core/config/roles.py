@@ -1,0 +1,144 @@
+"""The sections of the roles: ``actor:`` (and the reference built from it), ``critic:``, ``rollout:``. Each field is
+commented once, here; the engines (core/engines, core/roles.py) read them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core.config.algo import PolicyLossConfig
+
+# where FSDP2 shards and optimizer state live: none | idle | full (core.engines.sharding)
+OFFLOAD_MODES = ("none", "idle", "full")
+
+
+def check_offload_mode(mode: str, role: str) -> None:
+    """``mode`` is one of OFFLOAD_MODES (whether this device can use it is checked on the rank)."""
+    if mode not in OFFLOAD_MODES:
+        raise ValueError(f"{role}.offload must be one of {OFFLOAD_MODES}, got {mode!r}")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    # peak learning rate
+    lr: float = 1e-6
+    # AdamW decoupled weight decay
+    weight_decay: float = 0.0
+    # AdamW betas
+    betas: tuple[float, float] = (0.9, 0.999)
+    # linear warmup from lr/warmup_steps to lr over this many optimizer steps (0 = none)
+    warmup_steps: int = 0
+    # clip the global gradient norm to this (0 = off)
+    grad_clip: float = 1.0
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    # HF id or local folder
+    model: str = "SmolLM2-135M-Instruct"
+    # compute dtype: auto (bf16 where the hardware has it), float32, bfloat16
+    dtype: str = "auto"
+    # optimizer (ignored when trainable is false)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    # false: a frozen policy (the reference), no optimizer state
+    trainable: bool = True
+    # samples per optimizer step, over all data-parallel ranks
+    ppo_mini_batch_size: int = 8
+    # samples per forward/backward on one rank
+    micro_batch_size: int = 4
+    # > 0: cut micro-batches by this token budget instead (dynamic batching)
+    max_tokens_per_micro: int = 0
+    # run each micro-batch without the columns that are padding in all its rows (verl's use_remove_padding)
+    remove_padding: bool = True
+    # passes over the step's batch
+    ppo_epochs: int = 1
+    # policy loss and its knobs
+    loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    # loss aggregation mode (core.algos.AGGREGATIONS)
+    loss_agg_mode: str = "token-mean"
+    # KL-to-reference loss coefficient (0 = off) and estimator
+    kl_loss_coef: float = 0.0
+    kl_loss_type: str = "low_var_kl"
+    # entropy bonus coefficient (0 = off)
+    entropy_coef: float = 0.0
+    # sampling temperature: log-probs are taken under logits / temperature, as the rollout sampled them
+    temperature: float = 1.0
+    # recompute activations in backward to save memory
+    gradient_checkpointing: bool = False
+    # CUDA only: none | idle (sharded weights and optimizer state in host memory while the actor is idle, on the GPU
+    # for its calls; GPU optimizer) | full (in host memory always, FSDP2 CPUOffloadPolicy; CPU optimizer, slowest).
+    # core.engines.sharding.OFFLOAD_MODES; the capacity planner (--dry-run) shows what each costs per GPU and node
+    offload: str = "none"
+    # seed for model init order and mini-batch shuffles
+    seed: int = 0
+
+    def __post_init__(self):
+        check_offload_mode(self.offload, "actor")
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    # HF id or local folder of the backbone (normally the actor's model)
+    model: str = "SmolLM2-135M-Instruct"
+    # compute dtype: auto (bf16 where the hardware has it), float32, bfloat16
+    dtype: str = "auto"
+    # optimizer; a critic usually takes a larger LR than the actor
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    # samples per optimizer step, over all data-parallel ranks
+    ppo_mini_batch_size: int = 8
+    # samples per forward/backward on one rank
+    micro_batch_size: int = 4
+    # > 0: cut micro-batches by this token budget instead (dynamic batching)
+    max_tokens_per_micro: int = 0
+    # run each micro-batch without the columns that are padding in all its rows
+    remove_padding: bool = True
+    # passes over the step's batch
+    ppo_epochs: int = 1
+    # the new value may move at most this far from the old one before the clipped loss takes over
+    cliprange_value: float = 0.5
+    # loss aggregation mode (core.algos.AGGREGATIONS)
+    loss_agg_mode: str = "token-mean"
+    # recompute activations in backward to save memory
+    gradient_checkpointing: bool = False
+    # CUDA only: none | idle | full -- where the sharded weights and optimizer state live (as actor.offload)
+    offload: str = "none"
+    # seed for the value head's init and mini-batch shuffles
+    seed: int = 0
+
+    def __post_init__(self):
+        check_offload_mode(self.offload, "critic")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    # HF id or local folder (normally the actor's model)
+    model: str = "SmolLM2-135M-Instruct"
+    # engine dtype: auto (bf16 where the hardware has it), float32, bfloat16
+    dtype: str = "auto"
+    # sequences decoded together
+    max_batch_size: int = 64
+    # prompts are left-padded to this many tokens (a longer prompt is an error naming its length)
+    max_prompt_length: int = 512
+    # bytes per weight-sync bucket
+    sync_bucket_megabytes: int = 64
+    # verify every synced tensor after the copy (slower)
+    debug_sync: bool = False
+    # free the KV cache after each generate call, so the colocated trainer gets that memory for its phases
+    # (the next call allocates it again)
+    sleep_after_generate: bool = True
+    # embedded (core/engines/rollout.py, CPU or GPU), vllm or sglang (GPU, optional extras: pip install -e '.[vllm]')
+    backend: str = "embedded"
+    # vllm / sglang: GPUs per engine replica (tensor parallel); the embedded engine has none (1)
+    tensor_parallel_size: int = 1
+    # vllm / sglang: share of each GPU's memory the engine takes (weights + KV cache) while it generates
+    gpu_memory_utilization: float = 0.5
+
+    def __post_init__(self):
+        if self.backend not in ("embedded", "vllm", "sglang"):
+            raise ValueError(f"rollout.backend must be embedded, vllm or sglang, got {self.backend!r}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"rollout.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.backend == "embedded" and self.tensor_parallel_size != 1:
+            raise ValueError(f"rollout.tensor_parallel_size={self.tensor_parallel_size}: the embedded engine has no "
+                             f"tensor parallelism (use rollout.backend=vllm or sglang, or 1)")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"rollout.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")

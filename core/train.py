@@ -17,6 +17,9 @@ from core.planner import plan_run
 from core.trainer import effective_sizes, fit
 
 
+_ABSENT = object()
+
+
 def load_run_config(config_dir: str | Path, config_name: str = "config", overrides: list[str] | None = None
                     ) -> RunConfig:
     """The recipe's Hydra config composed with ``overrides``, validated into ``RunConfig``."""
@@ -37,7 +40,13 @@ def load_recipe_config(config_dir: str | Path, config_name: str = "config", over
     if not (config_dir / f"{config_name}.yaml").is_file():
         raise FileNotFoundError(f"no {config_name}.yaml in {config_dir}")
     with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-        tree = OmegaConf.to_container(compose(config_name=config_name, overrides=list(overrides or [])), resolve=True)
+        base = compose(config_name=config_name)
+        # a key the yaml does not spell out (a default of the schema, or a typo) is added, not refused by Hydra:
+        # validation then takes the schema's value or names the typo with the keys that exist
+        overrides = [f"++{o}" if "=" in o and o[0] not in "+~" and
+                     OmegaConf.select(base, o.split("=", 1)[0], default=_ABSENT) is _ABSENT else o
+                     for o in overrides or []]
+        tree = OmegaConf.to_container(compose(config_name=config_name, overrides=overrides), resolve=True)
     extra = {name: validate(cls, tree.pop(name, None), where=f"{where}.{name}") for name, cls in (sections or {}).items()}
     reward = tree.get("reward") or {}
     if reward.get("path") and not Path(reward["path"]).is_absolute() and (config_dir / reward["path"]).is_file():

@@ -90,3 +90,20 @@ def test_a_loss_that_aggregates_its_own_way_refuses_another_mode():
     assert found == ["actor.loss.name='gspo' aggregates by seq-mean-token-mean whatever actor.loss_agg_mode says: "
                      "'seq-mean-token-sum' would have no effect; drop actor.loss_agg_mode"]
     assert problems(run_config(actor__loss__name="gspo")) == []
+
+
+def test_overrides_of_keys_the_yaml_leaves_out_take_effect_and_typos_are_named():
+    """Hydra refuses `key=value` for a key its yaml does not spell out ("To append to your config use +key=..."),
+    also for a schema field left at its default. Such overrides are now added, and validation names typos."""
+    from pathlib import Path
+
+    from core.train import load_run_config
+
+    ppo = Path(__file__).resolve().parents[1] / "recipes" / "ppo"
+    assert "backend:" not in (ppo / "config.yaml").read_text().split("rollout:")[1].split("\n\n")[0]
+    cfg = load_run_config(ppo, "config", ["rollout.backend=vllm", "placement.pools.gen={nnodes: 1, slots_per_node: 1}",
+                                          "placement.roles.rollout=gen"])
+    assert cfg.rollout.backend == "vllm" and cfg.placement.pools["gen"].slots_per_node == 1
+    assert cfg.placement.roles["rollout"] == "gen"
+    with pytest.raises(ValueError, match=r"config.yaml.actor: unknown key\(s\) \['micro_batch_sise'\]; ActorConfig has"):
+        load_run_config(ppo, "config", ["actor.micro_batch_sise=3"])

@@ -1,7 +1,10 @@
-"""``python -m core.train --config-dir recipes/grpo [--config-name config] [key=value ...]``.
+"""Run a recipe: its Hydra config (``config.yaml`` or ``--config-name``) with your overrides, validated once.
 
-The recipe's Hydra config, with any Hydra overrides from the command line, is validated once into
-``core.trainer.RunConfig`` (unknown keys and wrong types fail naming the key) and handed to ``fit``.
+    hybridrl train <recipe> [--config-name NAME] [--dry-run] [key=value ...]     (core.cli; the recipe's train.py)
+    python -m core.train --config-dir <recipe folder> [...]                       (core's step, no recipe code)
+
+The config is validated into ``core.config.RunConfig`` (unknown keys and wrong types fail naming the key), a
+recipe's own sections into its dataclasses, the sections' agreement checked (``core.checks``), then ``fit``.
 """
 
 from __future__ import annotations
@@ -58,7 +61,9 @@ def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
          sections: dict[str, type] | None = None, make_step: Callable | None = None) -> int:
     """The CLI of a run. A recipe's ``train.py`` calls it with its folder, its own config ``sections`` and
     ``make_step(cfg, sections) -> step_fn`` (its copy of the step, ``core.trainer.fit``'s ``step_fn``)."""
-    p = argparse.ArgumentParser(prog="hybridrl train <recipe>", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="hybridrl train <recipe>", description=__doc__.split("\n\n")[0],
+                                epilog="example:\n  hybridrl train grpo --config-name demo_cpu trainer.total_steps=5 "
+                                       "actor.optim.lr=1e-5", formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config-dir", required=config_dir is None, default=config_dir,
                    help="the recipe folder holding config.yaml" + (f" (default {config_dir})" if config_dir else ""))
     p.add_argument("--config-name", default="config")

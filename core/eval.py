@@ -102,7 +102,9 @@ def score_samples(owners: list[dict], texts: list[str], lengths: list[int], n: i
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="hybridrl eval", description=__doc__.split("\n\n")[0],
-                                epilog='example:\n  hybridrl eval --model SmolLM2-135M-Instruct --data gsm8k --limit 50 --temperature 0 --out eval_out', formatter_class=argparse.RawDescriptionHelpFormatter)
+                                epilog="example:\n  hybridrl eval --model SmolLM2-135M-Instruct --data gsm8k --limit 50 "
+                                       "--temperature 0 --out eval_out",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="HF id or local folder (SmolLM2-135M-Instruct works offline)")
     p.add_argument("--data", required=True, action="append", help="dataset name (gsm8k, aime24, ...) or a parquet file")
     p.add_argument("--split", default="test")

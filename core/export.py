@@ -38,7 +38,8 @@ def export(checkpoint: str | Path, out_dir: str | Path, dtype: str = "bfloat16")
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="hybridrl export", description=__doc__.split("\n\n")[0],
-                                epilog='example:\n  hybridrl export outputs/grpo_smollm2_cpu_demo/checkpoints/step_000020 outputs/hf --dtype bfloat16', formatter_class=argparse.RawDescriptionHelpFormatter)
+                                epilog="example:\n  hybridrl export outputs/grpo_smollm2_cpu_demo/checkpoints/step_000020 "
+                                       "outputs/hf --dtype bfloat16", formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="a checkpoint folder, e.g. outputs/run/checkpoints/step_000020")
     p.add_argument("out_dir")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])

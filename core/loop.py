@@ -15,7 +15,8 @@ from typing import Callable
 
 import numpy as np
 
-from core.algos import (AdaptiveKLController, FixedKLController, apply_kl_reward_penalty, compute_advantages, scores_to_token_rewards, truncated_is_weights, value_targets_explained_variance)
+from core.algos import (AdaptiveKLController, FixedKLController, apply_kl_reward_penalty, compute_advantages,
+                        scores_to_token_rewards, truncated_is_weights, value_targets_explained_variance)
 from core.config import AlgoConfig, SamplingParams
 from core.engines.critic import FSDPCritic
 from core.engines.fsdp import FSDPActor

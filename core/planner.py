@@ -1,6 +1,7 @@
 """Capacity planner: per-GPU and per-node memory of an RL run (FSDP2 training + a rollout engine), before it
-starts, one plan per resource pool (colocated roles: one pool; split placement: each pool counts its roles). ``python -m core.train --config-dir <recipe> --dry-run`` (and every recipe's run script with
-``--dry-run``) prints it for the resolved config and exits non-zero when the run does not fit.
+starts, one plan per resource pool (colocated roles: one pool; split placement: each pool counts its roles).
+``hybridrl plan <recipe>`` (and every recipe's run script with ``--dry-run``) prints it for the resolved config and
+exits non-zero when the run does not fit.
 
 Every term is a formula of the model's shape and the run's settings (bytes; P = parameters, W = FSDP world
 size, T = tokens per micro-batch, h = hidden size, i = MLP width, kvd = kv_heads x head_dim, L = layers,

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from core.checks import check_run
 from core.config import RunConfig, validate
 from core.planner import plan_run
-from core.trainer import effective_sizes, fit
+from core.trainer import dp_size, effective_sizes, fit
 
 
 _ABSENT = object()
@@ -75,9 +75,8 @@ def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
     cfg, extra = load_recipe_config(a.config_dir, a.config_name, a.overrides, sections)
     check_run(cfg)  # sections that disagree fail here, before the plan or Ray
     if a.dry_run:
-        pool = cfg.placement.pools[cfg.placement.roles["actor"]]
-        dp = 1 if cfg.trainer.backend == "local" else pool.nnodes * pool.slots_per_node
-        print(f"config valid: actor {cfg.actor.model} on {dp} {pool.device} rank(s)\neffective sizes:\n"
+        dp, device = dp_size(cfg), cfg.placement.pools[cfg.placement.roles["actor"]].device
+        print(f"config valid: actor {cfg.actor.model} on {dp} {device} rank(s)\neffective sizes:\n"
               + effective_sizes(cfg, dp))
         text, fits = plan_run(cfg)
         print(text)

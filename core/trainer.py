@@ -29,6 +29,12 @@ from core.worker import RoleSpec
 from core.worker_group import init_ray
 
 
+def dp_size(cfg: RunConfig) -> int:
+    """The actor's data-parallel ranks: its pool's, or 1 with the local backend."""
+    pool = cfg.placement.pools[cfg.placement.roles["actor"]]
+    return 1 if cfg.trainer.backend == "local" else pool.nnodes * pool.slots_per_node
+
+
 def effective_sizes(cfg: RunConfig, dp_size: int) -> str:
     """The batch-size arithmetic in words, printed at start."""
     n, prompts = cfg.algo.sampling.n, cfg.data.train_prompts_per_step or cfg.data.prompts_per_step
@@ -187,9 +193,8 @@ def start_roles(cfg: RunConfig, trackers: list) -> tuple:
     start (no dangling "running" runs). Returns (placement, Roles)."""
     from core.placement import place
 
-    actor_pool = cfg.placement.pools[cfg.placement.roles["actor"]]
-    dp = 1 if cfg.trainer.backend == "local" else actor_pool.nnodes * actor_pool.slots_per_node
-    print("effective sizes:\n" + effective_sizes(cfg, dp), flush=True)
+    print("effective sizes:\n" + effective_sizes(cfg, dp_size(cfg)), flush=True)
+    placement = None
     try:
         if cfg.trainer.backend == "ray":
             init_ray()
@@ -202,7 +207,7 @@ def start_roles(cfg: RunConfig, trackers: list) -> tuple:
     except BaseException:
         for tracker in trackers:
             tracker.close()
-        if "placement" in locals():
+        if placement is not None:
             placement.shutdown()
         raise
     return placement, roles

@@ -19,7 +19,8 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from core.config import AlgoConfig  # noqa: E402
-from core.loop import (Roles, Timer, advantages, generate, logprobs, reward_kl_penalty, score, step_metrics, update, values)  # noqa: E402
+from core.loop import (Roles, Timer, advantages, generate, logprobs, reward_kl_penalty,  # noqa: E402
+                       score, step_metrics, update, values)
 from core.protocol import Batch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from core.config import ActorConfig, AdvantageConfig, AlgoConfig, OptimConfig, PolicyLossConfig, RolloutConfig, SamplingParams
+from core.config import (ActorConfig, AdvantageConfig, AlgoConfig, OptimConfig, PolicyLossConfig, RolloutConfig,
+                         SamplingParams)
 from core.algos import compute_advantages
 from core.engines.fsdp import FSDPActor
 from core.placement import Placement

@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 import torch
 
-from core.config import ActorConfig, AdvantageConfig, AlgoConfig, OptimConfig, PlacementConfig, PolicyLossConfig, PoolConfig, RolloutConfig, SamplingParams
+from core.config import (ActorConfig, AdvantageConfig, AlgoConfig, OptimConfig, PlacementConfig, PolicyLossConfig,
+                         PoolConfig, RolloutConfig, SamplingParams)
 from core.data.dataset import load_rl_parquet
 from core.engines.fsdp import FSDPActor
 from core.loop import Roles, prompts_from_rows, step

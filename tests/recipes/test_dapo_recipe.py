@@ -1,24 +1,20 @@
 """recipes/dapo/train.py on a tiny real model (local backend): dynamic sampling draws more gen batches when groups
 do not vary, keeps exactly train_groups groups, and the overlong metrics follow the shaping formula."""
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
 from core.data.prepare import write_parquet
+from core.cli import recipe_module
 from core.train import load_recipe_config
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "dapo"
 
 
 def dapo_module():
-    spec = importlib.util.spec_from_file_location("dapo_recipe_train", RECIPE / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses resolve their annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return recipe_module(RECIPE)
 
 
 def tiny_dapo_run(tmp_path: Path, model_dir: Path, train_groups: int, extra: str = "") -> Path:
@@ -89,10 +85,7 @@ def test_recipe_configs_validate_with_dapos_settings(name):
 
 
 def dapo_data_module():
-    spec = importlib.util.spec_from_file_location("dapo_recipe_data", RECIPE / "data.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return recipe_module(RECIPE, "data")
 
 
 def test_dapo_math_rows_from_hub_rows_and_raw_records_deduplicated():
@@ -111,9 +104,7 @@ def test_dapo_math_rows_from_hub_rows_and_raw_records_deduplicated():
 
 
 def test_the_recipe_reward_scores_dapo_data_by_the_answer_line():
-    spec = importlib.util.spec_from_file_location("dapo_recipe_reward", RECIPE / "reward.py")
-    reward = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(reward)
+    reward = recipe_module(RECIPE, "reward")
     assert reward.compute_score("aime24", "so it is 204.\nAnswer: 204", "204")["score"] == 1.0
     assert reward.compute_score("math_dapo", "the answer is 204", "204")["score"] == -1.0   # no Answer: line
     assert reward.compute_score("hybridrl/arith", "#### 12", "12")["score"] == 1.0

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from core.cli import recipe_module
 from core.expected import check, load_expected, run_figures
 from core.report import read_metrics
 from core.rewards import load_reward_fn
@@ -19,12 +20,7 @@ EXPECTED = load_expected(RECIPE)
 
 
 def load_recipe_module(name):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"grpo_recipe_{name}", RECIPE / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return recipe_module(RECIPE, name)
 
 
 @pytest.mark.parametrize("name", ["config", "demo_cpu"])

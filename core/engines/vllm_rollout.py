@@ -22,7 +22,9 @@ Both: generation from token ids; each prompt's samples are seeded by the step's 
 (vLLM's per-request seed), so a resumed step draws what the uninterrupted one drew. Log-probs are the sampled
 tokens' after temperature (``logprobs_mode=processed_logprobs``). A weight sync sends each bucket of full tensors
 (the actor's HF names) to the model's own ``load_weights`` (which fuses q/k/v and gate/up and cuts TP slices)
-through ``collective_rpc``, then resets the prefix cache (cached prefixes hold the old weights' keys/values).
+through ``collective_rpc``, then resets the prefix cache (cached prefixes hold the old weights' keys/values). vLLM
+reloads layer by layer and rebuilds a layer it got only part of from uninitialised memory, so a bucket's trailing
+layer (which the next bucket may complete) waits for the next bucket or the next ``generate``.
 """
 
 from __future__ import annotations
@@ -103,6 +105,14 @@ def _load_weights(worker, blob: bytes) -> int:
     return len(bucket)
 
 
+def layer_group(name: str) -> str:
+    """The part of a weight's name that vLLM loads as one unit: up to its first index (``model.layers.3``: fused
+    q/k/v, gate/up and a layer's experts are in it), else its module (``model.embed_tokens``)."""
+    parts = name.split(".")
+    cut = next((i + 1 for i, p in enumerate(parts) if p.isdigit()), len(parts) - 1)
+    return ".".join(parts[:cut])
+
+
 def completion_rows(outputs) -> tuple[list[list[int]], list[list[float]]]:
     """Each completion's token ids and its tokens' log-probs, prompt by prompt and sample by sample (vLLM keeps a
     prompt's n completions together, as ``assemble`` expects). A completion's ``logprobs`` is a list with one
@@ -158,6 +168,7 @@ class VLLMEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.dtype = getattr(torch, kwargs["dtype"])
         self._asleep: set[str] = set()
+        self._pending: dict[str, torch.Tensor] = {}  # the last bucket's trailing layer group, not yet loaded
 
     def shutdown(self) -> None:
         """End the engine (on CPU: its engine-core and worker processes)."""
@@ -188,19 +199,35 @@ class VLLMEngine:
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Full tensors by the actor's (HF) names, cast to the engine's dtype, into every worker's model; the prefix
-        cache is reset (its entries were computed with the old weights). Returns the bytes sent."""
+        """Full tensors by the actor's (HF) names, cast to the engine's dtype, into every worker's model, whole layer
+        groups at a time: the bucket's last group waits for the next bucket (which may hold the rest of it) or the
+        next ``generate``. The prefix cache is reset (its entries were computed with the old weights). Returns the
+        bytes received."""
         self._wake("weights")
         device = "cpu" if self.on_cpu else self.device
-        bucket = {name: t.detach().to(device, self.dtype).contiguous() for name, t in named_tensors}
-        sent = sum(t.numel() * t.element_size() for t in bucket.values())
-        if self.tied and "model.embed_tokens.weight" in bucket:
-            bucket.setdefault("lm_head.weight", bucket["model.embed_tokens.weight"])  # shared storage: no extra bytes
-        blob = io.BytesIO()
-        torch.save(bucket, blob)
-        self.llm.collective_rpc(_load_weights, args=(blob.getvalue(),))
-        self.llm.reset_prefix_cache()
-        return sent
+        bucket, received = dict(self._pending), 0
+        for name, t in named_tensors:
+            bucket[name] = t = t.detach().to(device, self.dtype).contiguous()
+            received += t.numel() * t.element_size()
+            if self.tied and name == "model.embed_tokens.weight":
+                bucket.setdefault("lm_head.weight", t)  # shared storage: no extra bytes
+        if bucket:
+            tail = layer_group(next(reversed(bucket)))
+            self._pending = {n: t for n, t in bucket.items() if layer_group(n) == tail}
+            self._load({n: t for n, t in bucket.items() if n not in self._pending})
+        return received
+
+    def _load(self, bucket: dict[str, torch.Tensor]) -> None:
+        if bucket:
+            blob = io.BytesIO()
+            torch.save(bucket, blob)
+            self.llm.collective_rpc(_load_weights, args=(blob.getvalue(),))
+            self.llm.reset_prefix_cache()
+
+    def _flush(self) -> None:
+        """Load the weights an update left waiting (the last bucket's trailing layer group)."""
+        pending, self._pending = self._pending, {}
+        self._load(pending)
 
     def verify_weights(self, named_tensors) -> None:
         raise ValueError("rollout.debug_sync compares tensors by name, which vLLM's fused, TP-sliced parameters do "
@@ -213,6 +240,7 @@ class VLLMEngine:
         from vllm import SamplingParams as VLLMSamplingParams
 
         self._wake("weights")
+        self._flush()
         self._wake("kv_cache")
         prompts = [list(p) for p in prompt_ids]
         base = sampling_kwargs(params)

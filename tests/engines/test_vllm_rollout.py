@@ -12,7 +12,7 @@ import torch
 from core.config import ActorConfig, RolloutConfig, RunConfig, SamplingParams
 from core.engines.rollout import replica_seed
 from core.engines.rollout_batch import assemble
-from core.engines.vllm_rollout import completion_rows, engine_kwargs, sampling_kwargs
+from core.engines.vllm_rollout import completion_rows, engine_kwargs, layer_group, sampling_kwargs
 from core.roles import RolloutWorker
 from core.worker import WorkerContext
 
@@ -88,6 +88,17 @@ def test_a_completion_without_its_log_probs_is_an_error_naming_it():
         completion_rows([bad])
     with pytest.raises(ValueError, match=r"2 prompts x n=2 need 4 samples, got 3"):
         assemble([[1], [2]], [[1], [2], [3]], [[0.0]] * 3, n=2, pad=0)
+
+
+def test_weights_that_vllm_loads_together_share_a_group():
+    """vLLM fuses q/k/v and gate/up and loads a layer as one unit: a weight sync keeps each group in one load."""
+    layer3 = ["model.layers.3.self_attn.q_proj.weight", "model.layers.3.self_attn.v_proj.weight",
+              "model.layers.3.mlp.up_proj.weight", "model.layers.3.mlp.experts.7.gate_proj.weight",
+              "model.layers.3.input_layernorm.weight"]
+    assert {layer_group(n) for n in layer3} == {"model.layers.3"}
+    assert layer_group("model.layers.30.mlp.up_proj.weight") == "model.layers.30"
+    assert layer_group("model.embed_tokens.weight") == "model.embed_tokens"
+    assert layer_group("lm_head.weight") == "lm_head" and layer_group("model.norm.weight") == "model.norm"
 
 
 def test_the_cpu_engine_arguments_and_their_limits():

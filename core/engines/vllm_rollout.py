@@ -76,9 +76,13 @@ def _dtype(dtype: str, device: str) -> str:
     return "bfloat16" if cpu_has_fast_bf16() else "float32"
 
 
-def request_seeds(seed: int, count: int) -> list[int]:
-    """One sampling seed per prompt of a generate call: the call's (step's) seed and the prompt's position."""
-    return [(seed * 1_000_003 + i) % (2**31 - 1) for i in range(count)]
+def request_seeds(seed: int, count: int, n: int = 1) -> list[int]:
+    """One sampling seed per prompt of a generate call, from the call's (step's) seed and the prompt's position.
+    vLLM draws a request's j-th of n samples with seed + j, so the seeds are n apart: seeds one apart gave prompt 0's
+    second sample and prompt 1's first the same random stream (e.g. seed 3, count 2, n 4: 3000009 and 3000013; the
+    samples use 3000009..3000016, each once)."""
+    top = 2**31 - 1 - n  # + j stays below 2**31
+    return [(seed * 1_000_003 + i * n) % top for i in range(count)]
 
 
 def sampling_kwargs(params: SamplingParams) -> dict:
@@ -95,7 +99,10 @@ def _load_weights(worker, blob: bytes) -> int:
     """Runs in each vLLM worker (``collective_rpc``): the bucket (``torch.save`` bytes: vLLM's RPC turns tensors
     nested in lists into lists) into the model through its ``load_weights``."""
     import io
+    import logging
 
+    # a bucket holds part of the model by design: vLLM's warning listing every weight not in it is noise here
+    logging.getLogger("vllm.model_executor.model_loader.reload.inplace").setLevel(logging.ERROR)
     bucket = torch.load(io.BytesIO(blob), weights_only=True)
     runner = worker.model_runner
     if hasattr(runner, "reload_weights"):  # in place, through the layout the engine repacked them into (CPU)
@@ -236,7 +243,8 @@ class VLLMEngine:
     # ------------------------------------------------------------------------------------- generation
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> Batch:
         """n samples of every prompt, in the embedded engine's Batch layout (``core.engines.rollout_batch.assemble``);
-        prompt i samples with seed ``request_seeds(params.seed, ...)[i]``: the same call draws the same samples."""
+        prompt i samples with seed ``request_seeds(params.seed, ...)[i]``: the same call draws the same samples, and
+        no two samples of a call share a random stream."""
         from vllm import SamplingParams as VLLMSamplingParams
 
         self._wake("weights")
@@ -244,7 +252,7 @@ class VLLMEngine:
         self._wake("kv_cache")
         prompts = [list(p) for p in prompt_ids]
         base = sampling_kwargs(params)
-        per_prompt = [VLLMSamplingParams(**base, seed=s) for s in request_seeds(params.seed, len(prompts))]
+        per_prompt = [VLLMSamplingParams(**base, seed=s) for s in request_seeds(params.seed, len(prompts), params.n)]
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], per_prompt, use_tqdm=False)
         tokens, logps = completion_rows(outputs)
         return assemble(prompts, tokens, logps, params.n, self.pad_id)

@@ -12,7 +12,7 @@ import torch
 from core.config import ActorConfig, RolloutConfig, RunConfig, SamplingParams
 from core.engines.rollout import replica_seed
 from core.engines.rollout_batch import assemble
-from core.engines.vllm_rollout import completion_rows, engine_kwargs, layer_group, sampling_kwargs
+from core.engines.vllm_rollout import completion_rows, engine_kwargs, layer_group, request_seeds, sampling_kwargs
 from core.roles import RolloutWorker
 from core.worker import WorkerContext
 
@@ -88,6 +88,14 @@ def test_a_completion_without_its_log_probs_is_an_error_naming_it():
         completion_rows([bad])
     with pytest.raises(ValueError, match=r"2 prompts x n=2 need 4 samples, got 3"):
         assemble([[1], [2]], [[1], [2], [3]], [[0.0]] * 3, n=2, pad=0)
+
+
+def test_no_two_samples_of_a_call_share_a_random_stream():
+    """vLLM seeds a request's j-th sample with seed + j: the prompts' seeds are n apart, and steps differ."""
+    assert request_seeds(3, 2, n=4) == [3000009, 3000013]
+    streams = [s + j for s in request_seeds(7, 256, n=8) for j in range(8)]
+    assert len(set(streams)) == 256 * 8 and max(streams) < 2**31
+    assert not set(streams) & {s + j for s in request_seeds(8, 256, n=8) for j in range(8)}
 
 
 def test_weights_that_vllm_loads_together_share_a_group():

@@ -50,6 +50,14 @@ def test_the_same_seed_draws_the_same_samples_and_the_next_step_others(engine):
     assert a["responses"].shape == (len(PROMPTS) * 2, 8) and bool(a["response_mask"].all())
 
 
+def test_no_two_samples_share_a_random_stream(engine):
+    """The same prompt twice, 4 samples each: 8 different continuations (with one seed per prompt one apart, vLLM's
+    seed + j per sample gave the first prompt's 2nd..4th samples the streams of the second's 1st..3rd: equal rows)."""
+    batch = engine.generate([PROMPTS[0], PROMPTS[0]], sampling(5, n=4))
+    rows = {tuple(r) for r in batch["responses"].tolist()}
+    assert len(rows) == 8, batch["responses"]
+
+
 def test_rollout_log_probs_equal_the_models_on_the_same_tokens_in_fp32(engine, model_dir):
     from core.engines.forward import response_logprobs
     from core.models import load_causal_lm

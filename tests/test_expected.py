@@ -50,6 +50,17 @@ def test_a_gpu_tier_says_what_this_cpu_machine_lacks():
         assert hardware_missing({"hardware": {"gpus": 8}}) == "needs 8 GPUs, this machine has 0"
 
 
+def test_a_tier_needing_a_package_says_which_and_where(tmp_path):
+    assert hardware_missing({"hardware": {"gpus": 0, "packages": ["json"]}}) is None
+    why = hardware_missing({"hardware": {"gpus": 0, "packages": ["json", "vllm_not_here", "vllm"]}})
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        assert why.startswith("needs the package(s) ['vllm_not_here', 'vllm'] in this Python") and "make test-vllm" in why
+    else:
+        assert why.startswith("needs the package(s) ['vllm_not_here'] in this Python")
+
+
 def test_last_and_max_of_any_logged_metric():
     rows = [{"step": 1, "dapo/num_gen_batches": 1}, {"step": 2, "dapo/num_gen_batches": 4, "val/a/avg@32": 0.3},
             {"step": 3, "dapo/num_gen_batches": 2, "val/a/avg@32": 0.5}]

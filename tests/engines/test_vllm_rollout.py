@@ -12,7 +12,7 @@ import torch
 from core.config import ActorConfig, RolloutConfig, RunConfig, SamplingParams
 from core.engines.rollout import replica_seed
 from core.engines.rollout_batch import assemble
-from core.engines.vllm_rollout import completion_rows, engine_kwargs, layer_group, request_seeds, sampling_kwargs
+from core.engines.vllm_rollout import completion_rows, cpu_binding, engine_kwargs, layer_group, request_seeds, sampling_kwargs
 from core.roles import RolloutWorker
 from core.worker import WorkerContext
 
@@ -96,6 +96,12 @@ def test_no_two_samples_of_a_call_share_a_random_stream():
     streams = [s + j for s in request_seeds(7, 256, n=8) for j in range(8)]
     assert len(set(streams)) == 256 * 8 and max(streams) < 2**31
     assert not set(streams) & {s + j for s in request_seeds(8, 256, n=8) for j in range(8)}
+
+
+def test_each_ranks_cpu_engine_binds_to_its_own_cores():
+    assert [cpu_binding(r, 1, {0, 1}) for r in (0, 1)] == ["0", "1"]  # this machine's two ranks
+    assert cpu_binding(1, 4, [8, 9, 10, 11, 12, 13, 14, 15]) == "12,13,14,15"
+    assert cpu_binding(2, 1, {0, 1}) is None and cpu_binding(0, 4, {0, 1}) is None  # does not fit: vLLM's default
 
 
 def test_weights_that_vllm_loads_together_share_a_group():

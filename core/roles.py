@@ -77,6 +77,10 @@ class RolloutWorker:
         """One bucket of full weights sent from another pool (``core.roles.sync_across_pools``); bytes written."""
         return self.engine.update_weights(named_tensors)
 
+    def finish_sync(self) -> None:
+        """After the last bucket from another pool (``RolloutEngine.finish_update``)."""
+        self.engine.finish_update()
+
     @torch.no_grad()
     def sync_weights(self) -> dict:
         """Pull the colocated actor's weights into the engine (collective over the actor's ranks)."""
@@ -102,5 +106,6 @@ def sync_across_pools(actor: RoleGroup, rollout: RoleGroup, timeout_s: float | N
         size = rollout.call_all(RolloutWorker.load_weights, bucket, timeout_s=timeout_s)[0]
         sent, peak = sent + size, max(peak, size)
         del bucket
+    rollout.call_all(RolloutWorker.finish_sync, timeout_s=timeout_s)
     return {"sync/seconds": time.perf_counter() - t0, "sync/megabytes": sent / 2**20, "sync/buckets": len(plan),
             "sync/peak_bucket_megabytes": peak / 2**20}

@@ -95,6 +95,9 @@ class RolloutEngine:
             self.packed.refresh(touched)
         return copied
 
+    def finish_update(self) -> None:
+        """The end of a weight sync: nothing waits here (each bucket is copied in as it comes)."""
+
     # ----------------------------------------------------------------------------------------- generation
     def decode(self, batch: Batch) -> list[str]:
         """Response texts of a generated batch (valid tokens only, special tokens dropped)."""

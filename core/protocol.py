@@ -20,6 +20,8 @@ responses           (B, Tr)      long    the response part of ``input_ids``
 response_mask       (B, Tr)      float   1 on response tokens that count (after EOS: 0)
 rollout_logprobs    (B, Tr)      float   log-probs of the sampled tokens as the rollout engine saw them
 old_logprobs        (B, Tr)      float   the same tokens' log-probs under the actor before the update
+old_from_update     (B,)         bool    rows whose ``old_logprobs`` the actor's update fills in from its own
+                                         first forward (0 until then; ``FSDPActor.compute_logprobs``)
 ref_logprobs        (B, Tr)      float   ... under the frozen reference policy
 entropy             (B, Tr)      float   per-token entropy of the actor's distribution
 values              (B, Tr)      float   critic values per response token
@@ -56,6 +58,7 @@ KEYS: dict[str, str] = {
     "response_mask": "(B, Tr) float: 1 on counted response tokens",
     "rollout_logprobs": "(B, Tr) float: sampled tokens' log-probs in the rollout engine",
     "old_logprobs": "(B, Tr) float: log-probs under the actor before the update",
+    "old_from_update": "(B,) bool: old_logprobs left to the update's first forward (0 until it runs)",
     "ref_logprobs": "(B, Tr) float: log-probs under the reference policy",
     "entropy": "(B, Tr) float: per-token entropy",
     "values": "(B, Tr) float: critic values",

@@ -49,6 +49,8 @@ class ActorConfig:
     max_tokens_per_micro: int = 0
     # run each micro-batch without the columns that are padding in all its rows (verl's use_remove_padding)
     remove_padding: bool = True
+    # adjacent samples of one prompt run as one row, the prompt encoded once (core.engines.shared_prompt; exact)
+    share_prompt: bool = True
     # passes over the step's batch
     ppo_epochs: int = 1
     # policy loss and its knobs

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from core.engines.shared_prompt import prompt_groups, shared_prompt_logits
 from core.protocol import Batch
 
 
@@ -74,22 +75,28 @@ def normalised_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: fl
 
 
 def response_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: bool = False,
-                      remove_padding: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      remove_padding: bool = True, share_prompt: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(response_t | context) under ``logits / temperature`` (B, Tr), and the per-token entropy (B, Tr).
 
     Keys: input_ids, attention_mask, position_ids, responses. The logits at position Tp-1+t predict response
     token t, so only the response span goes through the LM head where the model allows it (``logits_to_keep``:
     the vocabulary projection of the prompt positions is skipped) and is normalised (the softmax is the memory peak).
-    ``remove_padding``: run the model on ``trim_padding(batch)`` and pad the results back to (B, Tr) with zeros."""
+    ``remove_padding``: run the model on ``trim_padding(batch)`` and pad the results back to (B, Tr) with zeros.
+    ``share_prompt``: rows with the same prompt run as one packed row, the prompt encoded once
+    (``core.engines.shared_prompt``; where the model takes a custom 4D mask and a ``logits_to_keep`` index)."""
     batch.require("input_ids", "attention_mask", "position_ids", "responses")
     full = batch["responses"].shape[1]
     if remove_padding:
         batch = trim_padding(batch)
     Tr = batch["responses"].shape[1]
-    keep = {"logits_to_keep": Tr + 1} if keeps_logits(model) else {}
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"], use_cache=False, **keep)
-    logp, entropy = normalised_logprobs(out.logits[:, -Tr - 1:-1], batch["responses"], temperature, with_entropy)
+    groups = prompt_groups(batch) if share_prompt and keeps_logits(model) else None
+    if groups is not None and len(groups) < len(batch):
+        logits = shared_prompt_logits(model, batch, groups)
+    else:
+        keep = {"logits_to_keep": Tr + 1} if keeps_logits(model) else {}
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       position_ids=batch["position_ids"], use_cache=False, **keep).logits[:, -Tr - 1:-1]
+    logp, entropy = normalised_logprobs(logits, batch["responses"], temperature, with_entropy)
     if Tr < full:  # trimmed response columns are padding: zero log-prob and entropy there
         logp = F.pad(logp, (0, full - Tr))
         entropy = F.pad(entropy, (0, full - Tr)) if entropy is not None else None

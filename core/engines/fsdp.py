@@ -73,32 +73,63 @@ class FSDPActor:
         if cfg.trainable:
             self.optim, self.sched = adamw_with_warmup(self.model, cfg.optim)
         self.idle = IdleOffload(self.model, self.optim, ctx.device, cfg.offload == "idle")
+        self._filled_old: torch.Tensor | None = None  # old log-probs as the last update used them
 
     # ------------------------------------------------------------------------------------ inference
     @torch.no_grad()
-    def compute_logprobs(self, batch: Batch, with_entropy: bool = False) -> Batch:
+    def compute_logprobs(self, batch: Batch, with_entropy: bool = False, leave_to_update: bool = False) -> Batch:
         """``old_logprobs`` of the responses, in micro-batches (plus ``entropy`` when asked: a full-vocabulary
-        softmax per token, so only on request). Returns a Batch of those keys."""
+        softmax per token, so only on request). Returns a Batch of those keys.
+
+        ``leave_to_update``: the rows this actor's next ``update`` trains on before its first optimizer step (its
+        first mini-batch, with one PPO epoch) are not computed here. The policy has not moved when the update reaches
+        them, so its own forward gives the same numbers (the ratio is exactly 1 there): one forward saved per such
+        row. They come back as zeros with ``old_from_update`` True, and ``update_old_logprobs`` returns them after
+        the update. Only for a step where nothing before the update reads ``old_logprobs`` (no KL-in-reward, no
+        truncated IS); with several PPO epochs or with ``with_entropy`` every row is computed here."""
+        skip = self._rows_before_first_step(len(batch)) if leave_to_update and not with_entropy else 0
+        rest = batch.index(slice(skip, len(batch))) if skip else batch
         self.model.eval()
-        order = length_order(batch) if self.cfg.max_tokens_per_micro > 0 else None
+        order = length_order(rest) if self.cfg.max_tokens_per_micro > 0 else None
         logps, ents = [], []
-        micros = micro_batches(batch if order is None else batch.index(order), self.cfg.micro_batch_size,
-                               self.cfg.max_tokens_per_micro)
+        micros = micro_batches(rest if order is None else rest.index(order), self.cfg.micro_batch_size,
+                               self.cfg.max_tokens_per_micro) if len(rest) else []
         with self.idle.on_gpu():
             # as many forwards as the rank with the most micro-batches (FSDP all-gathers pair up across ranks); a
-            # padding pass (None) reruns the first micro-batch and is dropped
+            # padding pass (None) reruns the first micro-batch (or row) and is dropped
             for mb in equalise_passes(micros, self.ctx.device):
-                lp, ent = response_logprobs(self.model, (micros[0] if mb is None else mb).to(self.ctx.device),
-                                            self.cfg.temperature, with_entropy, self.cfg.remove_padding)
+                mb_run = mb if mb is not None else micros[0] if micros else batch.index(slice(0, 1))
+                lp, ent = response_logprobs(self.model, mb_run.to(self.ctx.device), self.cfg.temperature,
+                                            with_entropy, self.cfg.remove_padding, self.cfg.share_prompt)
                 if mb is None:
                     continue
                 logps.append(lp.cpu())
                 if with_entropy:
                     ents.append(ent.cpu())
-        out = {"old_logprobs": torch.cat(logps)} | ({"entropy": torch.cat(ents)} if with_entropy else {})
+        width = batch["responses"].shape[1]
+        out = {"old_logprobs": torch.cat(logps) if logps else torch.zeros(0, width)}
+        out |= {"entropy": torch.cat(ents)} if with_entropy else {}
         if order is not None:
             out = {k: restore_order(v, order) for k, v in out.items()}
+        if leave_to_update:
+            out["old_logprobs"] = torch.cat([torch.zeros(skip, width), out["old_logprobs"]])
+            out["old_from_update"] = torch.arange(len(batch)) < skip
         return Batch(out)
+
+    def _rows_before_first_step(self, rows: int) -> int:
+        """How many of this rank's ``rows`` its next update trains on before the policy first moves."""
+        if self.optim is None or self.cfg.ppo_epochs != 1:
+            return 0
+        return min(rows, self.cfg.ppo_mini_batch_size // self.ctx.world_size)
+
+    def update_old_logprobs(self, batch: Batch) -> Batch:
+        """This rank's ``old_logprobs`` as its last ``update`` used them: those ``compute_logprobs(...,
+        leave_to_update=True)`` left to it filled in from the update's first forward (for the step's metrics).
+        ``batch``: the rank's share of the batch that was updated (dispatch only: its rows must match)."""
+        if self._filled_old is None or len(self._filled_old) != len(batch):
+            raise RuntimeError(f"rank {self.ctx.rank}: no update with old log-probs left to it ran on these "
+                               f"{len(batch)} rows")
+        return Batch({"old_logprobs": self._filled_old})
 
     # ------------------------------------------------------------------------------------ training
     def update(self, batch: Batch) -> dict[str, float]:
@@ -121,6 +152,15 @@ class FSDPActor:
             sums[key] = sums.get(key, 0.0) + float(value)
             counts[key] = counts.get(key, 0) + n
 
+        # rows whose old log-probs compute_logprobs left to this update: taken from the first forward below
+        fill = "old_from_update" in batch
+        self._filled_old = None
+        if fill:
+            if bool(batch["old_from_update"][self._rows_before_first_step(len(batch)):].any()):
+                raise ValueError(f"rank {self.ctx.rank}: old log-probs were left to the update for rows it does not "
+                                 f"reach before its first optimizer step (ppo_epochs={cfg.ppo_epochs})")
+            batch = batch.union(Batch({"row": torch.arange(len(batch))}))
+            self._filled_old = batch["old_logprobs"].clone()
         shuffle_seed = reshuffle_seed(cfg.ppo_epochs)
         for epoch in range(cfg.ppo_epochs):
             for mini in batch.minibatches(cfg.ppo_mini_batch_size // dp, seed=shuffle_seed + epoch, shuffle=epoch > 0):
@@ -132,7 +172,9 @@ class FSDPActor:
                     dummy = mb is None
                     mb = (mini.index(slice(0, 1)) if dummy else mb).to(self.ctx.device)
                     logp, ent = response_logprobs(self.model, mb, cfg.temperature, cfg.entropy_coef > 0,
-                                                  cfg.remove_padding)
+                                                  cfg.remove_padding, cfg.share_prompt)
+                    if fill:
+                        mb = self._fill_old(mb, logp, dummy)
                     pg, m = loss_fn(logp, mb, cfg.loss, norm)
                     loss = pg
                     if cfg.kl_loss_coef > 0:
@@ -158,6 +200,18 @@ class FSDPActor:
         out |= {k: sums[k] / n_mini for k in sums if k.endswith("_loss")}
         out["actor/lr"] = self.optim.param_groups[0]["lr"]
         return out
+
+    def _fill_old(self, mb: Batch, logp: torch.Tensor, dummy: bool) -> Batch:
+        """The micro-batch with its left-to-update rows' old log-probs set to this forward's (before any
+        optimizer step, so the same policy); kept for ``update_old_logprobs`` unless a padding pass."""
+        rows = mb["old_from_update"].bool()
+        if not bool(rows.any()):
+            return mb
+        old = torch.where(rows[:, None], logp.detach(), mb["old_logprobs"])
+        if not dummy:
+            self._filled_old[mb["row"][rows].cpu()] = old[rows].cpu().to(self._filled_old.dtype)
+        mb["old_logprobs"] = old  # mb is this pass's own Batch (``.to(device)`` made it)
+        return mb
 
     def _step(self) -> float:
         return clipped_step(self.model, self.optim, self.sched, self.cfg.optim.grad_clip)

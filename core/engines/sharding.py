@@ -117,6 +117,10 @@ def load_sharded_causal_lm(name_or_path: str, ctx: WorkerContext, compute: torch
             model = load_value_model(name_or_path).to(ctx.device)
         else:
             model = load_causal_lm(name_or_path, dtype=torch.float32, device=ctx.device)
+    if torch.device(ctx.device).type == "cpu":  # matmul attention for short training sequences (train_attention)
+        from core.engines import train_attention
+
+        model.set_attn_implementation(train_attention.NAME)
     if checkpointing:
         enable_checkpointing(model)
     if where is None:

@@ -1,0 +1,66 @@
+"""Attention for the training passes on CPU (teacher-forced log-probs, forward and backward), plugged into
+transformers' ``AttentionInterface``.
+
+PyTorch's CPU SDPA runs a flash kernel built for long sequences: for the training micro-batches of the CPU runs
+(two shared-prompt rows of 173 positions, SmolLM2's 9 query / 3 KV heads) its forward took 45 ms and its backward
+142 ms over 30 layers -- 23% of a forward + backward whose attention is 0.2% of the FLOPs. The same attention as
+plain matmuls (scores, an fp32 softmax, values) with autograd measured 1.45x faster for the whole forward +
+backward. The price is memory: the (query x key) probabilities stay for backward. So matmuls where those
+score tensors are small (``MAX_SCORES`` elements per call), SDPA otherwise and off the CPU.
+
+GQA without the ``repeat_kv`` copy: the G = heads / kv_heads query heads of a KV head are one batch of G x q
+query rows against that head's keys (query head h reads KV head h // G, as ``repeat_kv`` orders them).
+A query row with no visible key (left padding) gets a uniform softmax instead of NaN: its output is unused
+and its gradient zero, where a NaN would poison the gradient of everything it multiplies in backward."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
+
+NAME = "hybridrl_train"
+# score elements (batch x heads x queries x keys) per call taken by the matmul path: 2^22 fp32 = 16 MB, and the
+# backward keeps about three such tensors per layer (SmolLM2, 30 layers: at most ~1.5 GB at the bound)
+MAX_SCORES = 1 << 22
+# keyword arguments whose non-None value changes the attention math: such calls go to SDPA
+_UNSUPPORTED = ("sliding_window", "softcap", "s_aux", "sinks", "position_bias")
+
+
+def matmul_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                     scale: float) -> torch.Tensor:
+    """query (B, H, q, D), key/value (B, KVH, T, D), mask (B or 1, 1, q, T) boolean (True = attend) or additive,
+    or None (causal, the last q of T positions) -> (B, q, H, D)."""
+    B, H, q, D = query.shape
+    kvh, T = key.shape[1], key.shape[2]
+    qg = (query * scale).reshape(B, kvh, H // kvh * q, D)                   # (B, KVH, G q, D)
+    scores = torch.matmul(qg, key.transpose(-1, -2)).view(B, kvh, H // kvh, q, T)
+    if mask is None:
+        mask = torch.ones(q, T, dtype=torch.bool, device=query.device).tril(T - q)
+    if mask.dtype == torch.bool:
+        allowed = mask if mask.dim() == 2 else mask[:, :, None]             # (B, 1, 1, q, T)
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    else:
+        scores = scores + mask[:, :, None].to(scores.dtype).clamp(min=torch.finfo(scores.dtype).min)
+    # the softmax in fp32 (as transformers' eager attention), the product with the values in their dtype
+    probs = scores.softmax(-1, dtype=torch.float32).to(value.dtype).view(B, kvh, H // kvh * q, T)
+    out = torch.matmul(probs, value)                                        # (B, KVH, G q, D)
+    return out.view(B, H, q, D).transpose(1, 2)
+
+
+def train_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                    **kwargs) -> tuple[torch.Tensor, None]:
+    B, H, q, D = query.shape
+    small = B * H * q * key.shape[2] <= MAX_SCORES
+    if (small and query.device.type == "cpu" and dropout == 0.0 and H % key.shape[1] == 0
+            and not any(kwargs.get(k) is not None for k in _UNSUPPORTED)):
+        mask = attention_mask[..., :key.shape[2]] if attention_mask is not None else None
+        return matmul_attention(query, key, value, mask, scaling if scaling is not None else D ** -0.5), None
+    return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+
+
+AttentionInterface.register(NAME, train_attention)
+# the mask builder goes by the same name: without one, transformers builds no mask at all (padding ignored)
+AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS.get("sdpa", sdpa_mask))

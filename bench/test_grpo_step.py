@@ -10,15 +10,24 @@ generation of P x n completions feeds 4 micro-steps = 2 optimizer steps, the sam
 with transformers ``generate``. Its time per step is measured between its own step-end callbacks (2 optimizer
 steps = one of ours), after a warm-up step, so model loading and start-up are outside both.
 
-Full size (``--benchmark``): SmolLM2-135M-Instruct, 8 prompts x n=4, 32 new tokens (EOS ignored by neither side:
-both stop at EOS, so both report tokens generated), 3 timed steps. Smoke size: the tiny random model, 1 step.
+Full size (``--benchmark``), SmolLM2-135M-Instruct, two workloads (EOS ignored by neither side: both stop at EOS,
+so both report tokens generated):
+- ``short``: 8 arithmetic prompts x n=4, 32 new tokens, 3 timed steps (``grpo_step_vs_trl``);
+- ``long``: 16 GSM8K questions (``../shared/data/gsm8k/train.jsonl``; synthetic word problems of the same length
+  where that file is absent) x n=8, 128 new tokens, 2 timed steps (``grpo_step_vs_trl_long``).
+Our per-phase split (median seconds of gen, old_logprob, ref, update_actor, sync_weights) is in each record.
+The dtype is the machine kind's (bf16 where the CPU has it; ``HYBRIDRL_CPU_BF16=0`` for fp32 there).
+Smoke size: the tiny random model, the short workload at 2 x 4 x 8, 1 step.
 TRL is an optional bench dependency (``pip install -e .[bench]``); without it this bench is skipped.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import statistics
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -43,6 +52,29 @@ def arith_rows(count: int) -> list[dict]:
     return rows
 
 
+GSM8K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k" / "train.jsonl"
+
+
+def gsm8k_rows(count: int) -> tuple[list[dict], str]:
+    """``count`` GSM8K training questions with their answers, and where they came from: the shared data file, or
+    synthetic multi-step word problems of GSM8K's length (~45-60 words) where it is absent."""
+    instruction = " Let's think step by step and output the final answer after \"####\"."
+    if GSM8K.exists():
+        with GSM8K.open() as f:
+            items = [json.loads(line) for _, line in zip(range(count), f)]
+        return [{"prompt": [{"role": "user", "content": it["question"] + instruction}], "data_source": "bench_gsm8k",
+                 "ground_truth": it["answer"].rsplit("####", 1)[-1].strip(), "extra_info": {}} for it in items], "gsm8k"
+    rows = []
+    for i in range(count):
+        a, b, c = 12 + i, 3 + i % 5, 2 + i % 4
+        q = (f"A farmer has {a} crates of apples. Each crate holds {b} dozen apples. On Monday she sells {c} crates "
+             f"at the market and gives away half of one crate to her neighbour. On Tuesday a storm damages another "
+             f"crate, and she throws away every apple in it. How many apples does she have left at the end of Tuesday?")
+        rows.append({"prompt": [{"role": "user", "content": q + instruction}], "data_source": "bench_gsm8k",
+                     "ground_truth": str((a - c - 1) * 12 * b - 6 * b), "extra_info": {}})
+    return rows, "synthetic"
+
+
 def contains_answer(text: str, answer: str) -> float:
     return float(answer in re.findall(r"-?\d+", text))
 
@@ -52,7 +84,7 @@ def grpo_specs(path: str, dtype: str, samples: int) -> dict[str, RoleSpec]:
     actor = ActorConfig(model=path, dtype=dtype, ppo_mini_batch_size=samples // 2, micro_batch_size=samples // 4,
                         kl_loss_coef=KL, optim=OptimConfig(lr=LR, warmup_steps=0))
     ref = ActorConfig(model=path, dtype=dtype, trainable=False, micro_batch_size=samples // 4)
-    rollout = RolloutConfig(model=path, dtype=dtype, max_batch_size=samples, max_prompt_length=64)
+    rollout = RolloutConfig(model=path, dtype=dtype, max_batch_size=samples, max_prompt_length=256)
     return {"actor": RoleSpec(FSDPActor, {"cfg": actor}), "ref": RoleSpec(FSDPActor, {"cfg": ref}),
             "rollout": RoleSpec(RolloutWorker, {"cfg": rollout})}
 
@@ -66,12 +98,16 @@ def reward(source, text, truth, extra=None) -> float:
     return contains_answer(text, truth)
 
 
-def ours_step_seconds(path: str, dtype: str, rows: list[dict], n: int, new: int, steps: int) -> tuple[float, float]:
-    """Median seconds per step after one warm-up step, and the mean response length."""
+PHASES = ("gen", "reward", "old_logprob", "ref", "adv", "update_actor", "sync_weights")
+
+
+def ours_step_seconds(path: str, dtype: str, rows: list[dict], n: int, new: int, steps: int
+                      ) -> tuple[float, float, dict[str, float]]:
+    """Median seconds per step after one warm-up step, the mean response length, and each phase's median seconds."""
     group = LocalWorkerGroup(grpo_specs(path, dtype, len(rows) * n))
     cfg = grpo_step_config(n, new)
     roles = Roles(actor=group.role("actor"), rollout=group.role("rollout"), ref=group.role("ref"))
-    times, lengths = [], []
+    times, lengths, phases = [], [], {k: [] for k in PHASES}
     try:
         for i in range(steps + 1):
             batch = prompts_from_rows(rows)
@@ -80,9 +116,11 @@ def ours_step_seconds(path: str, dtype: str, rows: list[dict], n: int, new: int,
             if i:
                 times.append(time.perf_counter() - t)
                 lengths.append(metrics["response_length/mean"])
+                for k in PHASES:
+                    phases[k].append(metrics.get(f"timing_s/{k}", 0.0))
     finally:
         group.shutdown()
-    return sorted(times)[len(times) // 2], sum(lengths) / len(lengths)
+    return statistics.median(times), sum(lengths) / len(lengths), {k: statistics.median(v) for k, v in phases.items()}
 
 
 def trl_step_seconds(path: str, bf16: bool, rows: list[dict], n: int, new: int, steps: int, out) -> tuple[float, float]:
@@ -121,16 +159,24 @@ def trl_step_seconds(path: str, bf16: bool, rows: list[dict], n: int, new: int, 
     return sorted(per_step)[len(per_step) // 2], sum(timer.lengths) / max(len(timer.lengths), 1)
 
 
-def test_whole_grpo_step_vs_trl(full_size, report, tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("workload", ["short", "long"])
+def test_whole_grpo_step_vs_trl(full_size, report, tiny_model_dir, tmp_path, workload):
     pytest.importorskip("trl", reason="TRL is an optional bench dependency: pip install -e '.[bench]'")
+    if workload == "long" and not full_size:
+        pytest.skip("the long workload runs at full size only (--benchmark)")
     path = resolve_model("SmolLM2-135M-Instruct") if full_size else str(tiny_model_dir)
-    P, n, new, steps = (8, 4, 32, 3) if full_size else (2, 4, 8, 1)
+    if workload == "short":
+        (P, n, new, steps), source = (8, 4, 32, 3) if full_size else (2, 4, 8, 1), "arith"
+        rows = arith_rows(P)
+    else:
+        P, n, new, steps = 16, 8, 128, 2
+        rows, source = gsm8k_rows(P)
     bf16 = default_dtype() == torch.bfloat16  # from the CPU's flags, as `dtype: auto`
-    rows = arith_rows(P)
-    ours_s, ours_len = ours_step_seconds(path, "bfloat16" if bf16 else "float32", rows, n, new, steps)
+    ours_s, ours_len, phases = ours_step_seconds(path, "bfloat16" if bf16 else "float32", rows, n, new, steps)
     trl_s, trl_len = trl_step_seconds(path, bf16, rows, n, new, steps, tmp_path / "trl")
-    rec = report("grpo_step_vs_trl", tracked={"speedup_vs_trl": "higher"} if full_size else None,
-                 model=path.rsplit("/", 1)[-1], bf16=bf16, prompts=P, n=n, max_new_tokens=new,
+    name = "grpo_step_vs_trl" + ("" if workload == "short" else "_long")
+    rec = report(name, tracked={"speedup_vs_trl": "higher"} if full_size else None,
+                 model=path.rsplit("/", 1)[-1], bf16=bf16, prompts=P, n=n, max_new_tokens=new, data=source,
                  ours_step_s=ours_s, trl_step_s=trl_s, ours_response_len=ours_len, trl_response_len=trl_len,
-                 speedup_vs_trl=trl_s / ours_s)
+                 speedup_vs_trl=trl_s / ours_s, **{f"ours_{k}_s": v for k, v in phases.items()})
     assert rec["ours_step_s"] > 0 and rec["trl_step_s"] > 0

@@ -34,8 +34,9 @@ def matmul_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     or None (causal, the last q of T positions) -> (B, q, H, D)."""
     B, H, q, D = query.shape
     kvh, T = key.shape[1], key.shape[2]
-    qg = (query * scale).reshape(B, kvh, H // kvh * q, D)                   # (B, KVH, G q, D)
-    scores = torch.matmul(qg, key.transpose(-1, -2)).view(B, kvh, H // kvh, q, T)
+    # scores in fp32, as SDPA keeps them: rounded to bf16 (spacing 0.125 at 16) the output's mean error was 1.7x SDPA's
+    qg = (query.float() * scale).reshape(B, kvh, H // kvh * q, D)           # (B, KVH, G q, D)
+    scores = torch.matmul(qg, key.float().transpose(-1, -2)).view(B, kvh, H // kvh, q, T)
     if mask is None:
         mask = torch.ones(q, T, dtype=torch.bool, device=query.device).tril(T - q)
     if mask.dtype == torch.bool:
@@ -43,8 +44,8 @@ def matmul_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
     else:
         scores = scores + mask[:, :, None].to(scores.dtype).clamp(min=torch.finfo(scores.dtype).min)
-    # the softmax in fp32 (as transformers' eager attention), the product with the values in their dtype
-    probs = scores.softmax(-1, dtype=torch.float32).to(value.dtype).view(B, kvh, H // kvh * q, T)
+    # the softmax in fp32, the product with the values in their dtype
+    probs = scores.softmax(-1).to(value.dtype).view(B, kvh, H // kvh * q, T)
     out = torch.matmul(probs, value)                                        # (B, KVH, G q, D)
     return out.view(B, H, q, D).transpose(1, 2)
 

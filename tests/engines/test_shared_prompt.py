@@ -9,26 +9,20 @@ from core.engines.forward import response_logprobs, trim_padding
 from core.engines.fsdp import FSDPActor
 from core.engines.shared_prompt import pack, prompt_groups
 from core.models import load_causal_lm
-from core.protocol import Batch
 from core.worker import RoleSpec
 from core.worker_group import LocalWorkerGroup
+from tests.engines.test_micro_batches import uneven_batch
 
 
 def grouped_batch(prompt_lens, response_lens, same_as, Tp=8, Tr=6, seed=0):
-    """Left-padded prompts, right-padded responses; row a gets row b's prompt for each (a, b) in ``same_as``."""
-    g = torch.Generator().manual_seed(seed)
-    B = len(prompt_lens)
-    ids = torch.randint(3, 100, (B, Tp + Tr), generator=g)
-    for a, b in same_as:
-        ids[a, :Tp] = ids[b, :Tp]
-    attn = torch.zeros(B, Tp + Tr, dtype=torch.long)
-    for i, (p, r) in enumerate(zip(prompt_lens, response_lens)):
-        attn[i, Tp - p:Tp + r] = 1
-    ids = ids * attn
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    return Batch({"input_ids": ids, "attention_mask": attn, "position_ids": pos, "responses": ids[:, Tp:],
-                  "response_mask": attn[:, Tp:].float(), "old_logprobs": torch.full((B, Tr), -3.0),
-                  "advantages": torch.linspace(-1, 1, B)[:, None].expand(B, Tr).contiguous()})
+    """``uneven_batch`` (left-padded prompts, right-padded responses) where row a gets row b's prompt for each
+    (a, b) in ``same_as`` (rows of equal prompt lengths)."""
+    b = uneven_batch(prompt_lens, response_lens, Tp, Tr, seed)
+    ids = b["input_ids"].clone()
+    for a, c in same_as:
+        ids[a, :Tp] = ids[c, :Tp]
+    b["input_ids"] = ids
+    return b
 
 
 # rows 0-2 share a prompt, 3-4 another, 5 is alone, 6 repeats row 0's prompt but not next to it
@@ -102,19 +96,20 @@ def test_a_response_that_could_see_another_would_change_its_logprobs(tiny_model_
     assert (exact * mask - leaked * mask).abs().max() > 1e-3
 
 
+def old_logprobs_and_update(model_dir, b, share: bool):
+    cfg = ActorConfig(model=str(model_dir), dtype="float32", ppo_mini_batch_size=7, micro_batch_size=4,
+                      optim=OptimConfig(lr=1e-3), share_prompt=share)
+    group = LocalWorkerGroup({"actor": RoleSpec(FSDPActor, {"cfg": cfg})})
+    try:
+        old = group.role("actor").call_all(FSDPActor.compute_logprobs, b)[0]["old_logprobs"]
+        return old, group.role("actor").call_all(FSDPActor.update, b)[0]
+    finally:
+        group.shutdown()
+
+
 def test_the_actor_update_is_the_same_with_and_without_sharing(tiny_model_dir):
     b = grouped_batch(**UNEVEN)
-    results = []
-    for share in (False, True):
-        cfg = ActorConfig(model=str(tiny_model_dir), dtype="float32", ppo_mini_batch_size=7, micro_batch_size=4,
-                          optim=OptimConfig(lr=1e-3), share_prompt=share)
-        group = LocalWorkerGroup({"actor": RoleSpec(FSDPActor, {"cfg": cfg})})
-        try:
-            actor = group.role("actor")
-            old = actor.call_all(FSDPActor.compute_logprobs, b)[0]["old_logprobs"]
-            results.append((old, actor.call_all(FSDPActor.update, b)[0]))
-        finally:
-            group.shutdown()
+    results = [old_logprobs_and_update(tiny_model_dir, b, share) for share in (False, True)]
     (old0, m0), (old1, m1) = results
     torch.testing.assert_close(old1 * b["response_mask"], old0 * b["response_mask"], atol=1e-5, rtol=1e-5)
     assert m1["actor/grad_norm"] == pytest.approx(m0["actor/grad_norm"], rel=1e-5)

@@ -44,8 +44,9 @@ def prompt_groups(batch: Batch) -> list[list[int]]:
 def pack(batch: Batch, groups: list[list[int]]) -> dict[str, torch.Tensor]:
     """The packed model inputs of ``batch`` (already trimmed of padding columns) for these row groups:
     ``input_ids``, ``position_ids`` (rows, P + G R), the block mask ``allowed`` (rows, 1, W, W) as bools
-    (query, key), ``keep`` (1 + G (R - 1),): the columns whose logits are needed, and ``take`` (B, R): for each
-    original row and response token, the index into ``keep`` of the logits that predict it."""
+    (query, key), ``keep`` (1 + G (R - 1),): the columns whose logits are needed, ``take`` (B, R): for each
+    original row and response token, the index into ``keep`` of the logits that predict it, and ``group`` (B,):
+    each original row's packed row."""
     B, W0 = batch["input_ids"].shape
     R = batch["responses"].shape[1]
     P, G, N = W0 - R, max(len(g) for g in groups), len(groups)
@@ -68,12 +69,13 @@ def pack(batch: Batch, groups: list[list[int]]) -> dict[str, torch.Tensor]:
     allowed |= torch.eye(W, dtype=torch.bool)[None]   # a padding query sees itself: no all-masked row (NaN)
     keep = torch.cat([torch.tensor([P - 1])] + [P + j * R + torch.arange(R - 1) for j in range(G)])
     take = torch.zeros(B, R, dtype=torch.long)
-    for rows in groups:
+    group = torch.zeros(B, dtype=torch.long)
+    for r, rows in enumerate(groups):
         for j, b in enumerate(rows):
             take[b, 1:] = 1 + j * (R - 1) + torch.arange(R - 1)  # take[b, 0] = 0: the prompt's last column
+            group[b] = r
     return {"input_ids": ids, "position_ids": pos, "allowed": allowed[:, None], "keep": keep, "take": take,
-            "group_of_row": torch.tensor([r for r, rows in enumerate(groups) for _ in rows]),
-            "order": torch.tensor([b for rows in groups for b in rows])}
+            "group": group}
 
 
 def attention_mask_4d(allowed: torch.Tensor, model) -> torch.Tensor:
@@ -93,7 +95,4 @@ def shared_prompt_logits(model, batch: Batch, groups: list[list[int]]) -> torch.
     out = model(input_ids=p["input_ids"].to(device), position_ids=p["position_ids"].to(device),
                 attention_mask=attention_mask_4d(p["allowed"], model).to(device), use_cache=False,
                 logits_to_keep=p["keep"].to(device))
-    logits = out.logits                                                     # (groups, len(keep), V)
-    rows = torch.empty(len(batch), dtype=torch.long)
-    rows[p["order"]] = p["group_of_row"]
-    return logits[rows.to(device)[:, None], p["take"].to(device)]           # (B, R, V)
+    return out.logits[p["group"].to(device)[:, None], p["take"].to(device)]  # (groups, keep, V) -> (B, R, V)

@@ -31,7 +31,7 @@ from core.engines import cpu_kernels
 
 NAME = "hybridrl_decode"
 # keyword arguments whose non-None value changes the attention math: such calls go to SDPA
-_UNSUPPORTED = ("sliding_window", "softcap", "s_aux", "sinks", "position_bias")
+UNSUPPORTED_KWARGS = ("sliding_window", "softcap", "s_aux", "sinks", "position_bias")
 
 
 def decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -40,7 +40,7 @@ def decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     """query (B, H, q, D), key/value (B, KVH, T, D), mask (B, 1, q, T) additive or boolean -> (B, q, H, D)."""
     B, H, q_len, D = query.shape
     scale = scaling if scaling is not None else D ** -0.5
-    sdpa_only = module.training or any(kwargs.get(k) is not None for k in _UNSUPPORTED)
+    sdpa_only = module.training or any(kwargs.get(k) is not None for k in UNSUPPORTED_KWARGS)
     if (not sdpa_only and query.dtype in cpu_kernels.KERNEL_DTYPES and query.device.type == "cpu"
             and not torch.is_grad_enabled() and query.shape[-1] % 8 == 0
             and (attention_mask is not None or q_len == 1)

@@ -20,12 +20,12 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 
+from core.engines.attention import UNSUPPORTED_KWARGS
+
 NAME = "hybridrl_train"
 # score elements (batch x heads x queries x keys) per call taken by the matmul path: 2^22 fp32 = 16 MB, and the
 # backward keeps about three such tensors per layer (SmolLM2, 30 layers: at most ~1.5 GB at the bound)
 MAX_SCORES = 1 << 22
-# keyword arguments whose non-None value changes the attention math: such calls go to SDPA
-_UNSUPPORTED = ("sliding_window", "softcap", "s_aux", "sinks", "position_bias")
 
 
 def matmul_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
@@ -55,8 +55,9 @@ def train_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
                     **kwargs) -> tuple[torch.Tensor, None]:
     B, H, q, D = query.shape
     small = B * H * q * key.shape[2] <= MAX_SCORES
+    # a call whose keyword arguments change the attention math (sliding window, soft-capping, ...) goes to SDPA
     if (small and query.device.type == "cpu" and dropout == 0.0 and H % key.shape[1] == 0
-            and not any(kwargs.get(k) is not None for k in _UNSUPPORTED)):
+            and not any(kwargs.get(k) is not None for k in UNSUPPORTED_KWARGS)):
         mask = attention_mask[..., :key.shape[2]] if attention_mask is not None else None
         return matmul_attention(query, key, value, mask, scaling if scaling is not None else D ** -0.5), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)

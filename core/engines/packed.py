@@ -21,7 +21,8 @@ first call computes the fused product and hands the others their column slices; 
 the same tensor modified in place) computes again, so a wrong grouping costs time, never correctness.
 
 The packed copy is the engine's compute format: the model's parameters stay (the weight sync writes them, tests
-read them) and ``refresh`` re-packs the groups a weight update touched.
+read them) and ``refresh`` re-packs what a weight update touched: in our format each new weight straight into
+its rows of the packed copy (one pass, no allocation), so a sync costs little more than the copy itself.
 """
 
 from __future__ import annotations
@@ -81,11 +82,28 @@ class _Group:
             self.weight = torch.ops.hybridrl_cpu.pack_linear(w.detach())
         else:
             self.weight = torch.ops.mkldnn._reorder_linear_weight(w.detach(), self.rows_hint)
+        self.pack_bias()
+
+    @torch.no_grad()
+    def pack_bias(self) -> None:
+        self.bias = None
         if any(m.bias is not None for m in self.modules):
-            self.bias = torch.cat([m.bias if m.bias is not None else w.new_zeros(m.out_features)
+            self.bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features)
                                    for m in self.modules]).detach()
             if self.kernel:  # ours adds the bias in fp32: converted here once, not on every call
                 self.bias = self.bias.float().contiguous()
+        self._input, self._outs = None, ()
+
+    @torch.no_grad()
+    def pack_rows(self, index: int, new: torch.Tensor | None = None) -> None:
+        """Our format only: module ``index``'s weight into its rows of the packed weight, in place (no allocation,
+        no concatenation). With ``new``: first the weight's new value (any dtype), cast into the parameter one tile
+        of rows at a time and packed while in cache -- a weight sync's whole work for this linear in one pass."""
+        row0, weight = sum(self.splits[:index]), self.modules[index].weight.detach()
+        if new is None:
+            torch.ops.hybridrl_cpu.pack_linear_into(self.weight, weight, row0, self.out_features)
+        else:
+            torch.ops.hybridrl_cpu.load_linear_rows(self.weight, weight, new.detach(), row0, self.out_features)
         self._input, self._outs = None, ()
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -132,12 +150,31 @@ class PackedLinears:
                     if p is not None:
                         self._by_param.setdefault(id(p), []).append(g)
 
+    def load(self, param: torch.Tensor, new: torch.Tensor) -> bool:
+        """Write ``new`` into ``param`` and its packed rows in one pass when ``param`` is the weight of exactly one
+        linear in our format (True); otherwise do nothing (False: copy it and ``refresh``)."""
+        groups = self._by_param.get(id(param), [])
+        index = next((i for i, m in enumerate(groups[0].modules) if m.weight is param), None) if len(groups) == 1 else None
+        if index is None or not groups[0].kernel:
+            return False
+        groups[0].pack_rows(index, new)
+        return True
+
     def refresh(self, params: Iterable[torch.Tensor]) -> int:
-        """Re-pack the groups holding any of these parameters (after a weight update); returns groups packed."""
-        stale = {id(g): g for p in params for g in self._by_param.get(id(p), [])}
+        """Re-pack what a weight update touched: in our format a weight's own rows, in place; a bias, or a weight
+        in oneDNN's format, its whole group. Returns the number of (group, parameter) re-packs."""
+        stale, packs = {}, 0
+        for p in params:
+            for g in self._by_param.get(id(p), []):
+                index = next((i for i, m in enumerate(g.modules) if m.weight is p), None)
+                if g.kernel and index is not None:
+                    g.pack_rows(index)
+                    packs += 1
+                else:
+                    stale[id(g)] = g
         for g in stale.values():
-            g.pack()
-        return len(stale)
+            g.pack() if not g.kernel else g.pack_bias()
+        return packs + len(stale)
 
     def remove(self) -> None:
         """Back to the plain ``nn.Linear`` forward."""

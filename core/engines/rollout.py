@@ -54,6 +54,8 @@ class RolloutEngine:
         self._fp32_logits: torch.Tensor | None = None
         self._keeps_logits = keeps_logits(model)
         self.packed: PackedLinears | None = None
+        # by name, walked once: walking the module tree takes ~2 ms, and a weight sync looks names up per bucket
+        self.params = dict(model.named_parameters())
         if pack_weights or (pack_weights is None and can_pack(model)):
             calibrate = lambda: model(input_ids=torch.tensor([[self.pad_id] * 2], device=self.device), use_cache=False)
             self.packed = PackedLinears(model, calibrate, rows_hint=max_batch_size)
@@ -81,18 +83,19 @@ class RolloutEngine:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Copy full tensors into the engine's parameters by name (a bucket at a time), cast to the engine's
         dtype by the copy itself; returns the bytes written, in the engine's dtype."""
-        params = dict(self.model.named_parameters())
-        copied, touched = 0, []
+        params = self.params
+        copied = 0
         for name, tensor in named_tensors:
             if name not in params:
                 raise KeyError(f"rollout engine has no parameter {name!r}")
             if params[name].shape != tensor.shape:
                 raise ValueError(f"weight {name}: engine shape {tuple(params[name].shape)} != sent {tuple(tensor.shape)}")
-            params[name].copy_(tensor)
-            touched.append(params[name])
+            # a packed linear's weight: cast into the parameter and packed in one pass (packed.PackedLinears.load)
+            if self.packed is None or not self.packed.load(params[name], tensor):
+                params[name].copy_(tensor)
+                if self.packed is not None:  # a bias, or oneDNN's format: re-packed from the parameter
+                    self.packed.refresh([params[name]])
             copied += params[name].numel() * params[name].element_size()
-        if self.packed is not None:
-            self.packed.refresh(touched)
         return copied
 
     def finish_update(self) -> None:

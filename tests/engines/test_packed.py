@@ -5,6 +5,7 @@ update."""
 import pytest
 import torch
 
+from core.engines import cpu_kernels
 from core.engines.packed import PackedLinears, _onednn_usable, can_pack, kernel_usable
 from core.config import SamplingParams
 from core.engines.rollout import RolloutEngine
@@ -17,6 +18,7 @@ needs_bf16 = pytest.mark.skipif(
 
 needs_kernel = pytest.mark.skipif(not kernel_usable(), reason="our packed linear is not built or has no AVX512-BF16")
 needs_onednn = pytest.mark.skipif(not _onednn_usable(), reason="this CPU's oneDNN has no native bf16")
+needs_built = pytest.mark.skipif(not cpu_kernels.available(), reason="our CPU kernels are not built here")
 
 
 def bf16_ulp(x: torch.Tensor) -> torch.Tensor:
@@ -73,6 +75,36 @@ def test_our_packed_linear_refuses_mismatched_shapes():
                                              torch.zeros(3, dtype=torch.bfloat16), 20)
 
 
+def reference_pack(w: torch.Tensor) -> torch.Tensor:
+    """Our packed layout written out in torch (csrc/linear.cpp): rows padded to 16, tiles of 48 (bf16) or 16 (fp32)
+    rows, each tile's 32-bit words -- a bf16 (k, k+1) pair or one fp32 -- transposed, as int32 bit patterns."""
+    tile = 16 if w.dtype == torch.float32 else 48
+    words = w.contiguous().view(torch.int32)
+    padded = torch.zeros((w.shape[0] + 15) // 16 * 16, words.shape[1], dtype=torch.int32)
+    padded[:w.shape[0]] = words
+    return torch.cat([padded[c:c + tile].T.reshape(-1) for c in range(0, padded.shape[0], tile)])
+
+
+@needs_built
+@pytest.mark.parametrize("dtype,k", [(torch.bfloat16, 10), (torch.bfloat16, 34), (torch.bfloat16, 576),
+                                     (torch.float32, 7), (torch.float32, 17), (torch.float32, 576)])
+def test_packing_rows_in_place_gives_the_layout_of_the_whole_new_weight(dtype, k):
+    """A weight sync re-packs each sibling's rows into the existing packed buffer: row offsets off the 8 x 8 blocks
+    and across 48- and 16-row tiles, widths with and without whole blocks of 8 words; every bit as the layout of the
+    whole new weight (checked against the layout written in torch), padding kept zero."""
+    g = torch.Generator().manual_seed(k)
+    old, new = (torch.randn(100, k, generator=g).to(dtype) for _ in range(2))
+    packed = torch.ops.hybridrl_cpu.pack_linear(old)
+    assert torch.equal(packed.view(torch.int32), reference_pack(old))
+    row0 = 0
+    for rows in (5, 19, 13, 63):
+        torch.ops.hybridrl_cpu.pack_linear_into(packed, new[row0:row0 + rows], row0, 100)
+        row0 += rows
+    assert torch.equal(packed.view(torch.int32), reference_pack(new))
+    with pytest.raises(RuntimeError, match="rows 90..110 of 100 x"):
+        torch.ops.hybridrl_cpu.pack_linear_into(packed, new[:20], 90, 100)
+
+
 @needs_onednn
 def test_onednn_packing_is_bit_identical_to_f_linear_and_ours_is_used_by_default(tiny_model_dir):
     model = tiny_bf16(tiny_model_dir)
@@ -122,18 +154,37 @@ def test_packed_engine_matches_the_plain_one_in_bf16(tiny_model_dir):
         assert torch.equal(a["rollout_logprobs"], b["rollout_logprobs"])
 
 
-@needs_bf16
-def test_a_weight_update_repacks_what_it_touched(tiny_model_dir):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_weight_update_repacks_what_it_touched(tiny_model_dir, dtype):
+    """After a whole sync and after a one-tensor update (k_proj alone, in the middle of a fused q/k/v group) every
+    packed weight is, bit for bit, a fresh pack of the module weights; generation equals an unpacked engine's."""
+    model = load_causal_lm(str(tiny_model_dir), dtype=dtype)
+    if not can_pack(model):
+        pytest.skip(f"the engine does not pack {dtype} weights on this CPU")
     tok = load_tokenizer(str(tiny_model_dir))
-    engine = RolloutEngine(tiny_bf16(tiny_model_dir), tok, max_batch_size=4)
-    fresh = {n: torch.randn_like(p) * 0.2 for n, p in engine.model.named_parameters()}
-    engine.update_weights(fresh.items())
-    reference = RolloutEngine(tiny_bf16(tiny_model_dir), tok, max_batch_size=4, pack_weights=False)
-    reference.update_weights(fresh.items())
-    ids = [tok("hello there", add_special_tokens=False)["input_ids"]]
-    params = SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True)
-    a, b = engine.generate(ids, params), reference.generate(ids, params)
-    assert torch.equal(a["responses"], b["responses"]) and torch.equal(a["rollout_logprobs"], b["rollout_logprobs"])
+    engine = RolloutEngine(model, tok, max_batch_size=4)
+    reference = RolloutEngine(load_causal_lm(str(tiny_model_dir), dtype=dtype), tok, max_batch_size=4,
+                              pack_weights=False)
+    g = torch.Generator().manual_seed(0)
+    fresh = {n: torch.randn(p.shape, generator=g) * 0.2 for n, p in engine.model.named_parameters()}
+    k_proj = "model.layers.0.self_attn.k_proj.weight"
+    for update in (fresh, {k_proj: fresh[k_proj] * -2}):
+        engine.update_weights(update.items())
+        reference.update_weights(update.items())
+        for group in engine.packed.groups:
+            if group.kernel:
+                want = torch.ops.hybridrl_cpu.pack_linear(torch.cat([m.weight for m in group.modules]))
+            else:
+                want = torch.ops.mkldnn._reorder_linear_weight(torch.cat([m.weight for m in group.modules]), 4)
+            assert torch.equal(group.weight, want)
+        ids = [tok("hello there", add_special_tokens=False)["input_ids"]]
+        params = SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True)
+        a, b = engine.generate(ids, params), reference.generate(ids, params)
+        assert torch.equal(a["responses"], b["responses"])
+        if dtype == torch.bfloat16:  # fp32: ours sums in another order than MKL (within fp32 noise)
+            assert torch.equal(a["rollout_logprobs"], b["rollout_logprobs"])
+        else:
+            torch.testing.assert_close(a["rollout_logprobs"], b["rollout_logprobs"], atol=1e-5, rtol=1e-5)
 
 
 class TwoReadsAndAnInPlaceEdit(torch.nn.Module):

@@ -237,23 +237,6 @@ bool linear_f32_native() {
 #endif
 }
 
-at::Tensor pack_linear_f32(const at::Tensor& weight) {
-  const int64_t N = weight.size(0), K = weight.size(1), Np = (N + 15) / 16 * 16;
-  const auto w = weight.contiguous();
-  auto out = at::zeros({Np * K}, weight.options());
-  const float* src = w.data_ptr<float>();
-  float* dst = out.data_ptr<float>();
-  at::parallel_for(0, Np / kTileF, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t j = 0; j < kTileF && t * kTileF + j < N; ++j) {
-        const float* row = src + (t * kTileF + j) * K;
-        float* tile = dst + t * kTileF * K;
-        for (int64_t k = 0; k < K; ++k) tile[k * kTileF + j] = row[k];
-      }
-  });
-  return out;
-}
-
 at::Tensor linear_packed_f32(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                              int64_t N) {
   TORCH_CHECK(packed.scalar_type() == at::kFloat, "linear_packed: fp32 x needs an fp32 packed weight");

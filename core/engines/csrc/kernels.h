@@ -9,6 +9,7 @@
 #include <cstring>
 #include <optional>
 #include <tuple>
+#include <utility>
 #include <vector>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -168,7 +169,6 @@ at::Tensor rms_norm_f32(const at::Tensor& x, const at::Tensor& weight, double ep
 at::Tensor rotary_one_f32(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor silu_mul_f32(const at::Tensor& gate, const at::Tensor& up);
 bool linear_f32_native();
-at::Tensor pack_linear_f32(const at::Tensor& weight);
 at::Tensor linear_packed_f32(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                              int64_t N);
 
@@ -182,6 +182,8 @@ void write_decode(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& k_ne
                   const at::Tensor& pos);
 bool linear_native();
 at::Tensor pack_linear(const at::Tensor& weight);
+void pack_linear_into(at::Tensor& packed, const at::Tensor& weight, int64_t row0, int64_t rows);
+void load_linear_rows(at::Tensor& packed, at::Tensor& param, const at::Tensor& src, int64_t row0, int64_t rows);
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                          int64_t N);
 std::tuple<at::Tensor, at::Tensor> sample_rows(const at::Tensor& logits, double inv_temperature, const at::Tensor& u);

@@ -19,6 +19,7 @@ namespace {
 constexpr int64_t kTile = 48;   // output columns per tile (3 zmm of fp32)
 constexpr int64_t kRows = 8;    // rows of x per register block
 constexpr int64_t kChunk = 256; // rows of x per pass over the weights (its 8-row blocks stay in L2)
+constexpr int64_t kTileF32 = 16; // fp32.cpp's tile width (kTileF): output columns per tile of the fp32 layout
 
 int64_t padded(int64_t n) { return (n + 15) / 16 * 16; }
 
@@ -74,32 +75,145 @@ bool linear_native() {
 #endif
 }
 
+namespace {
+#if defined(__AVX2__)
+// out[i * out_stride + j] = in[j * in_stride + i] for an 8 x 8 block of 32-bit words (bit patterns moved, not read
+// as floats): unpack pairs of rows, shuffle quadruples, swap 128-bit halves
+inline void transpose8(const uint32_t* in, int64_t in_stride, uint32_t* out, int64_t out_stride) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(reinterpret_cast<const float*>(in + i * in_stride));
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int h = 0; h < 8; h += 4) {
+    r[h] = _mm256_shuffle_ps(t[h], t[h + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[h + 1] = _mm256_shuffle_ps(t[h], t[h + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[h + 2] = _mm256_shuffle_ps(t[h + 1], t[h + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[h + 3] = _mm256_shuffle_ps(t[h + 1], t[h + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(reinterpret_cast<float*>(out + i * out_stride), _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(reinterpret_cast<float*>(out + (i + 4) * out_stride), _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+}
+#endif
+
+// Rows [row0, row0 + n) of an (N, K) weight into the packed layout of the whole weight: tiles of `tile` columns over
+// N rounded up to 16, tile t at word offset t * tile * KW holding [KW][wd][1 word] (KW words per row: a bf16 (k, k+1)
+// pair per 32-bit word, or one fp32) -- a transpose of each tile's (wd x KW) word matrix, done in 8 x 8 blocks where
+// AVX2 is built (the remainders word by word). Padding columns are not written: zero from pack_linear.
+struct RowPack {
+  uint32_t* dst;
+  const uint32_t* src;  // the n rows, KW words each
+  int64_t row0, n, N, KW, tile;
+
+  int64_t first_tile() const { return row0 / tile; }
+  int64_t end_tile() const { return (row0 + n - 1) / tile + 1; }
+  // the rows of tile t that are among the n: [r0, r0 + rows)
+  std::pair<int64_t, int64_t> rows_of(int64_t t) const {
+    const int64_t c0 = t * tile, r0 = std::max(row0, c0);
+    return {r0, std::min(row0 + n, c0 + std::min(tile, padded(N) - c0)) - r0};
+  }
+  void tile_at(int64_t t) const {
+    const int64_t c0 = t * tile, wd = std::min(tile, padded(N) - c0);
+    const auto [r0, rows] = rows_of(t);
+    uint32_t* out = dst + c0 * KW + (r0 - c0);
+    const uint32_t* in = src + (r0 - row0) * KW;
+    int64_t k8 = 0;
+#if defined(__AVX2__)
+    // 8 words of every row at a time: the writes fill 8 consecutive runs of the tile, the rows' cache lines (one per
+    // row) stay in L1 for the next 8 words
+    k8 = KW / 8 * 8;
+    const int64_t r8 = rows / 8 * 8;
+    for (int64_t kw = 0; kw < k8; kw += 8) {
+      for (int64_t r = 0; r < r8; r += 8) transpose8(in + r * KW + kw, KW, out + kw * wd + r, wd);
+      for (int64_t k = kw; k < kw + 8; ++k)  // the rows past the last whole block of 8
+        for (int64_t q = r8; q < rows; ++q) out[k * wd + q] = in[q * KW + k];
+    }
+#endif
+    for (int64_t kw = k8; kw < KW; ++kw)  // the words past the last whole block of 8 (all of them without AVX2)
+      for (int64_t q = 0; q < rows; ++q) out[kw * wd + q] = in[q * KW + kw];
+  }
+};
+
+RowPack row_pack(at::Tensor& packed, const at::Tensor& weight, int64_t row0, int64_t N, const char* op) {
+  const bool f32 = weight.scalar_type() == at::kFloat;
+  TORCH_CHECK(weight.dim() == 2 && (f32 || weight.scalar_type() == at::kBFloat16) && weight.is_contiguous() &&
+                  packed.dim() == 1 && packed.scalar_type() == weight.scalar_type() && packed.is_contiguous(),
+              op, ": a contiguous 2-D bf16 or fp32 weight and a packed weight of its dtype");
+  const int64_t n = weight.size(0), K = weight.size(1);
+  TORCH_CHECK(f32 || K % 2 == 0, op, ": in_features must be even, got ", K);
+  TORCH_CHECK(row0 >= 0 && row0 + n <= N && packed.numel() == padded(N) * K, op, ": rows ", row0, "..", row0 + n,
+              " of ", N, " x ", K, " do not fit a packed weight of ", packed.numel(), " elements");
+  return {reinterpret_cast<uint32_t*>(packed.data_ptr()), reinterpret_cast<const uint32_t*>(weight.data_ptr()), row0,
+          n, N, f32 ? K : K / 2, f32 ? kTileF32 : kTile};
+}
+
+// fp32 -> bf16, round to nearest even, any NaN -> 0x7fc0: c10::BFloat16's conversion (AVX512-BF16's where built,
+// its NaNs replaced)
+void cast_bf16(const float* in, uint16_t* out, int64_t count) {
+  int64_t i = 0;
+#if defined(__AVX512BF16__)
+  const __m256i qnan = _mm256_set1_epi16(0x7fc0);
+  for (; i + 16 <= count; i += 16) {
+    const __m512 x = _mm512_loadu_ps(in + i);
+    const __m256i b = (__m256i)_mm512_cvtneps_pbh(x);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                        _mm256_mask_blend_epi16(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), b, qnan));
+  }
+#endif
+  for (; i < count; ++i) out[i] = f32_to_bf16(in[i]);
+}
+}  // namespace
+
 at::Tensor pack_linear(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && (weight.scalar_type() == at::kBFloat16 || weight.scalar_type() == at::kFloat),
               "pack_linear: a 2-D bf16 or fp32 weight");
-  if (weight.scalar_type() == at::kFloat) return pack_linear_f32(weight);
-  TORCH_CHECK(weight.size(1) % 2 == 0, "pack_linear: in_features must be even, got ", weight.size(1));
-  const int64_t N = weight.size(0), K = weight.size(1), Np = padded(N);
+  TORCH_CHECK(weight.scalar_type() == at::kFloat || weight.size(1) % 2 == 0,
+              "pack_linear: in_features must be even, got ", weight.size(1));
+  auto out = at::zeros({padded(weight.size(0)) * weight.size(1)}, weight.options());
+  if (weight.size(0) > 0) pack_linear_into(out, weight, 0, weight.size(0));
+  return out;
+}
+
+void pack_linear_into(at::Tensor& packed, const at::Tensor& weight, int64_t row0, int64_t N) {
   const auto w = weight.contiguous();
-  auto out = at::empty({Np * K}, weight.options());
-  const auto* src = reinterpret_cast<const uint16_t*>(w.data_ptr());
-  auto* dst = reinterpret_cast<uint16_t*>(out.data_ptr());
-  at::parallel_for(0, (Np + kTile - 1) / kTile, 1, [&](int64_t t0, int64_t t1) {
+  const RowPack rp = row_pack(packed, w, row0, N, "pack_linear_into");
+  if (rp.n == 0) return;
+  at::parallel_for(rp.first_tile(), rp.end_tile(), 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) rp.tile_at(t);
+  });
+}
+
+void load_linear_rows(at::Tensor& packed, at::Tensor& param, const at::Tensor& src, int64_t row0, int64_t N) {
+  TORCH_CHECK(param.sizes() == src.sizes(), "load_linear_rows: the engine's weight is ", param.sizes(), ", sent ",
+              src.sizes());
+  const bool cast = param.scalar_type() == at::kBFloat16 && src.scalar_type() == at::kFloat;
+  if (!(cast || param.scalar_type() == src.scalar_type()) || !param.is_contiguous()) {
+    param.copy_(src);  // another cast: torch's, then the rows packed from the parameter
+    pack_linear_into(packed, param, row0, N);
+    return;
+  }
+  // each tile's rows written into the parameter (cast or copied) and packed from it while they are in cache
+  const RowPack rp = row_pack(packed, param, row0, N, "load_linear_rows");
+  if (rp.n == 0) return;
+  const auto s = src.contiguous();
+  const auto* in = static_cast<const char*>(s.data_ptr());
+  auto* out = static_cast<char*>(param.data_ptr());
+  const int64_t K = param.size(1), in_row = K * s.element_size(), out_row = K * param.element_size();
+  at::parallel_for(rp.first_tile(), rp.end_tile(), 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t c0 = t * kTile, wd = std::min(kTile, Np - c0);
-      // a (k, k+1) pair moves as one 32-bit word: the tile is the (wd x K/2) word matrix transposed
-      uint32_t* tile = reinterpret_cast<uint32_t*>(dst + c0 * K);
-      for (int64_t j = 0; j < wd; ++j) {
-        if (c0 + j >= N) {
-          for (int64_t kp = 0; kp < K / 2; ++kp) tile[kp * wd + j] = 0;
-          continue;
-        }
-        const auto* row = reinterpret_cast<const uint32_t*>(src + (c0 + j) * K);
-        for (int64_t kp = 0; kp < K / 2; ++kp) tile[kp * wd + j] = row[kp];
-      }
+      const auto [r0, rows] = rp.rows_of(t);
+      const char* from = in + (r0 - row0) * in_row;
+      char* to = out + (r0 - row0) * out_row;
+      if (cast)
+        cast_bf16(reinterpret_cast<const float*>(from), reinterpret_cast<uint16_t*>(to), rows * K);
+      else
+        std::memcpy(to, from, rows * out_row);
+      rp.tile_at(t);
     }
   });
-  return out;
 }
 
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,

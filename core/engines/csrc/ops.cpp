@@ -15,6 +15,8 @@ TORCH_LIBRARY(hybridrl_cpu, m) {
   m.def("linear_f32_native() -> bool", hybridrl::linear_f32_native);
   m.def("isa() -> str", [] { return std::string(hybridrl::kernel_isa()); });
   m.def("pack_linear(Tensor weight) -> Tensor");
+  m.def("pack_linear_into(Tensor(a!) packed, Tensor weight, int row0, int rows) -> ()");
+  m.def("load_linear_rows(Tensor(a!) packed, Tensor(b!) param, Tensor src, int row0, int rows) -> ()");
   m.def("linear_packed(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
   m.def("write_decode(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, Tensor pos) -> ()");
 }
@@ -26,5 +28,7 @@ TORCH_LIBRARY_IMPL(hybridrl_cpu, CPU, m) {
   m.impl("rotary", hybridrl::rotary);
   m.impl("silu_mul", hybridrl::silu_mul);
   m.impl("pack_linear", hybridrl::pack_linear);
+  m.impl("pack_linear_into", hybridrl::pack_linear_into);
+  m.impl("load_linear_rows", hybridrl::load_linear_rows);
   m.impl("linear_packed", hybridrl::linear_packed);
 }

@@ -17,9 +17,17 @@ padded; G = the largest group of the micro-batch)::
 
 A smaller group leaves its last slots empty (masked). Every row has the same layout, so the positions whose
 logits are needed are the same for every row and go to the model as one ``logits_to_keep`` index tensor: the
-prompt's last column (it predicts every sample's first token) and the first R - 1 columns of each slot."""
+prompt's last column (it predicts every sample's first token) and the first R - 1 columns of each slot.
+
+Attention by parts (``Parts``, where the model runs ``core.engines.train_attention``): the block mask is dense
+over W = P + G R columns, yet a slot's queries see only P + R of them. The prompt attends causally to itself
+(N x P x P scores) and each slot to the prompt's keys and its own ((N G) x R x (P + R)): with GSM8K-length
+prompts, n = 8 and 128-token responses that is 22% of the dense block mask's scores, the work of the standard
+layout's attention. Same keys for every query, so the same softmax up to summation order."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -45,8 +53,8 @@ def pack(batch: Batch, groups: list[list[int]]) -> dict[str, torch.Tensor]:
     """The packed model inputs of ``batch`` (already trimmed of padding columns) for these row groups:
     ``input_ids``, ``position_ids`` (rows, P + G R), the block mask ``allowed`` (rows, 1, W, W) as bools
     (query, key), ``keep`` (1 + G (R - 1),): the columns whose logits are needed, ``take`` (B, R): for each
-    original row and response token, the index into ``keep`` of the logits that predict it, and ``group`` (B,):
-    each original row's packed row."""
+    original row and response token, the index into ``keep`` of the logits that predict it, ``group`` (B,):
+    each original row's packed row, and ``parts``: the layout for attention by parts."""
     B, W0 = batch["input_ids"].shape
     R = batch["responses"].shape[1]
     P, G, N = W0 - R, max(len(g) for g in groups), len(groups)
@@ -75,7 +83,57 @@ def pack(batch: Batch, groups: list[list[int]]) -> dict[str, torch.Tensor]:
             take[b, 1:] = 1 + j * (R - 1) + torch.arange(R - 1)  # take[b, 0] = 0: the prompt's last column
             group[b] = r
     return {"input_ids": ids, "position_ids": pos, "allowed": allowed[:, None], "keep": keep, "take": take,
-            "group": group}
+            "group": group, "parts": Parts.of(allowed[:, None], P, G, R)}
+
+
+@dataclass(frozen=True)
+class Parts:
+    """A packed batch's layout for attention by parts: P prompt columns, G slots of R columns; ``prompt_mask``
+    (N, 1, P, P) and ``slot_mask`` (N G, 1, R, P + R) bools, each query's allowed keys (``pack``'s block mask cut
+    to the keys a part can see: the prompt's, then its slot's)."""
+    P: int
+    G: int
+    R: int
+    prompt_mask: torch.Tensor
+    slot_mask: torch.Tensor
+
+    @staticmethod
+    def of(allowed: torch.Tensor, P: int, G: int, R: int) -> "Parts":
+        a = allowed[:, 0]                                                        # (N, W, W)
+        slots = [a[:, P + j * R:P + (j + 1) * R] for j in range(G)]              # slot j's query rows
+        slot_mask = torch.stack([torch.cat([q[..., :P], q[..., P + j * R:P + (j + 1) * R]], -1)
+                                 for j, q in enumerate(slots)], 1)               # (N, G, R, P + R)
+        return Parts(P, G, R, a[:, None, :P, :P], slot_mask.flatten(0, 1)[:, None])
+
+    def to(self, device: torch.device) -> "Parts":
+        return Parts(self.P, self.G, self.R, self.prompt_mask.to(device), self.slot_mask.to(device))
+
+    def split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, H, W, D) -> the prompt's (N, H, P, D) and the slots' (N G, H, R, D)."""
+        N, H, _, D = x.shape
+        slots = x[:, :, self.P:].reshape(N, H, self.G, self.R, D).transpose(1, 2).reshape(N * self.G, H, self.R, D)
+        return x[:, :, :self.P], slots
+
+    def slot_keys(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, KVH, W, D) keys or values -> (N G, KVH, P + R, D): each slot's, after the prompt's."""
+        prompt, slots = self.split(x)
+        N, KVH, _, D = x.shape
+        prompt = prompt[:, None].expand(N, self.G, KVH, self.P, D).reshape(N * self.G, KVH, self.P, D)
+        return torch.cat([prompt, slots], dim=2)
+
+    def join(self, prompt: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Attention outputs (N, P, H, D) and (N G, R, H, D) -> (N, W, H, D), the packed row's column order."""
+        N = prompt.shape[0]
+        return torch.cat([prompt, slots.reshape(N, self.G * self.R, *slots.shape[2:])], dim=1)
+
+
+def attention_by_parts(attend, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, parts: Parts):
+    """``attend(q, k, v, mask) -> (B, q, H, D)`` run on the prompt and on the slots separately; the packed rows'
+    (N, W, H, D) output."""
+    q_prompt, q_slots = parts.split(query)
+    prompt = attend(q_prompt, key[:, :, :parts.P], value[:, :, :parts.P], parts.prompt_mask)
+    slots = attend(q_slots, parts.slot_keys(key), parts.slot_keys(value), parts.slot_mask)
+    return parts.join(prompt, slots)
 
 
 def attention_mask_4d(allowed: torch.Tensor, model) -> torch.Tensor:
@@ -90,9 +148,14 @@ def attention_mask_4d(allowed: torch.Tensor, model) -> torch.Tensor:
 def shared_prompt_logits(model, batch: Batch, groups: list[list[int]]) -> torch.Tensor:
     """(B, R, V) logits that predict each row's R response tokens (``batch`` trimmed of padding), from one packed
     forward per prompt group; row order is the batch's."""
+    from core.engines.train_attention import NAME
+
     p = pack(batch, groups)
     device = batch["input_ids"].device
+    # our training attention takes the layout and attends by parts; any other ignores it (the dense block mask)
+    by_parts = ({"shared_prompt_parts": p["parts"].to(device)}
+                if getattr(model.config, "_attn_implementation", None) == NAME else {})
     out = model(input_ids=p["input_ids"].to(device), position_ids=p["position_ids"].to(device),
                 attention_mask=attention_mask_4d(p["allowed"], model).to(device), use_cache=False,
-                logits_to_keep=p["keep"].to(device))
+                logits_to_keep=p["keep"].to(device), **by_parts)
     return out.logits[p["group"].to(device)[:, None], p["take"].to(device)]  # (groups, keep, V) -> (B, R, V)

@@ -21,6 +21,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 
 from core.engines.attention import UNSUPPORTED_KWARGS
+from core.engines.shared_prompt import attention_by_parts
 
 NAME = "hybridrl_train"
 # score elements (batch x heads x queries x keys) per call taken by the matmul path: 2^22 fp32 = 16 MB, and the
@@ -52,15 +53,27 @@ def matmul_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
 def train_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                    **kwargs) -> tuple[torch.Tensor, None]:
+                    shared_prompt_parts=None, **kwargs) -> tuple[torch.Tensor, None]:
+    """``shared_prompt_parts``: a shared-prompt batch's layout (``core.engines.shared_prompt.Parts``, passed by
+    ``shared_prompt_logits``): the prompt and the slots attend separately, skipping the block mask's empty blocks."""
+    def attend(q, k, v, mask):
+        return _attend(module, q, k, v, mask, scaling, dropout, kwargs)
+
+    if shared_prompt_parts is not None and query.shape[2] == key.shape[2]:
+        return attention_by_parts(attend, query, key, value, shared_prompt_parts), None
+    return attend(query, key, value, attention_mask), None
+
+
+def _attend(module, query, key, value, attention_mask, scaling, dropout, kwargs) -> torch.Tensor:
     B, H, q, D = query.shape
     small = B * H * q * key.shape[2] <= MAX_SCORES
     # a call whose keyword arguments change the attention math (sliding window, soft-capping, ...) goes to SDPA
     if (small and query.device.type == "cpu" and dropout == 0.0 and H % key.shape[1] == 0
             and not any(kwargs.get(k) is not None for k in UNSUPPORTED_KWARGS)):
         mask = attention_mask[..., :key.shape[2]] if attention_mask is not None else None
-        return matmul_attention(query, key, value, mask, scaling if scaling is not None else D ** -0.5), None
-    return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        return matmul_attention(query, key, value, mask, scaling if scaling is not None else D ** -0.5)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                  **kwargs)[0]
 
 
 AttentionInterface.register(NAME, train_attention)

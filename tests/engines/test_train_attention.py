@@ -5,7 +5,9 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from core.engines.forward import response_logprobs
+from core.engines.forward import response_logprobs, trim_padding
+from core.engines.shared_prompt import attention_by_parts, pack, prompt_groups
+import core.engines.train_attention as train_attention
 from core.engines.train_attention import NAME, matmul_attention
 from core.models import load_causal_lm
 from tests.engines.test_shared_prompt import UNEVEN, grouped_batch
@@ -48,8 +50,40 @@ def test_a_query_that_sees_no_key_stays_finite_in_value_and_gradient():
     assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
 
 
+@pytest.mark.parametrize("attend", ["matmul", "sdpa"])
+def test_attention_by_parts_gives_the_dense_block_masks_values_and_gradients(attend):
+    """A packed batch with groups of 3, 2 and 1 rows (empty slots), left-padded prompts, right-padded responses:
+    the prompt and the slots attended separately equal one attention over the dense block mask, values and
+    gradients, through either attention kernel."""
+    b = trim_padding(grouped_batch(**UNEVEN))
+    p = pack(b, prompt_groups(b))
+    N, W = p["input_ids"].shape
+    q, k, v = qkv(B=N, q=W, T=W, seed=2)
+
+    def kernel(q, k, v, mask):
+        if attend == "matmul":
+            return matmul_attention(q, k, v, mask, 8 ** -0.5)
+        return sdpa_attention_forward(Module(), q, k, v, mask, scaling=8 ** -0.5)[0]
+
+    parts = p["parts"]
+    assert parts.slot_mask.shape == (N * parts.G, 1, parts.R, parts.P + parts.R)
+    dense = kernel(q, k, v, p["allowed"])
+    ours = attention_by_parts(kernel, q, k, v, parts)
+    torch.testing.assert_close(ours, dense, atol=1e-5, rtol=1e-5)
+    weight = torch.randn(dense.shape, generator=torch.Generator().manual_seed(3))
+    for a, c in zip(torch.autograd.grad((ours * weight).sum(), (q, k, v)),
+                    torch.autograd.grad((dense * weight).sum(), (q, k, v))):
+        torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
+    # the parts hold a quarter of the dense mask's scores here (and see each slot's own keys, nothing else)
+    assert parts.prompt_mask.numel() + parts.slot_mask.numel() < 0.5 * p["allowed"].numel()
+
+
 @pytest.mark.parametrize("share", [False, True])
-def test_a_model_on_training_attention_gives_sdpa_logprobs_and_gradients(tiny_model_dir, share):
+def test_a_model_on_training_attention_gives_sdpa_logprobs_and_gradients(tiny_model_dir, share, monkeypatch):
+    """With shared prompts the model's attention runs by parts (counted), against SDPA on the dense block mask."""
+    calls = []
+    by_parts = train_attention.attention_by_parts
+    monkeypatch.setattr(train_attention, "attention_by_parts", lambda *a: calls.append(1) or by_parts(*a))
     model = load_causal_lm(str(tiny_model_dir))
     b = grouped_batch(**UNEVEN)
     mask = b["response_mask"]
@@ -63,6 +97,7 @@ def test_a_model_on_training_attention_gives_sdpa_logprobs_and_gradients(tiny_mo
     torch.testing.assert_close(results[1][0], results[0][0], atol=1e-5, rtol=1e-5)
     for a, c in zip(results[1][1], results[0][1]):
         torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-4)
+    assert len(calls) == (model.config.num_hidden_layers if share else 0)
 
 
 def test_in_bf16_the_scores_keep_fp32_precision_as_sdpa_does():

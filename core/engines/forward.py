@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from core.engines.shared_prompt import prompt_groups, shared_prompt_logits
+from core.engines.lm_head import fused_head, head_logprobs
+from core.engines.shared_prompt import prompt_groups, shared_prompt_logits, shared_prompt_logprobs
 from core.protocol import Batch
 
 
@@ -90,14 +91,34 @@ def response_logprobs(model, batch: Batch, temperature: float = 1.0, with_entrop
         batch = trim_padding(batch)
     Tr = batch["responses"].shape[1]
     groups = prompt_groups(batch) if share_prompt and keeps_logits(model) else None
+    head = fused_head(model) if keeps_logits(model) else None
     if groups is not None and len(groups) < len(batch):
-        logits = shared_prompt_logits(model, batch, groups)
+        if head is not None:
+            logp, entropy = shared_prompt_logprobs(model, batch, groups, head, temperature, with_entropy)
+        else:
+            logp, entropy = normalised_logprobs(shared_prompt_logits(model, batch, groups), batch["responses"],
+                                                temperature, with_entropy)
+    elif head is not None:
+        logp, entropy = _fused_logprobs(model, head, batch, temperature, with_entropy)
     else:
         keep = {"logits_to_keep": Tr + 1} if keeps_logits(model) else {}
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                        position_ids=batch["position_ids"], use_cache=False, **keep).logits[:, -Tr - 1:-1]
-    logp, entropy = normalised_logprobs(logits, batch["responses"], temperature, with_entropy)
+        logp, entropy = normalised_logprobs(logits, batch["responses"], temperature, with_entropy)
     if Tr < full:  # trimmed response columns are padding: zero log-prob and entropy there
         logp = F.pad(logp, (0, full - Tr))
         entropy = F.pad(entropy, (0, full - Tr)) if entropy is not None else None
     return logp, entropy
+
+
+def _fused_logprobs(model, head, batch: Batch, temperature: float, with_entropy: bool):
+    """The standard layout with the LM head fused into the log-softmax (``core.engines.lm_head``): the Tr positions
+    before each row's last one predict its Tr response tokens."""
+    (B, T), Tr = batch["input_ids"].shape, batch["responses"].shape[1]
+    device = batch["input_ids"].device
+    pos = torch.arange(B * Tr, device=device)                      # row b, response token t: kept position b Tr + t
+    with head_logprobs(head, pos, batch["responses"].reshape(-1).to(device), temperature, with_entropy):
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    position_ids=batch["position_ids"], use_cache=False,
+                    logits_to_keep=torch.arange(T - Tr - 1, T - 1, device=device)).logits.view(B, Tr, 2)
+    return out[..., 0], out[..., 1] if with_entropy else None

@@ -148,14 +148,33 @@ def attention_mask_4d(allowed: torch.Tensor, model) -> torch.Tensor:
 def shared_prompt_logits(model, batch: Batch, groups: list[list[int]]) -> torch.Tensor:
     """(B, R, V) logits that predict each row's R response tokens (``batch`` trimmed of padding), from one packed
     forward per prompt group; row order is the batch's."""
-    from core.engines.train_attention import NAME
+    p = pack(batch, groups)
+    out = _packed_forward(model, p, batch["input_ids"].device)
+    device = batch["input_ids"].device
+    return out.logits[p["group"].to(device)[:, None], p["take"].to(device)]  # (groups, keep, V) -> (B, R, V)
+
+
+def shared_prompt_logprobs(model, batch: Batch, groups: list[list[int]], head, temperature: float,
+                           with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(B, R) log-probs of each row's response tokens (and entropies), the same packed forward with the LM head
+    fused into the log-softmax (``core.engines.lm_head``: no (positions x vocabulary) tensor)."""
+    from core.engines.lm_head import head_logprobs
 
     p = pack(batch, groups)
     device = batch["input_ids"].device
+    # target (b, t) is predicted by kept column take[b, t] of packed row group[b]
+    pos = (p["group"][:, None] * len(p["keep"]) + p["take"]).reshape(-1).to(device)
+    with head_logprobs(head, pos, batch["responses"].reshape(-1).to(device), temperature, with_entropy):
+        out = _packed_forward(model, p, device).logits.view(*p["take"].shape, 2)
+    return out[..., 0], out[..., 1] if with_entropy else None
+
+
+def _packed_forward(model, p: dict, device: torch.device):
+    from core.engines.train_attention import NAME
+
     # our training attention takes the layout and attends by parts; any other ignores it (the dense block mask)
     by_parts = ({"shared_prompt_parts": p["parts"].to(device)}
                 if getattr(model.config, "_attn_implementation", None) == NAME else {})
-    out = model(input_ids=p["input_ids"].to(device), position_ids=p["position_ids"].to(device),
-                attention_mask=attention_mask_4d(p["allowed"], model).to(device), use_cache=False,
-                logits_to_keep=p["keep"].to(device), **by_parts)
-    return out.logits[p["group"].to(device)[:, None], p["take"].to(device)]  # (groups, keep, V) -> (B, R, V)
+    return model(input_ids=p["input_ids"].to(device), position_ids=p["position_ids"].to(device),
+                 attention_mask=attention_mask_4d(p["allowed"], model).to(device), use_cache=False,
+                 logits_to_keep=p["keep"].to(device), **by_parts)

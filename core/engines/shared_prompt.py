@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from core.engines.lm_head import head_logprobs
 from core.protocol import Batch
 
 
@@ -149,8 +150,8 @@ def shared_prompt_logits(model, batch: Batch, groups: list[list[int]]) -> torch.
     """(B, R, V) logits that predict each row's R response tokens (``batch`` trimmed of padding), from one packed
     forward per prompt group; row order is the batch's."""
     p = pack(batch, groups)
-    out = _packed_forward(model, p, batch["input_ids"].device)
     device = batch["input_ids"].device
+    out = _packed_forward(model, p, device)
     return out.logits[p["group"].to(device)[:, None], p["take"].to(device)]  # (groups, keep, V) -> (B, R, V)
 
 
@@ -158,8 +159,6 @@ def shared_prompt_logprobs(model, batch: Batch, groups: list[list[int]], head, t
                            with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(B, R) log-probs of each row's response tokens (and entropies), the same packed forward with the LM head
     fused into the log-softmax (``core.engines.lm_head``: no (positions x vocabulary) tensor)."""
-    from core.engines.lm_head import head_logprobs
-
     p = pack(batch, groups)
     device = batch["input_ids"].device
     # target (b, t) is predicted by kept column take[b, t] of packed row group[b]
@@ -170,7 +169,7 @@ def shared_prompt_logprobs(model, batch: Batch, groups: list[list[int]], head, t
 
 
 def _packed_forward(model, p: dict, device: torch.device):
-    from core.engines.train_attention import NAME
+    from core.engines.train_attention import NAME  # here: train_attention imports this module
 
     # our training attention takes the layout and attends by parts; any other ignores it (the dense block mask)
     by_parts = ({"shared_prompt_parts": p["parts"].to(device)}

@@ -55,7 +55,7 @@ def train_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                     shared_prompt_parts=None, **kwargs) -> tuple[torch.Tensor, None]:
     """``shared_prompt_parts``: a shared-prompt batch's layout (``core.engines.shared_prompt.Parts``, passed by
-    ``shared_prompt_logits``): the prompt and the slots attend separately, skipping the block mask's empty blocks."""
+    its packed forward): the prompt and the slots attend separately, skipping the block mask's empty blocks."""
     def attend(q, k, v, mask):
         return _attend(module, q, k, v, mask, scaling, dropout, kwargs)
 

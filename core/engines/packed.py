@@ -106,6 +106,10 @@ class _Group:
             torch.ops.hybridrl_cpu.load_linear_rows(self.weight, weight, new.detach(), row0, self.out_features)
         self._input, self._outs = None, ()
 
+    def weight_index(self, param: torch.Tensor) -> int | None:
+        """Which module's weight ``param`` is (None: not one of this group's weights, e.g. a bias)."""
+        return next((i for i, m in enumerate(self.modules) if m.weight is param), None)
+
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel:
             return torch.ops.hybridrl_cpu.linear_packed(x, self.weight, self.bias, self.out_features)
@@ -154,8 +158,8 @@ class PackedLinears:
         """Write ``new`` into ``param`` and its packed rows in one pass when ``param`` is the weight of exactly one
         linear in our format (True); otherwise do nothing (False: copy it and ``refresh``)."""
         groups = self._by_param.get(id(param), [])
-        index = next((i for i, m in enumerate(groups[0].modules) if m.weight is param), None) if len(groups) == 1 else None
-        if index is None or not groups[0].kernel:
+        index = groups[0].weight_index(param) if len(groups) == 1 and groups[0].kernel else None
+        if index is None:
             return False
         groups[0].pack_rows(index, new)
         return True
@@ -166,7 +170,7 @@ class PackedLinears:
         stale, packs = {}, 0
         for p in params:
             for g in self._by_param.get(id(p), []):
-                index = next((i for i, m in enumerate(g.modules) if m.weight is p), None)
+                index = g.weight_index(p)
                 if g.kernel and index is not None:
                     g.pack_rows(index)
                     packs += 1

@@ -112,12 +112,12 @@ class RolloutEngine:
 
     def weight_names(self) -> list[str]:
         """The names ``update_weights`` takes: the model's parameters."""
-        return [n for n, _ in self.model.named_parameters()]
+        return list(self.params)
 
     @torch.no_grad()
     def verify_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Raise if any of these tensors differs from the engine's copy (``rollout.debug_sync``)."""
-        params = dict(self.model.named_parameters())
+        params = self.params
         for name, full in named_tensors:
             if not torch.equal(params[name], full.to(params[name].dtype)):
                 raise ValueError(f"checksum mismatch on {name} after copy")

@@ -184,7 +184,7 @@ at::Tensor silu_mul_f32(const at::Tensor& gate, const at::Tensor& up) {
 // next tile is prefetched into L2 spread over the blocks, as the bf16 kernel does. fp32 sums in another order than
 // MKL's: within a few fp32 ulps of F.linear, not bit-identical.
 namespace {
-constexpr int64_t kTileF = 16, kRowsF = 6, kChunkF = 192;
+constexpr int64_t kTileF = kPackTileF32, kRowsF = 6, kChunkF = 192;
 
 #if defined(__AVX2__) && defined(__FMA__)
 // one row's 16 outputs (+ bias), the first `cols` of them stored

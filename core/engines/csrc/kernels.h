@@ -17,6 +17,9 @@
 
 namespace hybridrl {
 
+// Output columns per tile of the fp32 packed-weight layout: fp32.cpp's kernel reads it, linear.cpp's packing writes it
+constexpr int64_t kPackTileF32 = 16;
+
 inline float bf16_to_f32(uint16_t x) {
   uint32_t u = static_cast<uint32_t>(x) << 16;
   float f;

@@ -19,7 +19,6 @@ namespace {
 constexpr int64_t kTile = 48;   // output columns per tile (3 zmm of fp32)
 constexpr int64_t kRows = 8;    // rows of x per register block
 constexpr int64_t kChunk = 256; // rows of x per pass over the weights (its 8-row blocks stay in L2)
-constexpr int64_t kTileF32 = 16; // fp32.cpp's tile width (kTileF): output columns per tile of the fp32 layout
 
 int64_t padded(int64_t n) { return (n + 15) / 16 * 16; }
 
@@ -147,7 +146,7 @@ RowPack row_pack(at::Tensor& packed, const at::Tensor& weight, int64_t row0, int
   TORCH_CHECK(row0 >= 0 && row0 + n <= N && packed.numel() == padded(N) * K, op, ": rows ", row0, "..", row0 + n,
               " of ", N, " x ", K, " do not fit a packed weight of ", packed.numel(), " elements");
   return {reinterpret_cast<uint32_t*>(packed.data_ptr()), reinterpret_cast<const uint32_t*>(weight.data_ptr()), row0,
-          n, N, f32 ? K : K / 2, f32 ? kTileF32 : kTile};
+          n, N, f32 ? K : K / 2, f32 ? kPackTileF32 : kTile};
 }
 
 // fp32 -> bf16, round to nearest even, any NaN -> 0x7fc0: c10::BFloat16's conversion (AVX512-BF16's where built,

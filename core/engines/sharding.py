@@ -3,7 +3,8 @@ optimizer, one clipped optimizer step, and checkpoints of model + optimizer + sc
 
 Sharding: ``fully_shard`` on every decoder layer (the model's ``_no_split_modules`` classes) and on the root,
 over a 1-D mesh of the group's ranks (gloo on CPU, nccl on GPU). Parameters stay fp32 (the optimizer's master
-copy); the compute dtype comes from FSDP2's mixed-precision policy.
+copy); the compute dtype comes from FSDP2's mixed-precision policy. On one rank (no offload, no activation
+checkpointing) nothing is sharded: ``core.engines.one_rank`` gives the same numbers without FSDP2's copies.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from core.config import check_offload_mode
+from core.engines.one_rank import ComputeCopies, weights_changed
 from core.worker import WorkerContext
 
 
@@ -35,12 +37,22 @@ def check_offload(mode: str, role: str, ctx: WorkerContext | None = None) -> Non
                          f"{ctx.rank} runs on {ctx.device} (where everything is in host memory already)")
 
 
-def shard(model: torch.nn.Module, ctx: WorkerContext, compute: torch.dtype, offload: str, role: str
-          ) -> torch.nn.Module:
+def unsharded(ctx: WorkerContext, offload: str, checkpointing: bool) -> bool:
+    """One rank, no offload, no activation checkpointing: nothing to shard (``core.engines.one_rank``)."""
+    return ctx.world_size == 1 and offload == "none" and not checkpointing
+
+
+def shard(model: torch.nn.Module, ctx: WorkerContext, compute: torch.dtype, offload: str, role: str,
+          checkpointing: bool = False) -> torch.nn.Module:
+    check_offload(offload, role, ctx)
+    return model if unsharded(ctx, offload, checkpointing) else fsdp_wrap(model, ctx, compute, offload)
+
+
+def fsdp_wrap(model: torch.nn.Module, ctx: WorkerContext, compute: torch.dtype, offload: str) -> torch.nn.Module:
+    """FSDP2 over the group's ranks: every decoder layer, then the root."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-    check_offload(offload, role, ctx)
     mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
     policy = CPUOffloadPolicy(pin_memory=True) if offload == "full" else OffloadPolicy()
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
@@ -124,15 +136,27 @@ def load_sharded_causal_lm(name_or_path: str, ctx: WorkerContext, compute: torch
     if checkpointing:
         enable_checkpointing(model)
     if where is None:
-        return shard(model, ctx, compute, offload, role)
+        return _with_copies(shard(model, ctx, compute, offload, role, checkpointing), ctx, compute, offload,
+                            checkpointing)
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
-    model = shard(model, ctx, compute, offload, role)
+    model = shard(model, ctx, compute, offload, role, checkpointing)
     model.to_empty(device="cpu" if offload == "full" else ctx.device)   # FSDP2 CPU offload keeps the shards on the host
+    if unsharded(ctx, offload, checkpointing):
+        model.tie_weights()  # to_empty replaced each registration of a tied weight with its own tensor
     for name, b in buffers.items():
         module, _, attr = name.rpartition(".")
         model.get_submodule(module)._buffers[attr] = b.to(ctx.device)
     _fill_shards(model, where, fresh)
-    return model.eval()
+    return _with_copies(model.eval(), ctx, compute, offload, checkpointing)
+
+
+def _with_copies(model: torch.nn.Module, ctx: WorkerContext, compute: torch.dtype, offload: str,
+                 checkpointing: bool) -> torch.nn.Module:
+    """An unsharded model computing in a lower dtype gets its compute copies (after ``to_empty``, which replaces
+    meta parameters with new ones)."""
+    if unsharded(ctx, offload, checkpointing) and compute != torch.float32:
+        ComputeCopies(model, compute)
+    return model
 
 
 def _meta_model(files: list, who: str, value_head: bool = False) -> tuple:
@@ -211,7 +235,10 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
 
 def adamw_with_warmup(model: torch.nn.Module, o) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over the (sharded) parameters; the LR rises linearly to ``o.lr`` over ``o.warmup_steps`` steps."""
-    optim = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+    params = list(model.parameters())
+    # one fused kernel over all parameters (torch's default on CPU is a Python loop of ~12 ops per parameter)
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    optim = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, fused=fused)
     warm = max(1, o.warmup_steps)
     return optim, torch.optim.lr_scheduler.LambdaLR(optim, lambda s: min(1.0, (s + 1) / warm))
 
@@ -224,6 +251,7 @@ def clipped_step(model: torch.nn.Module, optim, sched, clip: float) -> float:
     norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     if math.isfinite(norm):
         optim.step()
+        weights_changed(model)
         sched.step()
     optim.zero_grad(set_to_none=True)
     return norm
@@ -278,6 +306,7 @@ def load_state(path: str, model, optim, sched, rank: int) -> None:
     state = _dcp_state(model, optim)
     dcp.load(state, checkpoint_id=path)
     set_state_dict(model, optim or [], model_state_dict=state["model"], optim_state_dict=state.get("optim", {}))
+    weights_changed(model)
     if sched is not None:
         sched.load_state_dict(torch.load(f"{path}/scheduler.pt", weights_only=False))
     set_rng_state(torch.load(rng, weights_only=False))

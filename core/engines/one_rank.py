@@ -1,0 +1,75 @@
+"""One rank, nothing to shard: FSDP2's mixed precision without FSDP2's gather and reduce machinery.
+
+On one rank FSDP2 still copies every parameter into an all-gather buffer and out again, casting it, twice per
+micro-batch (forward and backward's re-gather), and every gradient into a reduce-scatter buffer and back: on
+SmolLM2-135M in bf16 about a third of an update's time on a 2-core CPU. Here the numbers are the same and the
+work is done once per weight update:
+
+- the fp32 parameters stay registered on the model (the optimizer's master copy; checkpoints, weight export and
+  ``clip_grad_norm_`` see them as before);
+- a forward pre-hook on the root swaps each one for its compute-dtype copy, re-cast only when the fp32 value
+  changed since (``stale`` after an optimizer step or a checkpoint load, or its in-place version counter moved);
+  a forward hook swaps
+  the fp32 ones back (autograd keeps the copies it saved for backward);
+- each copy's gradient, once accumulated, is added in fp32 to its fp32 parameter's ``.grad`` and dropped -- what
+  FSDP2 with ``reduce_dtype=float32`` does on one rank (cast, a one-rank reduce, accumulate), in the same order.
+
+Only where nothing reads the module's parameters outside the root's forward while gradients flow: not with
+activation checkpointing (backward re-runs layers, which would find the fp32 parameters), and not with FSDP2
+offload. ``core.engines.sharding.shard`` decides; tests/engines/test_one_rank.py checks the equivalence.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class ComputeCopies:
+    """The compute-dtype twins of a model's fp32 parameters, swapped in for the root module's forward."""
+
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype):
+        self.dtype = dtype
+        # (module, attribute, fp32 parameter) for every registration: a tied weight is registered twice, one copy
+        self.slots = [(m, name, p) for m in model.modules() for name, p in m._parameters.items() if p is not None]
+        self.copies: dict[int, tuple[int, torch.nn.Parameter]] = {}   # id(fp32) -> (its version when cast, copy)
+        model._compute_copies = self  # for ``stale``
+        model.register_forward_pre_hook(self._swap_in)
+        model.register_forward_hook(self._swap_out, always_call=True)
+
+    def stale(self) -> None:
+        """The fp32 values changed where the version counter may not show it (the fused AdamW kernel writes in place
+        without bumping it): every copy is re-cast at its next use."""
+        self.copies.clear()
+
+    def copy_of(self, p: torch.nn.Parameter) -> torch.nn.Parameter:
+        version, c = self.copies.get(id(p), (None, None))
+        if c is None or version != p._version or c.device != p.device:
+            c = torch.nn.Parameter(p.detach().to(self.dtype), requires_grad=p.requires_grad)
+            if p.requires_grad:
+                c.register_post_accumulate_grad_hook(lambda c, p=p: self._fold(c, p))
+            self.copies[id(p)] = (p._version, c)
+        return c
+
+    @staticmethod
+    @torch.no_grad()
+    def _fold(c: torch.nn.Parameter, p: torch.nn.Parameter) -> None:
+        if p.grad is None:
+            p.grad = c.grad.to(torch.float32)
+        else:
+            p.grad += c.grad
+        c.grad = None
+
+    def _swap_in(self, module, args) -> None:
+        for m, name, p in self.slots:
+            m._parameters[name] = self.copy_of(p)
+
+    def _swap_out(self, module, args, output) -> None:
+        for m, name, p in self.slots:
+            m._parameters[name] = p
+
+
+def weights_changed(model: torch.nn.Module) -> None:
+    """Call after writing a model's parameters in place: its compute copies, if it has them, are re-cast."""
+    copies = getattr(model, "_compute_copies", None)
+    if copies is not None:
+        copies.stale()

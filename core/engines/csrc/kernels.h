@@ -1,4 +1,4 @@
-// Shared by the fused CPU kernels (core/engines/cpu_kernels.py builds attention.cpp, elementwise.cpp, ops.cpp):
+// Shared by the fused CPU kernels (core/engines/cpu_kernels.py builds every .cpp here):
 // bf16 <-> fp32 conversions with bf16's rounding, AVX-512 helpers, and the ops' declarations.
 #pragma once
 #include <ATen/ATen.h>
@@ -189,6 +189,12 @@ void pack_linear_into(at::Tensor& packed, const at::Tensor& weight, int64_t row0
 void load_linear_rows(at::Tensor& packed, at::Tensor& param, const at::Tensor& src, int64_t row0, int64_t rows);
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                          int64_t N);
+std::tuple<at::Tensor, at::Tensor> train_attention_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                       const at::Tensor& mask, double scale);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> train_attention_bwd(const at::Tensor& grad_out, const at::Tensor& q,
+                                                                   const at::Tensor& k, const at::Tensor& v,
+                                                                   const at::Tensor& out, const at::Tensor& lse,
+                                                                   const at::Tensor& mask, double scale);
 std::tuple<at::Tensor, at::Tensor> sample_rows(const at::Tensor& logits, double inv_temperature, const at::Tensor& u);
 
 }  // namespace hybridrl

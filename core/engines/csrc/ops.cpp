@@ -18,6 +18,9 @@ TORCH_LIBRARY(hybridrl_cpu, m) {
   m.def("pack_linear_into(Tensor(a!) packed, Tensor weight, int row0, int rows) -> ()");
   m.def("load_linear_rows(Tensor(a!) packed, Tensor(b!) param, Tensor src, int row0, int rows) -> ()");
   m.def("linear_packed(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
+  m.def("train_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> (Tensor, Tensor)");
+  m.def("train_attention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor mask, "
+        "float scale) -> (Tensor, Tensor, Tensor)");
   m.def("write_decode(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, Tensor pos) -> ()");
 }
 TORCH_LIBRARY_IMPL(hybridrl_cpu, CPU, m) {
@@ -31,4 +34,6 @@ TORCH_LIBRARY_IMPL(hybridrl_cpu, CPU, m) {
   m.impl("pack_linear_into", hybridrl::pack_linear_into);
   m.impl("load_linear_rows", hybridrl::load_linear_rows);
   m.impl("linear_packed", hybridrl::linear_packed);
+  m.impl("train_attention_fwd", hybridrl::train_attention_fwd);
+  m.impl("train_attention_bwd", hybridrl::train_attention_bwd);
 }

@@ -13,7 +13,9 @@ training phase, per GPU (``offload``: none | idle | full, ``core.config.OFFLOAD_
     fp32 master weights        4P / W            (full: on the host)
     fp32 gradients             4P / W            (full: on the host: FSDP2 offloads them together)
     AdamW moments (fp32 m, v)  8P / W            (full: on the host)
-    gathered bf16 layers       2 x 2 P_layer     (the layer being computed and the one prefetched)
+    gathered bf16 layers       2 x 2 P_layer     (the layer being computed and the one prefetched; on one rank
+                                                 without offload or checkpointing: a whole bf16 copy, 2P per
+                                                 model, kept, in its place: ``core.engines.one_rank``)
     embeddings + LM head       2 k V h + 2 V h   (the root module stays gathered in bf16 for forward and
                                                  backward, plus the LM head's bf16 gradient)
     activations                2 T h L           (checkpointed: each layer's bf16 input) + one layer recomputed:
@@ -184,16 +186,29 @@ def _policy_terms(m: ModelShape, r: RunShape, W: int, p: Plan) -> tuple[float, f
         p.lines.append((item, b, "train"))
         if r.offload == "idle" and not item.startswith("fp32 gradients"):
             parked += b   # gradients are freed after each optimizer step: nothing of them to park
+    copies = 0.0
     if r.actor or r.reference:  # a reference alone on its pool: the same terms, an upper bound (forward only)
-        p.lines.append(("gathered bf16 layers (2 x 2 P_layer)", 4 * m.layer_params, "train"))
-        k = 1 if m.tied else 2
-        p.lines.append(("embeddings + LM head, bf16 + grad (2kVh + 2Vh)", (2 * k + 2) * m.vocab * m.hidden, "train"))
+        if one_rank(W, r.offload, r.gradient_checkpointing):
+            copies = 2 * m.params * (int(r.actor) + int(r.reference))
+            p.lines.append(("bf16 compute copies, one rank (2P per policy model)", copies, "train"))
+            p.lines.append(("LM head bf16 gradient (2Vh)", 2 * m.vocab * m.hidden, "train"))
+        else:
+            p.lines.append(("gathered bf16 layers (2 x 2 P_layer)", 4 * m.layer_params, "train"))
+            k = 1 if m.tied else 2
+            p.lines.append(("embeddings + LM head, bf16 + grad (2kVh + 2Vh)", (2 * k + 2) * m.vocab * m.hidden,
+                            "train"))
         T = r.tokens_per_micro
         layer = T * (14 * m.hidden + 4 * m.kv_heads * m.head_dim + 8 * m.intermediate)
         act = (2 * T * m.hidden * m.layers + layer) if r.gradient_checkpointing else layer * m.layers
         p.lines.append(("activations" + (" (checkpointed)" if r.gradient_checkpointing else ""), act, "train"))
         p.lines.append(("logits (6 T V + chunk work)", 6 * T * m.vocab + CHUNK_WORK, "train"))
-    return host, parked, (sum(sharded.values()) if r.offload == "none" else 0.0)
+    return host, parked, (sum(sharded.values()) + copies if r.offload == "none" else 0.0)
+
+
+def one_rank(W: int, offload: str, checkpointing: bool) -> bool:
+    """No FSDP2 on one rank without offload or checkpointing (``sharding.unsharded``): each model keeps a bf16 copy
+    of all its weights (``core.engines.one_rank``) instead of gathering layers one at a time."""
+    return W == 1 and offload == "none" and not checkpointing
 
 
 def _critic_terms(r: RunShape, W: int, p: Plan) -> tuple[float, float, float]:
@@ -218,6 +233,10 @@ def _critic_terms(r: RunShape, W: int, p: Plan) -> tuple[float, float, float]:
     # gathered layers, embeddings (no LM head: a 1-wide value head) and activations of the critic's update,
     # counted where they exceed the actor's on this pool (the two updates take turns)
     c_transient = 4 * c.layer_params + 4 * c.vocab * c.hidden + c_act
+    if one_rank(W, r.critic_offload, r.critic_checkpointing):
+        p.lines.append(("critic bf16 compute copy, one rank (2Pc)", 2 * c.params, "train"))
+        resident += 2 * c.params
+        c_transient = c_act
     a_transient = sum(b for item, b, ph in p.lines if ph == "train" and item.startswith(
         ("gathered bf16", "embeddings + LM head", "activations", "logits")))
     p.lines.append(("critic update, beyond the actor's transient terms" if a_transient else

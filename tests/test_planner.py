@@ -259,3 +259,18 @@ def test_the_dry_run_of_a_split_placement_plans_every_pool_and_fails_on_the_one_
     assert gen.startswith("rollout):") and "rollout engine (0.9 x GPU; weights 2P/1)" in gen.split("pool 'crit'")[0]
     assert crit.startswith("critic):") and "critic AdamW moments (8Pc/W)" in crit
     assert "DOES NOT FIT" in crit and "24 GB - 4 GB reserve" in crit and text.count("\nfits") == 2
+
+
+def test_one_rank_without_checkpointing_plans_whole_bf16_copies_instead_of_gathered_layers():
+    """``sharding.unsharded``: one rank, no offload, no activation checkpointing -> no FSDP2; each policy model
+    keeps a bf16 copy of all its weights (2P), the actor's and the reference's, also through the rollout."""
+    m = ModelShape(params=1e9, layers=16, hidden=2048, intermediate=8192, heads=16, kv_heads=4, vocab=32000)
+    r = RunShape(nnodes=1, gpus_per_node=1, gpu_memory_gb=80, gradient_checkpointing=False, reference=True)
+    got = lines(plan(m, r))
+    assert got["bf16 compute copies, one rank (2P per policy model)"] == pytest.approx(2 * 2 * 1e9)
+    assert got["LM head bf16 gradient (2Vh)"] == 2 * 32000 * 2048
+    assert "gathered bf16 layers (2 x 2 P_layer)" not in got
+    fsdp = lines(plan(m, replace(r, gradient_checkpointing=True)))
+    assert "gathered bf16 layers (2 x 2 P_layer)" in fsdp and "bf16 compute copies, one rank (2P per policy model)" not in fsdp
+    two = lines(plan(m, replace(r, gpus_per_node=2)))
+    assert "bf16 compute copies, one rank (2P per policy model)" not in two

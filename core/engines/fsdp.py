@@ -1,7 +1,8 @@
 """FSDP2 train engine: the actor (and, without an optimizer, the reference policy) as a worker role.
 
 Sharding, optimizer and checkpoints: ``core.engines.sharding`` (shared with the critic). Parameters stay fp32
-(the optimizer's master copy); ``dtype`` sets the compute dtype through FSDP2's mixed-precision policy.
+(the optimizer's master copy); ``dtype`` sets the compute dtype through FSDP2's mixed-precision policy (on one
+rank without offload or checkpointing, where there is nothing to shard: ``core.engines.one_rank``, the same numbers).
 
 Batch sizes: ``ppo_mini_batch_size`` samples make one optimizer step across the whole DP group; each rank
 cuts its share into micro-batches of ``micro_batch_size`` samples, or -- with ``max_tokens_per_micro`` > 0 --

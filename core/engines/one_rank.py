@@ -14,6 +14,9 @@ work is done once per weight update:
 - each copy's gradient, once accumulated, is added in fp32 to its fp32 parameter's ``.grad`` and dropped -- what
   FSDP2 with ``reduce_dtype=float32`` does on one rank (cast, a one-rank reduce, accumulate), in the same order.
 
+Memory: each model keeps its whole compute-dtype copy (2P bytes in bf16; a frozen reference's is cast once and
+kept), where FSDP2 holds a layer or two at a time -- ``core.planner`` counts it.
+
 Only where nothing reads the module's parameters outside the root's forward while gradients flow: not with
 activation checkpointing (backward re-runs layers, which would find the fp32 parameters), and not with FSDP2
 offload. ``core.engines.sharding.shard`` decides; tests/engines/test_one_rank.py checks the equivalence.

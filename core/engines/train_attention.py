@@ -90,12 +90,13 @@ class FusedAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
-def fused_attention_ok(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) -> bool:
+def fused_attention_ok(query: torch.Tensor, mask: torch.Tensor | None) -> bool:
     """Can ``FusedAttention`` take this call? bf16 on a CPU whose kernels were built with AVX512-BF16, head size a
-    multiple of 32, a boolean mask (or none)."""
+    multiple of 32, a boolean (B or 1, 1, q, T) mask or none."""
     from core.engines import cpu_kernels
 
-    boolean = mask is None or (mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1)
+    boolean = mask is None or (mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1
+                               and mask.shape[0] in (1, query.shape[0]))
     return (query.dtype == torch.bfloat16 and query.shape[-1] % 32 == 0 and boolean
             and cpu_kernels.isa() == "avx512_bf16")
 
@@ -108,7 +109,7 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, kwargs)
     # a call whose keyword arguments change the attention math (sliding window, soft-capping, ...) goes to SDPA
     if (query.device.type == "cpu" and dropout == 0.0 and H % key.shape[1] == 0
             and not any(kwargs.get(k) is not None for k in UNSUPPORTED_KWARGS)):
-        if fused_attention_ok(query, key, mask):
+        if fused_attention_ok(query, mask):
             visible = (mask[:, 0].contiguous().view(torch.uint8) if mask is not None
                        else torch.empty(0, dtype=torch.uint8))
             return FusedAttention.apply(query.contiguous(), key.contiguous(), value.contiguous(), visible, scale)

@@ -48,6 +48,22 @@ inline const char* kernel_isa() {
 #endif
 }
 
+// fp32 -> bf16, round to nearest even, any NaN -> 0x7fc0: c10::BFloat16's conversion (AVX512-BF16's where built,
+// its NaNs replaced)
+inline void cast_bf16(const float* in, uint16_t* out, int64_t count) {
+  int64_t i = 0;
+#if defined(__AVX512BF16__)
+  const __m256i qnan = _mm256_set1_epi16(0x7fc0);
+  for (; i + 16 <= count; i += 16) {
+    const __m512 x = _mm512_loadu_ps(in + i);
+    const __m256i b = (__m256i)_mm512_cvtneps_pbh(x);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                        _mm256_mask_blend_epi16(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), b, qnan));
+  }
+#endif
+  for (; i < count; ++i) out[i] = f32_to_bf16(in[i]);
+}
+
 // Sum of 16 values pairwise (8 + 8, 4 + 4, ...): the scalar paths' stand-in for a 16-lane reduction
 inline float sum16(const float* v) {
   float a[8];

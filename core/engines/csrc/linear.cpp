@@ -149,21 +149,6 @@ RowPack row_pack(at::Tensor& packed, const at::Tensor& weight, int64_t row0, int
           n, N, f32 ? K : K / 2, f32 ? kPackTileF32 : kTile};
 }
 
-// fp32 -> bf16, round to nearest even, any NaN -> 0x7fc0: c10::BFloat16's conversion (AVX512-BF16's where built,
-// its NaNs replaced)
-void cast_bf16(const float* in, uint16_t* out, int64_t count) {
-  int64_t i = 0;
-#if defined(__AVX512BF16__)
-  const __m256i qnan = _mm256_set1_epi16(0x7fc0);
-  for (; i + 16 <= count; i += 16) {
-    const __m512 x = _mm512_loadu_ps(in + i);
-    const __m256i b = (__m256i)_mm512_cvtneps_pbh(x);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
-                        _mm256_mask_blend_epi16(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), b, qnan));
-  }
-#endif
-  for (; i < count; ++i) out[i] = f32_to_bf16(in[i]);
-}
 }  // namespace
 
 at::Tensor pack_linear(const at::Tensor& weight) {

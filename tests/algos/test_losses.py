@@ -161,3 +161,17 @@ def test_clip_cov_draws_anew_each_call_and_replays_under_the_same_rng_state():
     torch.manual_seed(0)
     assert cut_positions(12) == first                                        # reproducible from the RNG state
     assert len(set(first)) > 1                                               # not the same cut every call
+
+
+def test_positive_nll_flows_only_through_correct_rows_and_is_zero_without_them():
+    logp = torch.tensor([[-1.0, -3.0], [-5.0, -5.0], [-2.0, -4.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 1.0], [1.0, 0.0]])
+    b = Batch({"scores": torch.tensor([1.0, 0.0, 1.0]), "response_mask": mask})
+    pos = mask * (b["scores"] > 0)[:, None]
+    loss = positive_nll_loss(logp, b, LossNorm.of(pos))
+    assert loss.item() == pytest.approx((1 + 3 + 2) / 3)      # 3 correct tokens: rows 0 and 2 (its first token)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-1 / 3, -1 / 3], [0.0, 0.0], [-1 / 3, 0.0]]))
+    none = Batch({"scores": torch.tensor([0.0, -1.0, 0.0]), "response_mask": mask})
+    zero = positive_nll_loss(logp, none, LossNorm.of(mask * 0))
+    assert zero.item() == 0.0 and torch.autograd.grad(zero, logp)[0].abs().sum() == 0

@@ -19,59 +19,10 @@ import argparse
 from pathlib import Path
 
 from core.data import arith
-from core.data.prepare import DEFAULT_SRC, prepare, read_jsonl, write_parquet
-
-# DAPO-Math-17k's own prompt wording (the hub rows carry it already; raw records and AIME get it here)
-TEMPLATE_DAPO = ("Solve the following math problem step by step. The last line of your response should be of the "
-                 "form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{question}\n\n"
-                 "Remember to put your answer on its own line after \"Answer:\".")
-DAPO_HUB = "BytedTsinghua-SIA/DAPO-Math-17k"
+from core.data.dapo_math import TEMPLATE_DAPO, dapo_math_rows, read_dapo_math
+from core.data.prepare import DEFAULT_SRC, prepare, write_parquet
 
 TEMPLATE = "{question} Let's think step by step and output the final answer after \"####\"."
-
-
-def dapo_math_rows(records: list[dict], where: str) -> list[dict]:
-    """verl-schema rows (data_source math_dapo), one per distinct problem, from hub rows or raw records. A record
-    without a problem or an answer is an error naming ``where`` and its row (1-based)."""
-    rows, seen = [], set()
-    for i, rec in enumerate(records):
-        if isinstance(rec.get("prompt"), (list, tuple)) or hasattr(rec.get("prompt"), "tolist"):
-            turns = list(rec["prompt"])
-            content = str(turns[-1]["content"]) if turns else ""
-            truth = (rec.get("reward_model") or {}).get("ground_truth")
-        else:
-            question = str(rec.get("problem") or rec.get("prompt") or rec.get("question") or "").strip()
-            content = TEMPLATE_DAPO.format(question=question) if question else ""
-            truth = rec.get("answer", rec.get("solution"))
-        if not content.strip():
-            raise ValueError(f"{where}: row {i + 1}: no problem (keys prompt / problem / question)")
-        if truth is None or str(truth).strip() == "":
-            raise ValueError(f"{where}: row {i + 1}: no answer (reward_model.ground_truth / answer)")
-        if content in seen:
-            continue
-        seen.add(content)
-        rows.append({"data_source": "math_dapo", "prompt": [{"role": "user", "content": content}], "ability": "math",
-                     "reward_model": {"style": "rule", "ground_truth": str(truth).strip()},
-                     "extra_info": {"split": "train", "index": len(rows), "source_row": i}})
-    return rows
-
-
-def read_dapo_math(src: str) -> tuple[list[dict], str]:
-    if src == "hub":
-        try:
-            import datasets
-        except ImportError:
-            raise RuntimeError("--src hub needs `datasets` (pip install -e '.[hub]') and a network; or pass "
-                               "--src FILE (a .parquet / .jsonl of DAPO-Math-17k)") from None
-        return [dict(r) for r in datasets.load_dataset(DAPO_HUB, split="train")], f"hub:{DAPO_HUB}"
-    path = Path(src)
-    if path.suffix == ".parquet":
-        import pandas as pd
-
-        return pd.read_parquet(path).to_dict("records"), str(path)
-    if path.suffix == ".jsonl":
-        return read_jsonl(path), str(path)
-    raise ValueError(f"--src {src}: expected 'hub', a .parquet or a .jsonl file")
 
 
 if __name__ == "__main__":

@@ -84,12 +84,8 @@ def test_recipe_configs_validate_with_dapos_settings(name):
     assert sections["dapo"].filter_metric == "acc" and Path(cfg.reward.path) == RECIPE / "reward.py"
 
 
-def dapo_data_module():
-    return recipe_module(RECIPE, "data")
-
-
 def test_dapo_math_rows_from_hub_rows_and_raw_records_deduplicated():
-    data = dapo_data_module()
+    from core.data import dapo_math as data
     hub_row = {"data_source": "math_dapo", "prompt": [{"role": "user", "content": "Solve ... 1+1 ... Answer:"}],
                "ability": "MATH", "reward_model": {"ground_truth": "2", "style": "rule-lighteval/MATH_v2"},
                "extra_info": {"index": "a"}}

@@ -39,8 +39,8 @@ def phase_shares(history: list[dict]) -> dict[str, float]:
 
 
 def plot_curves(history: list[dict], path: str | Path) -> Path | None:
-    """reward/mean (train, and held-out where validated) and response_length/mean per step, as a PNG; None when
-    matplotlib is missing. The PNG's ``Description`` text chunk records how many points each drawn line holds
+    """reward/mean (train, and held-out where validated) and response_length/mean per step -- with a critic also its
+    value loss and explained variance, and the critic-only steps shaded -- as a PNG; None when matplotlib is missing. The PNG's ``Description`` text chunk records how many points each drawn line holds
     (read back from the figure's lines, not from ``history``), so a test can check the picture it was given."""
     try:
         import matplotlib
@@ -52,7 +52,9 @@ def plot_curves(history: list[dict], path: str | Path) -> Path | None:
     val = [m for m in history if "val/reward/mean" in m]
     train = [m for m in history if "reward/mean" in m]
     steps = [m["step"] for m in train]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    critic = [m for m in train if "critic/vf_loss" in m]
+    fig, axes = plt.subplots(1, 3 if critic else 2, figsize=(15 if critic else 10, 3.6))
+    ax1, ax2 = axes[:2]
     ax1.plot(steps, [m["reward/mean"] for m in train], marker="o", ms=3, label="train (sampled)")
     if val:
         ax1.plot([m["step"] for m in val], [m["val/reward/mean"] for m in val], marker="s", ms=5, linestyle="--",
@@ -62,10 +64,26 @@ def plot_curves(history: list[dict], path: str | Path) -> Path | None:
     ax2.plot(steps, [m["response_length/mean"] for m in train], marker="o", ms=3, color="tab:orange",
              label="response length")
     ax2.set(xlabel="step", ylabel="tokens", title="mean response length")
-    for ax in (ax1, ax2):
+    if critic:  # the value model: its loss and how much of the returns' variance it explains
+        ax3 = axes[2]
+        ax3.plot([m["step"] for m in critic], [m["critic/vf_loss"] for m in critic], marker="o", ms=3,
+                 color="tab:red", label="value loss")
+        ev = [m for m in critic if "critic/explained_var" in m]
+        ax3.plot([m["step"] for m in ev], [m["critic/explained_var"] for m in ev], marker="^", ms=3,
+                 color="tab:purple", label="explained variance")
+        ax3.axhline(0.0, color="grey", lw=0.8)
+        ax3.legend(loc="lower right")
+        ax3.set(xlabel="step", title="critic", ylim=(max(-2.0, ax3.get_ylim()[0]), None))
+    frozen = [m["step"] for m in train if "timing_s/update_actor" not in m and "critic/vf_loss" in m]
+    for ax in axes:
         ax.grid(alpha=0.3)
+        if frozen:  # critic-only steps (value pre-training / critic warm-up): the policy does not move
+            ax.axvspan(min(frozen) - 0.5, max(frozen) + 0.5, color="grey", alpha=0.12, lw=0)
+    if frozen:
+        ax1.text(min(frozen) - 0.4, ax1.get_ylim()[1], " critic only", va="top", fontsize=8, color="dimgrey")
     fig.tight_layout()
-    points = {line.get_label(): len(line.get_xdata()) for ax in (ax1, ax2) for line in ax.get_lines()}
+    points = {line.get_label(): len(line.get_xdata()) for ax in axes for line in ax.get_lines()
+              if not line.get_label().startswith("_")}
     path = Path(path)
     fig.savefig(path, dpi=100, metadata={"Description": json.dumps({"points": points})})
     plt.close(fig)

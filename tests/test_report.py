@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from core.report import phase_shares, plotted_points, read_metrics, report, window
+from core.report import phase_shares, plot_curves, plotted_points, read_metrics, report, window
 
 
 def history(n=10):
@@ -69,7 +69,27 @@ def test_the_png_holds_every_step_of_the_run(tmp_path, critic):
     png = tmp_path / "curves.png"
     text = report(h, png)
     assert f"curves: {png}" in text and ("critic/vf_loss: 0.9750 -> 0.5750" in text) == critic
-    assert plotted_points(png) == {"train (sampled)": 10, "held-out (greedy)": 2, "response length": 10}
+    critic_lines = {"value loss": 10, "explained variance": 10} if critic else {}
+    assert plotted_points(png) == {"train (sampled)": 10, "held-out (greedy)": 2, "response length": 10} | critic_lines
+    assert (coloured_pixels(png, (214, 39, 40)) > 300) == critic  # tab:red, the value loss (a third panel)
     assert coloured_pixels(png, (31, 119, 180)) > 300      # tab:blue, the train reward line and its markers
     assert coloured_pixels(png, (255, 127, 14)) > 300      # tab:orange, the response length line
     assert coloured_pixels(png, (44, 160, 44)) > 50        # tab:green, the held-out points
+
+
+def test_critic_only_steps_are_shaded(tmp_path):
+    """Steps with a critic update and no actor update (value pre-training / critic warm-up) get a grey band."""
+    pytest.importorskip("matplotlib")
+    h = history(10)
+    for i, m in enumerate(h):
+        m |= {"critic/vf_loss": 1.0 - i / 20}
+        if i < 4:
+            del m["timing_s/update_actor"]
+    shaded = tmp_path / "warm.png"
+    plot_curves(h, shaded)
+    for m in h:
+        m["timing_s/update_actor"] = 3.0
+    plain = tmp_path / "plain.png"
+    plot_curves(h, plain)
+    grey = (236, 236, 236)  # the band (grey at alpha 0.12) over white
+    assert coloured_pixels(shaded, grey, tol=6) > 3 * coloured_pixels(plain, grey, tol=6)  # measured 137,819 vs 18,538

@@ -6,8 +6,8 @@
     AGGREGATIONS[name](loss_mat, mask, norm) -> scalar
 """
 
-from core.algos.advantages import (ADVANTAGES, compute_advantages, gae_scan, reverse_linear_scan,
-                                   value_targets_explained_variance)
+from core.algos.advantages import (ADVANTAGES, compute_advantages, gae_scan, length_adaptive_lambda,
+                                   reverse_linear_scan, value_targets_explained_variance)
 from core.algos.aggregate import AGGREGATIONS, LossNorm, aggregate, seq_mean
 from core.algos.filters import groups_with_variance, overlong_penalty, pf_ppo_resample
 from core.algos.kl import (KL_KINDS, AdaptiveKLController, FixedKLController, apply_kl_reward_penalty,
@@ -20,6 +20,6 @@ __all__ = [
     "ADVANTAGES", "AGGREGATIONS", "KL_KINDS", "POLICY_LOSSES", "AdaptiveKLController",
     "FixedKLController", "LossNorm", "aggregate", "apply_kl_reward_penalty",
     "compute_advantages", "entropy_bonus", "gae_scan", "group_ids", "group_stats", "groups_with_variance",
-    "kl_loss", "kl_penalty", "masked_mean", "masked_var", "masked_whiten", "overlong_penalty", "pf_ppo_resample",
+    "kl_loss", "kl_penalty", "length_adaptive_lambda", "masked_mean", "masked_var", "masked_whiten", "overlong_penalty", "pf_ppo_resample",
     "positive_nll_loss", "reverse_linear_scan", "scores_to_token_rewards", "seq_mean", "truncated_is_weights", "value_loss", "value_targets_explained_variance",
 ]

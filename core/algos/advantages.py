@@ -122,7 +122,14 @@ def length_adaptive_gae(batch, cfg):
     Example: alpha = 0.05, lengths [40, 200] -> lam = [1 - 1/2, 1 - 1/10] = [0.5, 0.9].
     """
     _, mask = _outcome(batch)
-    return _decoupled(batch, cfg, (1.0 - 1.0 / (cfg.length_alpha * mask.sum(-1).clamp(min=1))).clamp(0.0, 1.0))
+    return _decoupled(batch, cfg, length_adaptive_lambda(mask, cfg.length_alpha))
+
+
+def length_adaptive_lambda(mask: torch.Tensor, alpha: float) -> torch.Tensor:
+    """VAPO's per-response actor lambda (B,): 1 - 1 / (alpha * l_i), l_i the valid tokens of (B, T) ``mask``,
+    clamped to [0, 1]: responses of at most 1 / alpha tokens get 0 (one-step TD), where the formula goes negative.
+    Example: alpha = 0.05, lengths [10, 40, 200] -> [0, 0.5, 0.9]."""
+    return (1.0 - 1.0 / (alpha * mask.sum(-1).clamp(min=1))).clamp(0.0, 1.0)
 
 
 @ADVANTAGES.register("grpo")

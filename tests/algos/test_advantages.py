@@ -69,6 +69,58 @@ def test_length_adaptive_gae_uses_per_sequence_lambda():
     close(adv, ref / torch.sqrt(var + 1e-8) * mask)
 
 
+def reference_gae(rewards, values, lengths, gamma, lams):
+    """GAE by the textbook loop, one response at a time over its valid tokens: delta_t = r_t + gamma V_{t+1} - V_t
+    (V after the last token = 0), A_t = delta_t + gamma lam A_{t+1}."""
+    out = torch.zeros_like(rewards)
+    for i, (L, lam) in enumerate(zip(lengths, lams)):
+        nxt_a = 0.0
+        for t in reversed(range(L)):
+            nxt_v = float(values[i, t + 1]) if t + 1 < L else 0.0
+            delta = float(rewards[i, t]) + gamma * nxt_v - float(values[i, t])
+            nxt_a = delta + gamma * lam * nxt_a
+            out[i, t] = nxt_a
+    return out
+
+
+def test_length_adaptive_lambda_by_hand_and_clamped_for_short_responses():
+    from core.algos import length_adaptive_lambda
+
+    close(length_adaptive_lambda(mask_of([10, 20, 40, 200]), 0.05), [0.0, 0.0, 0.5, 0.9])  # 1 - 1/(0.05 l), >= 0
+
+
+def test_per_row_lambda_gae_equals_the_reference_loop():
+    g = torch.Generator().manual_seed(0)
+    lengths, T = [3, 7, 25, 40], 40
+    mask = mask_of(lengths, T)
+    rewards = torch.randn(4, T, generator=g, dtype=torch.float64) * mask
+    values = torch.randn(4, T, generator=g, dtype=torch.float64) * mask
+    b = Batch({"token_rewards": rewards, "values": values, "response_mask": mask})
+    cfg = AdvantageConfig(gamma=0.99, length_alpha=0.05, lam_critic=1.0)
+    lams = [0.0, 0.0, 0.2, 0.5]                                     # 1 - 1/(0.05 l), clamped at 0
+    raw = gae_scan(rewards, values, mask, cfg.gamma, torch.tensor(lams, dtype=torch.float64))
+    close(raw * mask, reference_gae(rewards, values, lengths, cfg.gamma, lams))
+    adv, ret = ADVANTAGES["length_adaptive_gae"](b, cfg)
+    close(ret, (reference_gae(rewards, values, lengths, cfg.gamma, [1.0] * 4) + values) * mask)  # lam_critic = 1
+    ref = reference_gae(rewards, values, lengths, cfg.gamma, lams)
+    mean = (ref * mask).sum() / mask.sum()
+    std = torch.sqrt((((ref - mean) * mask) ** 2).sum() / (mask.sum() - 1) + 1e-8)
+    close(adv, (ref - mean) / std * mask)                           # whitened over the batch's valid tokens
+
+
+def test_lambda_critic_one_returns_are_the_reward_to_go_whatever_the_values():
+    g = torch.Generator().manual_seed(1)
+    lengths, T = [1, 5, 9], 9
+    mask = mask_of(lengths, T)
+    rewards = torch.randn(3, T, generator=g, dtype=torch.float64) * mask
+    to_go = rewards.flip(-1).cumsum(-1).flip(-1) * mask             # sum_{k >= t} r_k (gamma = 1)
+    for scale in (0.0, 1.0, 100.0):
+        values = torch.randn(3, T, generator=g, dtype=torch.float64) * scale * mask
+        b = Batch({"token_rewards": rewards, "values": values, "response_mask": mask})
+        _, ret = ADVANTAGES["length_adaptive_gae"](b, AdvantageConfig(gamma=1.0, lam_critic=1.0, length_alpha=0.05))
+        close(ret, to_go)
+
+
 def test_grpo_and_dr_grpo():
     b = outcome_batch([1, 0, 0, 5], uid=["a", "a", "a", "lone"])
     adv, ret = ADVANTAGES["grpo"](b, C)

@@ -98,6 +98,8 @@ class CriticConfig:
     max_tokens_per_micro: int = 0
     # run each micro-batch without the columns that are padding in all its rows
     remove_padding: bool = True
+    # adjacent samples of one prompt run as one row, the prompt encoded once (core.engines.shared_prompt; exact)
+    share_prompt: bool = True
     # passes over the step's batch
     ppo_epochs: int = 1
     # the new value may move at most this far from the old one before the clipped loss takes over

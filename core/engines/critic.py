@@ -17,6 +17,7 @@ from core.checkpoint import answer_probe
 from core.config import CriticConfig
 from core.engines.forward import trim_padding
 from core.engines.fsdp import length_order, micro_batches, restore_order
+from core.engines.shared_prompt import prompt_groups, shared_prompt_values
 from core.engines.sharding import (IdleOffload, adamw_with_warmup, clipped_step, equalise_passes,
                                    global_counts, load_sharded_causal_lm, load_state, reshuffle_seed, save_state)
 from core.protocol import Batch
@@ -36,16 +37,22 @@ def load_value_model(name_or_path: str, dtype: torch.dtype = torch.float32):
     return AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=dtype)
 
 
-def response_values(model, batch: Batch, remove_padding: bool = True) -> torch.Tensor:
-    """V(s_t) for every response token t (B, Tr) in fp32; zeros on trimmed padding columns."""
+def response_values(model, batch: Batch, remove_padding: bool = True, share_prompt: bool = False) -> torch.Tensor:
+    """V(s_t) for every response token t (B, Tr) in fp32; zeros on trimmed padding columns. ``share_prompt``:
+    rows with the same prompt run as one packed row, the prompt encoded once (``core.engines.shared_prompt``,
+    exact, as the actor's log-probs)."""
     batch.require("input_ids", "attention_mask", "position_ids", "responses")
     full = batch["responses"].shape[1]
     if remove_padding:
         batch = trim_padding(batch)
     Tr = batch["responses"].shape[1]
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"])
-    values = out.logits[:, -Tr - 1:-1, 0].float()
+    groups = prompt_groups(batch) if share_prompt else None
+    if groups is not None and len(groups) < len(batch):
+        values = shared_prompt_values(model, batch, groups).float()
+    else:
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    position_ids=batch["position_ids"])
+        values = out.logits[:, -Tr - 1:-1, 0].float()
     return F.pad(values, (0, full - Tr)) if Tr < full else values
 
 
@@ -74,7 +81,7 @@ class FSDPCritic:
         with self.idle.on_gpu():
             for mb in equalise_passes(micros, self.ctx.device):  # equal forwards on every rank (FSDP all-gathers)
                 v = response_values(self.model, (micros[0] if mb is None else mb).to(self.ctx.device),
-                                    self.cfg.remove_padding)
+                                    self.cfg.remove_padding, self.cfg.share_prompt)
                 if mb is not None:  # a padding pass is dropped
                     parts.append(v.cpu())
         values = torch.cat(parts)
@@ -102,7 +109,7 @@ class FSDPCritic:
                                           self.ctx.device):
                     dummy = mb is None
                     mb = (mini.index(slice(0, 1)) if dummy else mb).to(self.ctx.device)
-                    v = response_values(self.model, mb, cfg.remove_padding)
+                    v = response_values(self.model, mb, cfg.remove_padding, cfg.share_prompt)
                     loss, m = value_loss(v, mb, cfg.cliprange_value, norm)
                     (loss * 0.0 if dummy else loss).backward()
                     if not dummy:

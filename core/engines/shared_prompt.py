@@ -168,7 +168,17 @@ def shared_prompt_logprobs(model, batch: Batch, groups: list[list[int]], head, t
     return out[..., 0], out[..., 1] if with_entropy else None
 
 
-def _packed_forward(model, p: dict, device: torch.device):
+def shared_prompt_values(model, batch: Batch, groups: list[list[int]]) -> torch.Tensor:
+    """(B, R) outputs of a one-output head (a value model: ``AutoModelForTokenClassification``) at the positions
+    that predict each row's R response tokens, from one packed forward per prompt group; row order is the batch's.
+    Such a model computes its head at every position (no ``logits_to_keep``): one output each, so cheap."""
+    p = pack(batch, groups)
+    device = batch["input_ids"].device
+    out = _packed_forward(model, p, device, keep=False).logits[..., 0]           # (groups, packed width)
+    return out[:, p["keep"].to(device)][p["group"].to(device)[:, None], p["take"].to(device)]
+
+
+def _packed_forward(model, p: dict, device: torch.device, keep: bool = True):
     from core.engines.train_attention import NAME  # here: train_attention imports this module
 
     # our training attention takes the layout and attends by parts; any other ignores it (the dense block mask)
@@ -176,4 +186,4 @@ def _packed_forward(model, p: dict, device: torch.device):
                 if getattr(model.config, "_attn_implementation", None) == NAME else {})
     return model(input_ids=p["input_ids"].to(device), position_ids=p["position_ids"].to(device),
                  attention_mask=attention_mask_4d(p["allowed"], model).to(device), use_cache=False,
-                 logits_to_keep=p["keep"].to(device), **by_parts)
+                 **({"logits_to_keep": p["keep"].to(device)} if keep else {}), **by_parts)

@@ -4,6 +4,7 @@ updates lower the value loss, and a PPO run (GAE, critic warm-up) logs the criti
 import pytest
 import torch
 
+from core.algos import LossNorm, value_loss
 from core.config import CriticConfig, OptimConfig, RunConfig, SamplingParams
 from core.engines.critic import FSDPCritic, load_value_model, response_values
 from core.protocol import Batch
@@ -77,3 +78,28 @@ def test_explained_variance_by_hand():
     assert ev(returns, returns.clone(), mask) == pytest.approx(1.0)           # exact values explain everything
     assert ev(returns, torch.zeros(2, 2), mask) == pytest.approx(0.0)         # a constant offset too: EV ignores it
     assert torch.isnan(torch.tensor(ev(torch.ones(2, 2), torch.zeros(2, 2), mask)))  # nothing to explain
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "hybridrl_train"])
+def test_shared_prompt_values_and_gradients_equal_the_row_by_row_ones(tiny_model_dir, attention):
+    """Rows of one prompt packed into one row (the prompt encoded once) give each row's values and the value
+    loss's gradients of the plain layout, under SDPA's dense block mask and our training attention by parts."""
+    from core.engines import train_attention  # noqa: F401  registers the training attention
+    from tests.engines.test_shared_prompt import UNEVEN, grouped_batch
+
+    model = load_value_model(str(tiny_model_dir))
+    model.set_attn_implementation(attention)
+    b = grouped_batch(**UNEVEN)
+    mask = b["response_mask"]
+    b["values"], b["returns"] = torch.zeros_like(mask), torch.linspace(-1, 1, len(mask))[:, None] * mask
+    results = []
+    for share in (False, True):
+        model.zero_grad()
+        v = response_values(model, b, remove_padding=True, share_prompt=share)
+        value_loss(v, b, 10.0, LossNorm.of(mask))[0].backward()
+        results.append((v.detach(), {k: p.grad.clone() for k, p in model.named_parameters()}))
+    (plain, g_plain), (shared, g_shared) = results
+    assert (plain * mask).abs().sum() > 0
+    torch.testing.assert_close(shared * mask, plain * mask, atol=2e-5, rtol=1e-5)
+    for k in g_plain:
+        torch.testing.assert_close(g_shared[k], g_plain[k], atol=2e-5, rtol=1e-4)

@@ -9,6 +9,8 @@ Values are read where log-probs are: the hidden state at position Tp-1+t gives V
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 
@@ -63,6 +65,10 @@ class FSDPCritic:
         from core.models import resolve_dtype
 
         self.ctx, self.cfg = ctx, cfg
+        # the 1-output head's (B, T, 1) logits are a view of its matmul's 2D result, so FSDP2 warned on every
+        # forward that an in-place op on them would skip a hook; nothing here writes into them (response_values
+        # slices and copies out of place)
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .*ForTokenClassification\) returned a view")
         torch.manual_seed(cfg.seed)  # the score head's init: the same on every rank
         # shard by shard, as the actor: the full fp32 model on every rank would be 128 GB per rank for a 32B critic
         self.model = load_sharded_causal_lm(cfg.model, ctx, resolve_dtype(cfg.dtype, ctx.device), cfg.offload,

@@ -55,7 +55,7 @@ def problems(cfg: "RunConfig") -> list[str]:
                                 ("algo.kl_in_reward.kind", algo.kl_in_reward.kind, KL_KINDS)):
         if name not in registry:
             out.append(f"{key}={name!r} is no {registry.kind}; known: {', '.join(registry.names())}")
-    if a.loss.name in FIXED_AGGREGATION and a.loss_agg_mode != DEFAULT_AGG:
+    if a.loss.name in FIXED_AGGREGATION and a.loss_agg_mode not in (DEFAULT_AGG, FIXED_AGGREGATION[a.loss.name]):
         out.append(f"actor.loss.name={a.loss.name!r} aggregates by {FIXED_AGGREGATION[a.loss.name]} whatever "
                    f"actor.loss_agg_mode says: {a.loss_agg_mode!r} would have no effect; drop actor.loss_agg_mode")
     if cfg.data.truncation not in TRUNCATIONS:

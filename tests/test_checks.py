@@ -90,6 +90,16 @@ def test_a_loss_that_aggregates_its_own_way_refuses_another_mode():
     assert found == ["actor.loss.name='gspo' aggregates by seq-mean-token-mean whatever actor.loss_agg_mode says: "
                      "'seq-mean-token-sum' would have no effect; drop actor.loss_agg_mode"]
     assert problems(run_config(actor__loss__name="gspo")) == []
+    assert problems(run_config(actor__loss__name="gspo", actor__loss_agg_mode="seq-mean-token-mean")) == []  # its own
+
+
+@pytest.mark.parametrize("mode,ok", [("token-mean", True), ("seq-mean-token-sum", True),
+                                     ("seq-mean-token-mean", False), ("seq-mean-token-sum-norm", False)])
+def test_sppo_takes_only_the_modes_whose_loss_it_computes(mode, ok):
+    """SPPO's loss is a mean over samples of a per-sample square: verl's recipe calls that "token-mean" (and
+    crashes on any other mode); it is our seq-mean-token-sum. The rest are refused before anything starts."""
+    found = problems(run_config(actor__loss__name="sppo", actor__loss_agg_mode=mode))
+    assert (found == []) == ok, found
 
 
 def test_overrides_of_keys_the_yaml_leaves_out_take_effect_and_typos_are_named():

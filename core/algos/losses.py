@@ -36,8 +36,10 @@ def _clipped_surrogate(ratio, adv, cfg):
     return pg1, pg2, torch.maximum(pg1, pg2)
 
 
-# losses that aggregate their own way whatever actor.loss_agg_mode says (core.checks refuses a mode set with them)
-FIXED_AGGREGATION = {"gspo": "seq-mean-token-mean", "geo_mean": "the mean over sequences"}
+# losses that aggregate their own way whatever actor.loss_agg_mode says: core.checks refuses any mode but the
+# default and the loss's own (sppo is verl's recipe's, whose "token-mean" is this same mean over samples)
+FIXED_AGGREGATION = {"gspo": "seq-mean-token-mean", "geo_mean": "the mean over sequences",
+                     "sppo": "seq-mean-token-sum"}
 
 
 @POLICY_LOSSES.register("vanilla")

@@ -50,6 +50,9 @@ class DatasetSpec:
 DATASETS: dict[str, DatasetSpec] = {
     "gsm8k": DatasetSpec("openai/gsm8k", ("train", "test"), ("question",),
                          lambda r: ground_truth_from_solution(r["answer"]), ("openai/gsm8k", "main")),
+    # MATH (Hendrycks et al. 2021): 7,500 train / 5,000 test problems, answers in \boxed{} (verl's SPPO recipe trains on it)
+    "math": DatasetSpec("lighteval/MATH", ("train", "test"), ("problem",), lambda r: _boxed(r["solution"]),
+                        ("DigitalLearningGmbH/MATH-lighteval", "default")),
     "minerva_math": DatasetSpec("minerva_math", ("test",), ("problem",), lambda r: _boxed(r["solution"]),
                                 ("math-ai/minervamath", None)),
     "aime24": DatasetSpec("aime24", ("test",), ("problem", "question"), lambda r: _number(r["answer"]),

@@ -30,6 +30,16 @@ def test_gsm8k_rows_follow_the_verl_schema(tmp_path):
     assert list(row["prompt"])[0]["role"] == "user" and "step by step" in list(row["prompt"])[0]["content"]
 
 
+def test_math_rows_take_the_last_boxed_answer_and_score_by_it(tmp_path):
+    write_jsonl(tmp_path / "src" / "math" / "train.jsonl", [
+        {"problem": "What is $\\frac{1}{2}+\\frac{1}{2}$?", "solution": "It is $\\boxed{1}$.", "level": "Level 1"},
+        {"problem": "Simplify $\\sqrt{8}$.", "solution": "First \\boxed{x}, finally $\\boxed{2\\sqrt{2}}$."}])
+    df = pd.read_parquet(prepare("math", tmp_path / "src", tmp_path / "out", ["train"])["train"])
+    assert df["data_source"].tolist() == ["lighteval/MATH"] * 2
+    assert [r["ground_truth"] for r in df["reward_model"]] == ["1", "2\\sqrt{2}"]
+    assert default_compute_score("lighteval/MATH", "so \\boxed{2\\sqrt{2}}", "2\\sqrt{2}")["score"] == 1.0
+
+
 def test_bad_rows_name_file_and_row_or_are_counted(tmp_path):
     src = tmp_path / "src" / "gsm8k" / "train.jsonl"
     write_jsonl(src, [{"question": "ok", "answer": "#### 1"}, {"question": "", "answer": "#### 2"},

@@ -1,0 +1,15 @@
+"""This recipe's reward (verl signature), by data source -- edit this function to change the reward:
+
+- MATH (``lighteval/MATH``) and Minerva (``minerva_math``): the last ``\\boxed{}`` of the response equals the
+  ground truth after normalisation: 1, else 0 (core's ``math_boxed``, the rule verl's MATH reward applies).
+- ``hybridrl/arith`` (the CPU run's task) and every other data source: core's registry (arith: 1.0 when the last
+  number of the response is the answer, else 0).
+
+SPPO's "preference" here is this rule reward centred on the batch's soft-mean (README): no preference model.
+"""
+
+from core.rewards import default_compute_score
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return default_compute_score(data_source, solution_str, ground_truth, extra_info)

@@ -1,0 +1,96 @@
+"""Model-based rewards: a reward model scores (prompt, response) pairs, and Bradley-Terry trains one.
+
+A reward model here is a sequence-classification model with one output (``AutoModelForSequenceClassification``,
+``num_labels=1``: a causal LM's backbone and a ``score`` head), as verl, TRL and OpenRLHF load them. transformers
+reads its score at each row's rightmost token that is not the pad token, so rows are **left**-padded: that token
+is the last column, for every row, and a batch scores what each text alone would (a test checks it against a
+direct forward). A text whose last token is the pad token itself (pad = EOS) is read one token earlier, by
+transformers' rule, batched or not.
+
+Inputs: the policy's token ids when the reward model shares its tokenizer and chat template, else the text again
+through the reward model's own tokenizer and chat template (a conversation: the prompt's messages, then the
+response as the assistant's turn; without a chat template, the two texts joined).
+
+Still to come (issue 26): the reward-model role (FSDP2, its own pool or colocated), combining it with function
+rewards in a recipe's config, reward-model training runs, and the four-model PPO recipe.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def load_reward_model(name_or_path: str, dtype: torch.dtype = torch.float32):
+    """The reward model (a 1-output sequence classifier), in eval mode. A causal-LM checkpoint gets a new random
+    ``score`` head (transformers' init): the start of reward-model training."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from core.models import resolve_model
+
+    path = resolve_model(name_or_path)
+    config = AutoConfig.from_pretrained(path, num_labels=1)
+    return AutoModelForSequenceClassification.from_pretrained(path, config=config, dtype=dtype).eval()
+
+
+def same_tokenization(policy_tokenizer, rm_tokenizer) -> bool:
+    """Can the policy's token ids go to the reward model as they are: the same vocabulary and chat template?"""
+    return (policy_tokenizer.get_vocab() == rm_tokenizer.get_vocab()
+            and getattr(policy_tokenizer, "chat_template", None) == getattr(rm_tokenizer, "chat_template", None))
+
+
+def rm_token_ids(prompt_ids: list[list[int]], response_ids: list[list[int]], prompts: list[list[dict]],
+                 policy_tokenizer, rm_tokenizer) -> list[list[int]]:
+    """Each sample's reward-model input ids: prompt + response ids as they are when the tokenizations agree, else
+    the prompt's messages and the decoded response (special tokens dropped) as a conversation in the reward model's
+    chat template. ``prompt_ids`` / ``response_ids``: the valid ids only (no padding); ``prompts``: chat lists."""
+    if same_tokenization(policy_tokenizer, rm_tokenizer):
+        return [list(p) + list(r) for p, r in zip(prompt_ids, response_ids)]
+    texts = policy_tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+    out = []
+    for messages, text in zip(prompts, texts):
+        if getattr(rm_tokenizer, "chat_template", None):
+            conversation = list(messages) + [{"role": "assistant", "content": text}]
+            out.append(list(rm_tokenizer.apply_chat_template(conversation, tokenize=True, return_dict=False)))
+        else:
+            out.append(rm_tokenizer(messages[-1]["content"] + text, add_special_tokens=True)["input_ids"])
+    return out
+
+
+def left_padded(seqs: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """``input_ids``, ``attention_mask``, ``position_ids`` (B, longest) of sequences padded on the left."""
+    width = max(map(len, seqs))
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+        mask[i, width - len(s):] = 1
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
+
+
+@torch.no_grad()
+def sequence_scores(model, seqs: list[list[int]], pad_id: int, max_tokens: int = 8192) -> torch.Tensor:
+    """The reward model's score of each sequence (B,) in fp32, in batches of at most ``max_tokens`` padded tokens
+    (sorted by length, so that a batch pads little), each left-padded."""
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    scores = torch.empty(len(seqs))
+    device = next(model.parameters()).device
+    start = 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and (end + 1 - start) * len(seqs[order[end]]) <= max_tokens:
+            end += 1
+        rows = order[start:end]
+        inputs = {k: v.to(device) for k, v in left_padded([seqs[i] for i in rows], pad_id).items()}
+        scores[rows] = model(**inputs).logits[:, 0].float().cpu()
+        start = end
+    return scores
+
+
+def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reward-model training on preference pairs: L = -mean log sigmoid(r_chosen - r_rejected), and the pair
+    accuracy mean(r_chosen > r_rejected) (ties count as wrong). Shapes (P,) -> scalars.
+    Paper: Bradley & Terry 1952; for reward models, Ouyang et al. 2022 (arXiv:2203.02155), Eq. 1.
+    Example: chosen [2, 0], rejected [1, 1] -> L = (log(1 + e^-1) + log(1 + e^1)) / 2 = 0.8133, accuracy 0.5."""
+    margin = chosen.float() - rejected.float()
+    return -F.logsigmoid(margin).mean(), (margin > 0).float().mean()

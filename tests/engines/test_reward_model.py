@@ -1,0 +1,77 @@
+"""Reward-model scoring and Bradley-Terry (core/engines/reward_model.py) on a tiny real model: batched left-padded
+scores equal a direct transformers forward on each text, the loss and accuracy by hand, and a reward model with
+another tokenizer gets the conversation re-tokenised in its own template."""
+
+import math
+
+import pytest
+import torch
+
+from core.engines.reward_model import (bradley_terry_loss, left_padded, load_reward_model, rm_token_ids,
+                                       same_tokenization, sequence_scores)
+from core.models import _char_tokenizer, load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def rm(tiny_model_dir):
+    torch.manual_seed(0)  # the new score head
+    return load_reward_model(str(tiny_model_dir))
+
+
+TEXTS = ["user: 3 + 4?\nassistant: 7", "user: hi\nassistant: hello there, friend", "a", "user: 12 * 12?\nassistant: 144"]
+
+
+@pytest.mark.parametrize("max_tokens", [8192, 40])  # one batch; several (sorted by length)
+def test_batched_scores_equal_a_direct_forward_on_each_text(rm, tiny_model_dir, max_tokens):
+    tok = load_tokenizer(str(tiny_model_dir))
+    seqs = [tok(t)["input_ids"] for t in TEXTS]
+    got = sequence_scores(rm, seqs, tok.pad_token_id, max_tokens=max_tokens)
+    with torch.no_grad():
+        direct = torch.stack([rm(input_ids=torch.tensor([s])).logits[0, 0] for s in seqs])
+    assert direct.std() > 1e-3                                   # the texts score differently
+    torch.testing.assert_close(got, direct, atol=1e-5, rtol=1e-5)
+
+
+def test_left_padding_puts_every_last_token_in_the_last_column():
+    b = left_padded([[5, 6, 7], [8]], pad_id=0)
+    assert b["input_ids"].tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert b["attention_mask"].tolist() == [[1, 1, 1], [0, 0, 1]] and b["position_ids"].tolist() == [[0, 1, 2], [0, 0, 0]]
+
+
+def test_bradley_terry_loss_and_accuracy_by_hand():
+    loss, acc = bradley_terry_loss(torch.tensor([2.0, 0.0]), torch.tensor([1.0, 1.0]))
+    assert loss.item() == pytest.approx((math.log1p(math.exp(-1)) + math.log1p(math.exp(1))) / 2) == pytest.approx(0.8133, abs=1e-4)
+    assert acc.item() == 0.5
+    _, tie = bradley_terry_loss(torch.tensor([1.0]), torch.tensor([1.0]))
+    assert tie.item() == 0.0                                     # a tie is not a correct ranking
+    chosen = torch.tensor([0.3, -0.2], requires_grad=True)
+    bradley_terry_loss(chosen, torch.tensor([0.0, 0.0]))[0].backward()
+    torch.testing.assert_close(chosen.grad, -torch.sigmoid(-chosen.detach()) / 2)  # d/dc -log sigmoid(c - r)
+
+
+def other_tokenizer():
+    """A reward model's own tokenizer: another vocabulary (a smaller character set) and another chat template."""
+    tok = _char_tokenizer(100)
+    tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    return tok
+
+
+def test_the_same_tokenization_passes_ids_and_another_re_tokenises_the_conversation(tiny_model_dir):
+    policy = load_tokenizer(str(tiny_model_dir))
+    prompts = [[{"role": "user", "content": "3 + 4?"}], [{"role": "user", "content": "hi"}]]
+    prompt_ids = [policy.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)
+                  for p in prompts]
+    response_ids = [policy("7")["input_ids"] + [policy.eos_token_id], policy("hello")["input_ids"]]
+    assert same_tokenization(policy, load_tokenizer(str(tiny_model_dir)))
+    same = rm_token_ids(prompt_ids, response_ids, prompts, policy, load_tokenizer(str(tiny_model_dir)))
+    assert same == [p + r for p, r in zip(prompt_ids, response_ids)]
+    rm_tok = other_tokenizer()
+    assert not same_tokenization(policy, rm_tok)
+    got = rm_token_ids(prompt_ids, response_ids, prompts, policy, rm_tok)
+    # the response as the policy's tokenizer decodes it (this character tokenizer spaces its characters), special
+    # tokens (the EOS) dropped, as the assistant's turn in the reward model's template
+    texts = [policy.decode(r, skip_special_tokens=True) for r in response_ids]
+    assert texts[0] == "7"
+    expected = [f"<user>3 + 4?<assistant>{texts[0]}", f"<user>hi<assistant>{texts[1]}"]
+    assert got == [rm_tok(t, add_special_tokens=False)["input_ids"] for t in expected]
+    assert got[0] != same[0]

@@ -11,14 +11,15 @@ import typing
 from typing import Any, TypeVar
 
 from core.config.algo import AdvantageConfig, AlgoConfig, KLInRewardConfig, PolicyLossConfig, SamplingParams
-from core.config.roles import OFFLOAD_MODES, ActorConfig, CriticConfig, OptimConfig, RolloutConfig, check_offload_mode
+from core.config.roles import (OFFLOAD_MODES, ActorConfig, CriticConfig, OptimConfig, RewardModelConfig, RolloutConfig,
+                               check_offload_mode)
 from core.config.run import DataConfig, RewardConfig, RunConfig
 from core.config.schema import PlacementConfig, PoolConfig, TrainerConfig
 
 T = TypeVar("T")
 
 __all__ = ["validate", "RunConfig", "TrainerConfig", "DataConfig", "PlacementConfig", "PoolConfig", "ActorConfig",
-           "OptimConfig", "CriticConfig", "RolloutConfig", "AlgoConfig", "SamplingParams", "AdvantageConfig",
+           "OptimConfig", "CriticConfig", "RewardModelConfig", "RolloutConfig", "AlgoConfig", "SamplingParams", "AdvantageConfig",
            "PolicyLossConfig", "KLInRewardConfig", "RewardConfig", "OFFLOAD_MODES", "check_offload_mode"]
 
 

@@ -83,6 +83,26 @@ class ActorConfig:
 
 
 @dataclass(frozen=True)
+class RewardModelConfig:
+    # HF id or local folder of a 1-output sequence classifier (a trained reward model); its tokenizer and chat
+    # template are used when they differ from the policy's
+    model: str = ""
+    # compute dtype: auto (bf16 where the hardware has it), float32, bfloat16
+    dtype: str = "auto"
+    # padded tokens per forward on one rank (rows sorted by length, left-padded)
+    max_tokens_per_micro: int = 8192
+    # CUDA only: none | idle (weights in host memory between calls) | full (FSDP2 CPUOffloadPolicy), as the actor's
+    offload: str = "none"
+    # seed of a new score head (a causal-LM checkpoint without one: the start of reward-model training)
+    seed: int = 0
+
+    def __post_init__(self):
+        check_offload_mode(self.offload, "reward_model")
+        if self.max_tokens_per_micro < 1:
+            raise ValueError(f"reward_model.max_tokens_per_micro must be >= 1, got {self.max_tokens_per_micro}")
+
+
+@dataclass(frozen=True)
 class CriticConfig:
     # HF id or local folder of the backbone (normally the actor's model)
     model: str = "SmolLM2-135M-Instruct"

@@ -11,14 +11,17 @@ Inputs: the policy's token ids when the reward model shares its tokenizer and ch
 through the reward model's own tokenizer and chat template (a conversation: the prompt's messages, then the
 response as the assistant's turn; without a chat template, the two texts joined).
 
-Still to come (issue 26): the reward-model role (FSDP2, its own pool or colocated), combining it with function
-rewards in a recipe's config, reward-model training runs, and the four-model PPO recipe.
+``RewardModelWorker`` is the role (FSDP2, colocated or on its own pool). Still to come (issue 26): its place in the
+run config, trainer and planner, combining it with function rewards in a recipe's config, reward-model training
+runs, and the four-model PPO recipe.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from core.protocol import Batch
 
 
 def load_reward_model(name_or_path: str, dtype: torch.dtype = torch.float32):
@@ -68,23 +71,79 @@ def left_padded(seqs: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
 
 
-@torch.no_grad()
-def sequence_scores(model, seqs: list[list[int]], pad_id: int, max_tokens: int = 8192) -> torch.Tensor:
-    """The reward model's score of each sequence (B,) in fp32, in batches of at most ``max_tokens`` padded tokens
-    (sorted by length, so that a batch pads little), each left-padded."""
+def token_budget_batches(seqs: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Row indices in batches of at most ``max_tokens`` padded tokens (a longer row alone), rows sorted by length so
+    that a batch pads little."""
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
-    scores = torch.empty(len(seqs))
-    device = next(model.parameters()).device
-    start = 0
+    batches, start = [], 0
     while start < len(order):
         end = start + 1
         while end < len(order) and (end + 1 - start) * len(seqs[order[end]]) <= max_tokens:
             end += 1
-        rows = order[start:end]
-        inputs = {k: v.to(device) for k, v in left_padded([seqs[i] for i in rows], pad_id).items()}
-        scores[rows] = model(**inputs).logits[:, 0].float().cpu()
+        batches.append(order[start:end])
         start = end
+    return batches
+
+
+def _forward(model, seqs: list[list[int]], pad_id: int, device) -> torch.Tensor:
+    inputs = {k: v.to(device) for k, v in left_padded(seqs, pad_id).items()}
+    return model(**inputs).logits[:, 0].float().cpu()
+
+
+@torch.no_grad()
+def sequence_scores(model, seqs: list[list[int]], pad_id: int, max_tokens: int = 8192) -> torch.Tensor:
+    """The reward model's score of each sequence (B,) in fp32, in ``token_budget_batches``, each left-padded."""
+    scores = torch.empty(len(seqs))
+    device = next(model.parameters()).device
+    for rows in token_budget_batches(seqs, max_tokens):
+        scores[rows] = _forward(model, [seqs[i] for i in rows], pad_id, device)
     return scores
+
+
+class RewardModelWorker:
+    """A reward model as a worker role: FSDP2 over the role's ranks in its compute dtype (no fp32 master: it is
+    never trained here), scoring its share of a batch in token-budget forwards, as many on every rank."""
+
+    def __init__(self, ctx, cfg, policy_model: str):
+        """``cfg``: ``core.config.RewardModelConfig``; ``policy_model``: whose tokenizer wrote the batch's ids."""
+        from core.engines.sharding import IdleOffload, shard
+        from core.models import load_tokenizer, resolve_dtype
+
+        self.ctx, self.cfg = ctx, cfg
+        torch.manual_seed(cfg.seed)  # a new score head is drawn alike on every rank
+        compute = resolve_dtype(cfg.dtype, ctx.device)
+        model = load_reward_model(cfg.model, dtype=compute)
+        self.model = shard(model.to(ctx.device if cfg.offload != "full" else "cpu"), ctx, compute, cfg.offload,
+                           "reward_model")
+        self.idle = IdleOffload(self.model, None, ctx.device, cfg.offload == "idle")
+        self.policy_tok, self.rm_tok = load_tokenizer(policy_model), load_tokenizer(cfg.model)
+        pad = self.rm_tok.pad_token_id
+        self.pad_id = pad if pad is not None else self.rm_tok.eos_token_id
+
+    @torch.no_grad()
+    def compute_rm_scores(self, batch: Batch) -> Batch:
+        """``rm_scores`` (B,): the reward model's score of each row's prompt and valid response tokens. Keys:
+        input_ids, attention_mask, responses, response_mask; ``prompt`` (chat lists) when re-tokenising."""
+        from core.engines.sharding import equalise_passes
+
+        batch.require("input_ids", "attention_mask", "responses", "response_mask")
+        Tp = batch["input_ids"].shape[1] - batch["responses"].shape[1]
+        prompt_ids = [ids[m > 0].tolist() for ids, m in zip(batch["input_ids"][:, :Tp], batch["attention_mask"][:, :Tp])]
+        response_ids = [r[m > 0].tolist() for r, m in zip(batch["responses"], batch["response_mask"])]
+        prompts = list(batch["prompt"]) if "prompt" in batch else None
+        if prompts is None and not same_tokenization(self.policy_tok, self.rm_tok):
+            raise ValueError(f"rank {self.ctx.rank}: the reward model {self.cfg.model!r} tokenises otherwise than the "
+                             "policy, so it needs the rows' chat messages (key 'prompt') to re-tokenise them")
+        seqs = rm_token_ids(prompt_ids, response_ids, prompts, self.policy_tok, self.rm_tok)
+        scores = torch.empty(len(seqs))
+        self.model.eval()
+        with self.idle.on_gpu():
+            # equal forwards on every rank (FSDP all-gathers); a padding pass scores row 0 again, unused
+            for rows in equalise_passes(token_budget_batches(seqs, self.cfg.max_tokens_per_micro), self.ctx.device):
+                got = _forward(self.model, [seqs[i] for i in (rows or [0])], self.pad_id, self.ctx.device)
+                if rows is not None:
+                    scores[rows] = got
+        return Batch({"rm_scores": scores})
 
 
 def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

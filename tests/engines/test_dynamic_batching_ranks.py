@@ -1,4 +1,4 @@
-"""Dynamic batching (``max_tokens_per_micro``) at DP = 2 on real Ray ranks: the ranks run equal numbers of FSDP
+"""Dynamic batching (``max_tokens_per_micro``) at DP = 2 on real Ray ranks (actor, critic, reward model): the ranks run equal numbers of FSDP
 forwards even when their rows cut into different numbers of micro-batches, so log-probs, values and the update's
 KL metric equal the 1-rank results. Before the fix, ``compute_logprobs`` / ``compute_values`` looped over each
 rank's own micro-batches: a rank with more of them waited in an all-gather its peer never joined (here: a
@@ -8,9 +8,10 @@ KL of the dummy passes that equalise the update."""
 import pytest
 import torch
 
-from core.config import ActorConfig, CriticConfig, OptimConfig, PolicyLossConfig
+from core.config import ActorConfig, CriticConfig, OptimConfig, PolicyLossConfig, RewardModelConfig
 from core.engines.critic import FSDPCritic
 from core.engines.fsdp import FSDPActor
+from core.engines.reward_model import RewardModelWorker
 from core.loop import reduce_over_ranks
 from core.worker import RoleSpec
 from core.worker_group import LocalWorkerGroup, ResourcePool, WorkerGroup
@@ -26,7 +27,9 @@ def specs(model_dir):
                         loss=PolicyLossConfig())
     critic = CriticConfig(model=str(model_dir), dtype="float32", ppo_mini_batch_size=8, micro_batch_size=2,
                           max_tokens_per_micro=BUDGET, optim=OptimConfig(lr=1e-3))
-    return {"actor": RoleSpec(FSDPActor, {"cfg": actor}), "critic": RoleSpec(FSDPCritic, {"cfg": critic})}
+    rm = RewardModelConfig(model=str(model_dir), dtype="float32", max_tokens_per_micro=BUDGET)
+    return {"actor": RoleSpec(FSDPActor, {"cfg": actor}), "critic": RoleSpec(FSDPCritic, {"cfg": critic}),
+            "reward_model": RoleSpec(RewardModelWorker, {"cfg": rm, "policy_model": str(model_dir)})}
 
 
 def skewed():
@@ -67,3 +70,25 @@ def test_log_probs_values_and_kl_equal_one_rank_under_a_token_budget(two_ranks, 
     # the KL term of the update: the ranks' parts add up to the 1-rank value, dummy passes excluded
     got_kl = reduce_over_ranks(two_ranks.role("actor").dp_split(FSDPActor.update, batch))["actor/kl_loss"]
     assert got_kl == pytest.approx(want_kl, rel=1e-4)
+
+
+def test_reward_model_scores_at_two_ranks_equal_one_rank(two_ranks, tiny_model_dir):
+    """Rank 0's long rows take several token-budget forwards, rank 1's short ones one: the padding passes keep
+    FSDP's all-gathers matched, and the scores are the 1-rank ones (and a direct unsharded forward's)."""
+    from core.engines.reward_model import load_reward_model, sequence_scores
+
+    batch = skewed()
+    one = LocalWorkerGroup(specs(tiny_model_dir))
+    try:
+        want = one.role("reward_model").call_rank0(RewardModelWorker.compute_rm_scores, batch)["rm_scores"]
+    finally:
+        one.shutdown()
+    got = two_ranks.role("reward_model").dp_split(RewardModelWorker.compute_rm_scores, batch)["rm_scores"]
+    assert got.shape == (8,) and want.std() > 1e-4
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.manual_seed(0)  # the role's seed: the same new score head
+    Tp = batch["input_ids"].shape[1] - batch["responses"].shape[1]
+    seqs = [ids[m > 0].tolist() for ids, m in zip(batch["input_ids"], batch["attention_mask"])]
+    assert all(len(s) == int(m.sum()) for s, m in zip(seqs, batch["attention_mask"])) and Tp == 8
+    direct = sequence_scores(load_reward_model(str(tiny_model_dir)), seqs, pad_id=0)
+    torch.testing.assert_close(got, direct, atol=1e-5, rtol=1e-5)

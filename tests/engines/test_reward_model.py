@@ -75,3 +75,45 @@ def test_the_same_tokenization_passes_ids_and_another_re_tokenises_the_conversat
     expected = [f"<user>3 + 4?<assistant>{texts[0]}", f"<user>hi<assistant>{texts[1]}"]
     assert got == [rm_tok(t, add_special_tokens=False)["input_ids"] for t in expected]
     assert got[0] != same[0]
+
+
+def test_the_role_re_tokenises_for_a_reward_model_with_its_own_tokenizer(tiny_model_dir, tmp_path):
+    """A reward model folder with another tokenizer: the role scores the conversation in that tokenizer's ids, as
+    scoring those ids directly does; without the rows' chat messages it says what it needs."""
+    import shutil
+
+    from core.config import RewardModelConfig
+    from core.engines.reward_model import RewardModelWorker
+    from core.engines.rollout_batch import assemble
+    from core.protocol import Batch
+    from core.worker import RoleSpec
+    from core.worker_group import LocalWorkerGroup, WorkerError
+
+    rm_dir = tmp_path / "rm"
+    shutil.copytree(tiny_model_dir, rm_dir)
+    for f in rm_dir.glob("*token*"):
+        f.unlink()
+    other_tokenizer().save_pretrained(rm_dir)
+    policy = load_tokenizer(str(tiny_model_dir))
+    prompts = [[{"role": "user", "content": "3 + 4?"}], [{"role": "user", "content": "what is 12 * 12?"}]]
+    p_ids = [policy.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False) for p in prompts]
+    r_ids = [policy("7")["input_ids"] + [policy.eos_token_id], policy("144, I think")["input_ids"]]
+    batch = assemble(p_ids, r_ids, [[0.0] * len(r) for r in r_ids], 1, policy.pad_token_id)
+    batch = batch.union(Batch(non_tensors={"prompt": prompts}))
+    cfg = RewardModelConfig(model=str(rm_dir), dtype="float32")
+    group = LocalWorkerGroup({"reward_model": RoleSpec(RewardModelWorker, {"cfg": cfg, "policy_model": str(tiny_model_dir)})})
+    try:
+        got = group.role("reward_model").call_rank0(RewardModelWorker.compute_rm_scores, batch)["rm_scores"]
+        with pytest.raises(WorkerError, match="needs the rows' chat messages"):
+            group.role("reward_model").call_rank0(RewardModelWorker.compute_rm_scores, batch.select(
+                "input_ids", "attention_mask", "responses", "response_mask"))
+    finally:
+        group.shutdown()
+    torch.manual_seed(0)  # the role's seed: the same new score head
+    rm_tok = other_tokenizer()
+    seqs = rm_token_ids(p_ids, r_ids, prompts, policy, rm_tok)
+    want = sequence_scores(load_reward_model(str(rm_dir)), seqs, rm_tok.pad_token_id)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.manual_seed(0)
+    same = sequence_scores(load_reward_model(str(rm_dir)), [p + r for p, r in zip(p_ids, r_ids)], 0)
+    assert not torch.allclose(got, same)  # the policy's own ids would have scored otherwise

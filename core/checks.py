@@ -14,6 +14,7 @@ are reported at once:
   ``actor.loss_agg_mode`` set;
 - an estimator that reads values (``VALUE_ESTIMATORS``) has a critic, and a critic has an estimator that reads
   its values; ``data.truncation`` is one of ``error``, ``left``, ``right``;
+- a reward model has a model and a pool, and the reward weights are not set without one;
 - with the built-in rewards (no ``reward.path``), every ``data_source`` of the data files has a reward
   (``check_data_sources``, once the rows are loaded).
 """
@@ -67,6 +68,15 @@ def problems(cfg: "RunConfig") -> list[str]:
     if cfg.use_critic and not reads_values:
         out.append(f"use_critic is true but algo.adv.estimator={algo.adv.estimator!r} never reads the critic's "
                    f"values; set use_critic: false, or an estimator that does ({', '.join(sorted(VALUE_ESTIMATORS))})")
+    if cfg.use_reward_model and not cfg.reward_model.model:
+        out.append("use_reward_model is true but reward_model.model is empty; set it to the reward model's folder "
+                   "or HF id (a 1-output sequence classifier)")
+    if cfg.use_reward_model and "reward_model" not in cfg.placement.roles:
+        out.append(f"use_reward_model is true but placement.roles has no pool for reward_model (it maps "
+                   f"{dict(cfg.placement.roles)}); add reward_model: <pool>")
+    if not cfg.use_reward_model and (algo.reward_model_sources or algo.reward_function_weight != 1.0):
+        out.append("algo.reward_model_sources / reward_function_weight weigh a reward model's scores, but "
+                   "use_reward_model is false; drop them or set use_reward_model: true")
     return out
 
 

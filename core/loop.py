@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+import torch
 
 from core.algos import (AdaptiveKLController, FixedKLController, apply_kl_reward_penalty, compute_advantages,
                         scores_to_token_rewards, truncated_is_weights, value_targets_explained_variance)
 from core.config import AlgoConfig, SamplingParams
 from core.engines.critic import FSDPCritic
 from core.engines.fsdp import FSDPActor
+from core.engines.reward_model import RewardModelWorker
 from core.protocol import Batch
 from core.rewards import ScoredBatch, default_compute_score, sample_names, score_batch
 from core.roles import RolloutWorker, sync_across_pools
@@ -28,12 +30,13 @@ from core.worker_group import RoleGroup
 
 @dataclass
 class Roles:
-    """Handles of the roles of a run; ``ref`` and ``critic`` exist only when the algorithm needs them."""
+    """Handles of the roles of a run; ``ref``, ``critic`` and ``reward_model`` exist only when the run asks for them."""
 
     actor: RoleGroup
     rollout: RoleGroup
     ref: RoleGroup | None = None
     critic: RoleGroup | None = None
+    reward_model: RoleGroup | None = None
 
 
 class Timer:
@@ -88,13 +91,22 @@ def generate(roles: Roles, prompts: Batch, sampling: SamplingParams, timer: Time
 
 def score(roles: Roles, batch: Batch, cfg: AlgoConfig, reward_fn: Callable, timer: Timer) -> ScoredBatch:
     """Decode and score every response: sets ``scores`` (B,) and ``token_rewards`` (B, R; the score on the last
-    valid token). Returns the scoring (``num_failed``, ``extras`` such as ``acc``); failures name the data row."""
+    valid token). With a reward model, ``rm_scores`` too, and ``scores`` is the weighted sum of the two
+    (``algo.reward_function_weight``, ``reward_model_weight``, ``reward_model_sources``). Returns the function's
+    scoring (``num_failed``, ``extras`` such as ``acc``); failures name the data row."""
     with timer("reward"):
         texts = list(roles.rollout.dp_split(RolloutWorker.decode, batch)["response_text"])
         scored = score_batch(reward_fn, batch["data_source"], texts, batch["ground_truth"], batch["extra_info"],
                              cfg.reward_workers, cfg.reward_timeout_s, cfg.reward_fallback, sample_names(batch))
         batch["scores"] = scored.scores
-        batch["token_rewards"] = scores_to_token_rewards(scored.scores, batch["response_mask"])
+    if roles.reward_model is not None:
+        with timer("reward_model"):
+            batch["rm_scores"] = roles.reward_model.dp_split(RewardModelWorker.compute_rm_scores, batch)["rm_scores"]
+        scored_here = torch.tensor([not cfg.reward_model_sources or s in cfg.reward_model_sources
+                                    for s in batch["data_source"]], dtype=torch.float32)
+        batch["scores"] = torch.where(scored_here > 0, cfg.reward_function_weight * scored.scores
+                                      + cfg.reward_model_weight * batch["rm_scores"], scored.scores)
+    batch["token_rewards"] = scores_to_token_rewards(batch["scores"], batch["response_mask"])
     return scored
 
 
@@ -186,6 +198,7 @@ def step_metrics(batch: Batch, updates: dict[str, float], timer: Timer, num_fail
             "rollout/logprob_diff_mean": float(diff.sum() / mask.sum().clamp(min=1)),
             "rollout/logprob_diff_max": float(diff.max()),
             "actor/kl_loss": 0.0, "actor/pg_loss": 0.0, **updates,
+            **({"reward/model_mean": float(batch["rm_scores"].mean())} if "rm_scores" in batch else {}),
             **_explained_variance(batch),
             **{f"timing_s/{k}": v for k, v in timer.seconds.items()},
             "perf/throughput_tokens_per_s": tokens / timer.seconds["step"]}

@@ -369,5 +369,8 @@ def plan_run(cfg) -> tuple[str, bool]:
         out.append(p.text(verdict=known))
         if not known:
             out.append(f"no verdict: state placement.pools.{name}.gpu_memory_gb and host_memory_gb (no GPU here)")
+        if "reward_model" in here:
+            out.append(f"  note: the reward model ({cfg.reward_model.model}) is not in this plan yet: add its "
+                       "compute-dtype shards (2 P_rm / W) and one forward's activations by hand")
         fits = fits and (p.fits or not known)
     return "\n".join(out), fits

@@ -25,7 +25,9 @@ old_from_update     (B,)         bool    rows whose ``old_logprobs`` the actor's
 ref_logprobs        (B, Tr)      float   ... under the frozen reference policy
 entropy             (B, Tr)      float   per-token entropy of the actor's distribution
 values              (B, Tr)      float   critic values per response token
-scores              (B,)         float   outcome reward of each sample (the reward function's output)
+scores              (B,)         float   outcome reward of each sample (the reward function's output; with a reward
+                                         model, its weighted sum with ``rm_scores``: ``core.loop.score``)
+rm_scores           (B,)         float   the reward model's score of each sample (``RewardModelWorker``)
 token_rewards       (B, Tr)      float   per-token reward: ``scores`` at the last valid token, minus KL penalty
 advantages          (B, Tr)      float   advantage estimate per token
 returns             (B, Tr)      float   value targets per token
@@ -63,6 +65,7 @@ KEYS: dict[str, str] = {
     "entropy": "(B, Tr) float: per-token entropy",
     "values": "(B, Tr) float: critic values",
     "scores": "(B,) float: outcome reward per sample",
+    "rm_scores": "(B,) float: the reward model's score per sample",
     "token_rewards": "(B, Tr) float: per-token reward",
     "advantages": "(B, Tr) float: advantages",
     "returns": "(B, Tr) float: value targets",

@@ -21,6 +21,7 @@ from core.checks import ConfigError, check_data_sources, check_run
 from core.config import ActorConfig, RunConfig
 from core.engines.critic import FSDPCritic
 from core.engines.fsdp import FSDPActor
+from core.engines.reward_model import RewardModelWorker
 from core.loop import Roles, kl_controller, prompts_from_rows, step, sync_rollout, validate
 from core.report import report
 from core.roles import RolloutWorker
@@ -71,6 +72,8 @@ def role_specs(cfg: RunConfig) -> dict[str, RoleSpec]:
         specs["ref"] = RoleSpec(FSDPActor, {"cfg": ref})
     if cfg.use_critic:
         specs["critic"] = RoleSpec(FSDPCritic, {"cfg": cfg.critic})
+    if cfg.use_reward_model:
+        specs["reward_model"] = RoleSpec(RewardModelWorker, {"cfg": cfg.reward_model, "policy_model": cfg.actor.model})
     return specs
 
 
@@ -201,7 +204,8 @@ def start_roles(cfg: RunConfig, trackers: list) -> tuple:
         placement = place(cfg.placement, role_specs(cfg), cfg.trainer.backend, cfg.trainer.call_timeout_s)
         roles = Roles(actor=placement["actor"], rollout=placement["rollout"],
                       ref=placement["ref"] if "ref" in placement else None,
-                      critic=placement["critic"] if "critic" in placement else None)
+                      critic=placement["critic"] if "critic" in placement else None,
+                      reward_model=placement["reward_model"] if "reward_model" in placement else None)
         if cfg.trainer.backend == "ray" and (cfg.trainer.save_freq or cfg.trainer.resume_mode != "disable"):
             check_shared_output(Path(cfg.trainer.output_dir), roles)  # before step 1, not at the first save
     except BaseException:

@@ -97,6 +97,12 @@ class AlgoConfig:
     reward_timeout_s: float = 10.0
     # score given to a sample whose reward raises / times out / is NaN (None = fail the step)
     reward_fallback: float | None = None
+    # with a reward model (use_reward_model): score = reward_function_weight x the reward function's score +
+    # reward_model_weight x the reward model's, on the rows whose data_source is in reward_model_sources (all when
+    # empty; the others keep the function's score alone). reward_function_weight 0: the reward model alone
+    reward_function_weight: float = 1.0
+    reward_model_weight: float = 1.0
+    reward_model_sources: list[str] = field(default_factory=list)
     # a weight sync that takes longer fails the step (WorkerTimeoutError) instead of hanging on a stalled peer
     sync_timeout_s: float = 300.0
     # truncated importance sampling (Yao et al. 2025): scale advantages by min(pi_old / pi_rollout, cap); 0 = off

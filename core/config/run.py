@@ -2,6 +2,7 @@
 
     trainer: TrainerConfig   data: DataConfig   placement: PlacementConfig   actor: ActorConfig
     use_ref, use_critic      critic: CriticConfig   rollout: RolloutConfig   algo: AlgoConfig   reward: RewardConfig
+    use_reward_model         reward_model: RewardModelConfig
 
 A recipe with a section of its own (DAPO's ``dapo:``) keeps it as a dataclass in its train.py, validated beside
 this one (``core.train.load_recipe_config``), not as a subclass.
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from core.config.algo import AlgoConfig
-from core.config.roles import ActorConfig, CriticConfig, RolloutConfig
+from core.config.roles import ActorConfig, CriticConfig, RewardModelConfig, RolloutConfig
 from core.config.schema import PlacementConfig, TrainerConfig
 
 
@@ -59,6 +60,9 @@ class RunConfig:
     # a value model (for GAE-style advantages: algo.adv.estimator gae and its variants)
     use_critic: bool = False
     critic: CriticConfig = field(default_factory=CriticConfig)
+    # a reward model scoring (prompt, response) pairs beside the reward function (algo.reward_model_weight ...)
+    use_reward_model: bool = False
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)

@@ -11,9 +11,9 @@ Inputs: the policy's token ids when the reward model shares its tokenizer and ch
 through the reward model's own tokenizer and chat template (a conversation: the prompt's messages, then the
 response as the assistant's turn; without a chat template, the two texts joined).
 
-``RewardModelWorker`` is the role (FSDP2, colocated or on its own pool). Still to come (issue 26): its place in the
-run config, trainer and planner, combining it with function rewards in a recipe's config, reward-model training
-runs, and the four-model PPO recipe.
+``RewardModelWorker`` is the role (``use_reward_model``; FSDP2, colocated or on its own pool); ``core.loop.score``
+weighs its scores with the reward function's. Still to come (issue 26): its terms in the capacity planner,
+reward-model training runs, and the four-model PPO recipe.
 """
 
 from __future__ import annotations

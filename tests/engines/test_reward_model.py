@@ -117,3 +117,51 @@ def test_the_role_re_tokenises_for_a_reward_model_with_its_own_tokenizer(tiny_mo
     torch.manual_seed(0)
     same = sequence_scores(load_reward_model(str(rm_dir)), [p + r for p, r in zip(p_ids, r_ids)], 0)
     assert not torch.allclose(got, same)  # the policy's own ids would have scored otherwise
+
+
+def test_a_run_with_a_reward_model_trains_on_its_weighted_scores(tmp_path, tiny_model_dir):
+    """use_reward_model: the role is placed, every sample gets rm_scores, and the trained scores are
+    reward_function_weight x the function's + reward_model_weight x the model's (here the model's alone, x 2)."""
+    from core.checks import problems
+    from core.loop import Roles, prompts_from_rows, step
+    from core.placement import place
+    from core.train import load_run_config
+    from core.trainer import role_specs
+    from tests.test_checkpoint import write_run
+
+    conf = write_run(tmp_path, tiny_model_dir, total_steps=1, save_freq=0)
+    overrides = [f"trainer.output_dir={tmp_path / 'out'}", "+use_reward_model=true",
+                 f"+reward_model.model={tiny_model_dir}", "+reward_model.dtype=float32",
+                 "+algo.reward_function_weight=0.0", "+algo.reward_model_weight=2.0",
+                 "placement.roles={actor: main, rollout: main, ref: main, reward_model: main}"]
+    cfg = load_run_config(conf, overrides=overrides)
+    assert problems(cfg) == [] and "reward_model" in role_specs(cfg)
+    placement = place(cfg.placement, role_specs(cfg), "local")
+    try:
+        roles = Roles(actor=placement["actor"], rollout=placement["rollout"], ref=placement["ref"],
+                      reward_model=placement["reward_model"])
+        from core.data.dataset import load_rl_parquet
+        from core.rewards import load_reward_fn
+
+        rows = load_rl_parquet([str(tmp_path / "train.parquet")])[:2]
+        reward_fn = load_reward_fn(cfg.reward.path, cfg.reward.name)
+        batch, m = step(roles, prompts_from_rows(rows), cfg.algo, reward_fn)
+        # a per-data_source choice: the reward model scores only the listed sources; these rows keep the function's
+        from dataclasses import replace
+        other, _ = step(roles, prompts_from_rows(rows), replace(cfg.algo, reward_model_sources=["elsewhere"]), reward_fn)
+    finally:
+        placement.shutdown()
+    assert batch["rm_scores"].shape == (8,) and batch["rm_scores"].std() > 0
+    torch.testing.assert_close(batch["scores"], 2.0 * batch["rm_scores"])
+    assert m["reward/model_mean"] == pytest.approx(float(batch["rm_scores"].mean()))
+    assert m["reward/mean"] == pytest.approx(2.0 * m["reward/model_mean"], rel=1e-5) and "timing_s/reward_model" in m
+    assert "rm_scores" in other and not torch.allclose(other["scores"], 2.0 * other["rm_scores"])
+    k = other["scores"] * 7                                                 # the function's scores: k / 7
+    assert torch.allclose(k, k.round(), atol=1e-4)
+    # the checks name what a reward model needs
+    bad = load_run_config(conf, overrides=[f"trainer.output_dir={tmp_path / 'out'}", "+use_reward_model=true"])
+    found = problems(bad)
+    assert any("reward_model.model is empty" in p for p in found)
+    assert any("placement.roles has no pool for reward_model" in p for p in found)
+    stray = load_run_config(conf, overrides=[f"trainer.output_dir={tmp_path / 'out'}", "+algo.reward_function_weight=0.5"])
+    assert any("use_reward_model is false" in p for p in problems(stray))

@@ -87,6 +87,10 @@ class RunShape:
     critic_offload: str = "none"
     critic_checkpointing: bool = True
     critic_tokens_per_micro: int = 16384
+    # a reward model (use_reward_model) on the same GPUs: its shape, offload mode, tokens per forward
+    reward_model: ModelShape | None = None
+    rm_offload: str = "none"
+    rm_tokens_per_micro: int = 8192
     # which other roles this pool holds (split placement: a plan per pool)
     actor: bool = True
     rollout: bool = True
@@ -144,6 +148,8 @@ def plan(m: ModelShape, r: RunShape) -> Plan:
     host, parked, resident = _policy_terms(m, r, W, p)
     if r.critic is not None:
         host, parked, resident = (a + b for a, b in zip((host, parked, resident), _critic_terms(r, W, p)))
+    if r.reward_model is not None:
+        host, parked, resident = (a + b for a, b in zip((host, parked, resident), _reward_model_terms(r, W, p)))
     weights = _rollout_terms(m, r, resident, p) if r.rollout else 0.0
     gpu = r.gpu_memory_gb * GB
     limit = gpu - r.reserve_gb * GB
@@ -245,6 +251,30 @@ def _critic_terms(r: RunShape, W: int, p: Plan) -> tuple[float, float, float]:
     return host, parked, resident
 
 
+def _reward_model_terms(r: RunShape, W: int, p: Plan) -> tuple[float, float, float]:
+    """The reward model's lines: bf16 shards (no fp32 master: it is never trained in a run) and one forward's
+    gathered layers, embeddings and activations, counted where they exceed the actor's transient terms (the
+    reward phase comes between the rollout and the training passes, never beside them)."""
+    rm = r.reward_model
+    check_offload_mode(r.rm_offload, "reward_model")
+    shards = 2 * rm.params / W
+    host = parked = resident = 0.0
+    if r.rm_offload == "full":
+        host = shards
+    else:
+        p.lines.append(("reward model bf16 shards (2Prm/W)", shards, "train"))
+        parked, resident = (shards, 0.0) if r.rm_offload == "idle" else (0.0, shards)
+    T = r.rm_tokens_per_micro
+    act = T * (14 * rm.hidden + 4 * rm.kv_heads * rm.head_dim + 8 * rm.intermediate) + 2 * T * rm.hidden
+    transient = (4 * rm.layer_params + 2 * rm.vocab * rm.hidden if W > 1 else 2 * rm.params - shards) + act
+    a_transient = sum(b for item, b, ph in p.lines if ph == "train" and item.startswith(
+        ("gathered bf16", "embeddings + LM head", "activations", "logits", "critic update")))
+    p.lines.append(("reward model forward, beyond the training transients" if a_transient else
+                    "reward model forward (layers, embeddings, activations)", max(0.0, transient - a_transient),
+                    "train"))
+    return host, parked, resident
+
+
 def _rollout_terms(m: ModelShape, r: RunShape, resident: float, p: Plan) -> float:
     """The rollout engine's lines and problems; returns its weights per GPU."""
     embedded, tp, gpu = r.rollout_backend == "embedded", r.engine_tp, r.gpu_memory_gb * GB
@@ -313,7 +343,10 @@ def run_shape(cfg, pool_name: str | None = None) -> RunShape:
                     gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, max_seq_len=max_seq,
                     rollout_backend=cfg.rollout.backend, reference=cfg.has_reference() and "ref" in here,
                     rollout_batch=cfg.rollout.max_batch_size, actor="actor" in here, rollout="rollout" in here,
-                    rollout_sleeps=cfg.rollout.sleep_after_generate, **_critic_shape(cfg, max_seq, "critic" in here))
+                    rollout_sleeps=cfg.rollout.sleep_after_generate, **_critic_shape(cfg, max_seq, "critic" in here),
+                    **({"reward_model": model_shape(cfg.reward_model.model), "rm_offload": cfg.reward_model.offload,
+                        "rm_tokens_per_micro": cfg.reward_model.max_tokens_per_micro}
+                       if cfg.use_reward_model and "reward_model" in here else {}))
 
 
 def _critic_shape(cfg, max_seq: int, here: bool) -> dict:
@@ -359,6 +392,9 @@ def plan_run(cfg) -> tuple[str, bool]:
         if r.critic is not None:
             parts.append(f"critic FSDP2 world size {W}, offload {r.critic_offload}, {r.critic_tokens_per_micro} "
                          "tokens per micro-batch")
+        if r.reward_model is not None:
+            parts.append(f"reward model FSDP2 world size {W}, offload {r.rm_offload}, {r.rm_tokens_per_micro} "
+                         "tokens per forward")
         if r.rollout:
             parts.append(f"rollout {r.rollout_backend} TP {r.engine_tp} x {W // r.engine_tp} replicas at "
                          f"{r.gpu_memory_utilization:g} of {r.gpu_memory_gb:g} GB")
@@ -369,8 +405,6 @@ def plan_run(cfg) -> tuple[str, bool]:
         out.append(p.text(verdict=known))
         if not known:
             out.append(f"no verdict: state placement.pools.{name}.gpu_memory_gb and host_memory_gb (no GPU here)")
-        if "reward_model" in here:
-            out.append(f"  note: the reward model ({cfg.reward_model.model}) is not in this plan yet: add its "
-                       "compute-dtype shards (2 P_rm / W) and one forward's activations by hand")
+
         fits = fits and (p.fits or not known)
     return "\n".join(out), fits

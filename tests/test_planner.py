@@ -190,6 +190,35 @@ def test_the_critic_is_counted_by_its_offload_mode_and_its_update_peak():
     assert c_transient > a_transient
 
 
+def test_the_reward_model_is_counted_in_bf16_by_its_offload_mode_and_its_forward_peak():
+    """A 7B actor and a 1.5B reward model on 8 GPUs: the reward model's bf16 shards are 2 x 1.5e9 / 8 = 0.375 GB per
+    GPU (no fp32 master, no gradients, no moments: it is never trained in a run), kept through the rollout with
+    offload none, parked with idle, on the host with full. Its forward's transients count only beyond the actor's:
+    none at the same token budget, some at 64x."""
+    actor = ModelShape(params=7e9, layers=28, hidden=3584, intermediate=18944, heads=28, kv_heads=4, vocab=152064)
+    rm = ModelShape(params=1.5e9, layers=28, hidden=1536, intermediate=8960, heads=12, kv_heads=2, vocab=151936)
+    base = RunShape(nnodes=1, gpus_per_node=8, gpu_memory_gb=80, reward_model=rm, tokens_per_micro=8192,
+                    rm_tokens_per_micro=8192)
+    got = lines(plan(actor, base))
+    assert got["reward model bf16 shards (2Prm/W)"] == pytest.approx(0.375 * GB)
+    assert got["training state kept during rollout"] == pytest.approx((14 + 0.375) * GB)
+    assert got["reward model forward, beyond the training transients"] == 0.0
+    idle = lines(plan(actor, replace(base, offload="idle", rm_offload="idle")))
+    assert "training state kept during rollout" not in idle                     # everything parked
+    assert idle["(parked while idle training state, host, per GPU)"] == pytest.approx((10.5 + 0.375) * GB)
+    full = lines(plan(actor, replace(base, rm_offload="full")))
+    assert "reward model bf16 shards (2Prm/W)" not in full
+    assert full["(offloaded training state, host, per GPU)"] == pytest.approx(0.375 * GB)
+    T = 64 * 8192
+    big = lines(plan(actor, replace(base, rm_tokens_per_micro=T)))
+    transient = (4 * rm.layer_params + 2 * rm.vocab * rm.hidden + 2 * T * rm.hidden
+                 + T * (14 * rm.hidden + 4 * rm.kv_heads * rm.head_dim + 8 * rm.intermediate))
+    a_transient = sum(big[k] for k in big if k.startswith(("gathered bf16", "embeddings + LM head", "activations",
+                                                           "logits")))
+    assert transient > a_transient
+    assert big["reward model forward, beyond the training transients"] == pytest.approx(transient - a_transient)
+
+
 def test_the_ppo_gpu_scripts_dry_run_shows_the_critic():
     import os
     import subprocess

@@ -12,8 +12,8 @@ through the reward model's own tokenizer and chat template (a conversation: the 
 response as the assistant's turn; without a chat template, the two texts joined).
 
 ``RewardModelWorker`` is the role (``use_reward_model``; FSDP2, colocated or on its own pool); ``core.loop.score``
-weighs its scores with the reward function's; ``core.planner`` counts it. Still to come (issue 26): reward-model
-training runs and the four-model PPO recipe.
+weighs its scores with the reward function's; ``core.planner`` counts it. Training: ``core.rm_train``. Still to come (issue 26): the
+four-model PPO recipe.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ def step(roles: Roles, draw: Callable[[], Batch], cfg: AlgoConfig, reward_fn: Ca
             scored = score(roles, batch, cfg, reward_fn, timer)
             length = batch["response_mask"].sum(-1)
             shaped = overlong_penalty(length, cfg.sampling.max_new_tokens, dapo.overlong_buffer, dapo.overlong_penalty)
-            batch["scores"] = scored.scores + shaped
+            batch["scores"] = batch["scores"] + shaped  # the reward (with a reward model: the weighted sum), shaped
             acc = scored.extras.get("acc")
             metric = (scored.scores if dapo.filter_metric == "score" or acc is None
                       else torch.tensor([float(a) for a in acc]))

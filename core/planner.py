@@ -91,6 +91,8 @@ class RunShape:
     reward_model: ModelShape | None = None
     rm_offload: str = "none"
     rm_tokens_per_micro: int = 8192
+    # bytes per reward-model weight: its compute dtype (2: bf16, 4: float32)
+    rm_dtype_bytes: int = 2
     # which other roles this pool holds (split placement: a plan per pool)
     actor: bool = True
     rollout: bool = True
@@ -252,21 +254,23 @@ def _critic_terms(r: RunShape, W: int, p: Plan) -> tuple[float, float, float]:
 
 
 def _reward_model_terms(r: RunShape, W: int, p: Plan) -> tuple[float, float, float]:
-    """The reward model's lines: bf16 shards (no fp32 master: it is never trained in a run) and one forward's
-    gathered layers, embeddings and activations, counted where they exceed the actor's transient terms (the
-    reward phase comes between the rollout and the training passes, never beside them)."""
-    rm = r.reward_model
+    """The reward model's lines: shards in its compute dtype (no fp32 master: it is never trained in a run) and one
+    forward's gathered layers, embeddings and activations, counted where they exceed the actor's transient terms
+    (the reward phase comes between the rollout and the training passes, never beside them)."""
+    rm, nbytes = r.reward_model, r.rm_dtype_bytes
     check_offload_mode(r.rm_offload, "reward_model")
-    shards = 2 * rm.params / W
+    shards = nbytes * rm.params / W
     host = parked = resident = 0.0
     if r.rm_offload == "full":
         host = shards
     else:
-        p.lines.append(("reward model bf16 shards (2Prm/W)", shards, "train"))
+        p.lines.append((f"reward model shards ({nbytes}Prm/W)", shards, "train"))
         parked, resident = (shards, 0.0) if r.rm_offload == "idle" else (0.0, shards)
     T = r.rm_tokens_per_micro
-    act = T * (14 * rm.hidden + 4 * rm.kv_heads * rm.head_dim + 8 * rm.intermediate) + 2 * T * rm.hidden
-    transient = (4 * rm.layer_params + 2 * rm.vocab * rm.hidden if W > 1 else 2 * rm.params - shards) + act
+    act = (T * (14 * rm.hidden + 4 * rm.kv_heads * rm.head_dim + 8 * rm.intermediate) + 2 * T * rm.hidden) * nbytes // 2
+    # FSDP2 gathers two layers and the embeddings at a time; on one rank without offload nothing is gathered
+    gathered = 0.0 if one_rank(W, r.rm_offload, False) else nbytes * (2 * rm.layer_params + rm.vocab * rm.hidden)
+    transient = gathered + act
     a_transient = sum(b for item, b, ph in p.lines if ph == "train" and item.startswith(
         ("gathered bf16", "embeddings + LM head", "activations", "logits", "critic update")))
     p.lines.append(("reward model forward, beyond the training transients" if a_transient else
@@ -345,7 +349,8 @@ def run_shape(cfg, pool_name: str | None = None) -> RunShape:
                     rollout_batch=cfg.rollout.max_batch_size, actor="actor" in here, rollout="rollout" in here,
                     rollout_sleeps=cfg.rollout.sleep_after_generate, **_critic_shape(cfg, max_seq, "critic" in here),
                     **({"reward_model": model_shape(cfg.reward_model.model), "rm_offload": cfg.reward_model.offload,
-                        "rm_tokens_per_micro": cfg.reward_model.max_tokens_per_micro}
+                        "rm_tokens_per_micro": cfg.reward_model.max_tokens_per_micro,
+                        "rm_dtype_bytes": 4 if cfg.reward_model.dtype == "float32" else 2}
                        if cfg.use_reward_model and "reward_model" in here else {}))
 
 

@@ -4,7 +4,8 @@ preference pairs, by Bradley-Terry.
 Pairs follow TRL's and verl's preference schema, one per row (.jsonl or .parquet): ``chosen`` and ``rejected``,
 each a text or a conversation (a list of {role, content} whose last turn is the assistant's), and a ``prompt``
 (a text or a conversation) unless the two conversations carry it. Each side goes through the reward model's chat
-template as one conversation (prompt messages, then the answer as the assistant's turn).
+template as a run feeds it (``core.engines.reward_model.conversation_ids``: the prompt with the generation prompt,
+the answer's tokens, EOS).
 
 Training: one process (this first version: no FSDP2; a model that fits one device), AdamW on
 -log sigmoid(r_chosen - r_rejected) over mini-batches of pairs, the held-out pair accuracy before and after each
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from core.engines.reward_model import bradley_terry_loss, left_padded, load_reward_model
+from core.engines.reward_model import bradley_terry_loss, conversation_ids, left_padded, load_reward_model
 
 
 def _messages(value, where: str) -> list[dict]:
@@ -72,17 +73,14 @@ def load_pairs(path: str | Path) -> list[tuple[list[dict], str, str]]:
 
 
 def pair_ids(tokenizer, pairs) -> list[tuple[list[int], list[int]]]:
-    """The reward model's input ids of each pair's chosen and rejected conversation."""
-    def ids(prompt, answer):
-        conversation = list(prompt) + [{"role": "assistant", "content": answer}]
-        if getattr(tokenizer, "chat_template", None):
-            return list(tokenizer.apply_chat_template(conversation, tokenize=True, return_dict=False))
-        return tokenizer(prompt[-1]["content"] + answer)["input_ids"]
-    return [(ids(p, c), ids(p, r)) for p, c, r in pairs]
+    """The reward model's input ids of each pair's chosen and rejected answer, encoded as a run feeds it
+    (``conversation_ids``: prompt with the generation prompt, answer, EOS)."""
+    return [(conversation_ids(tokenizer, p, c), conversation_ids(tokenizer, p, r)) for p, c, r in pairs]
 
 
 def _scores(model, seqs, pad_id):
-    inputs = left_padded(seqs, pad_id)
+    device = next(model.parameters()).device
+    inputs = {k: v.to(device) for k, v in left_padded(seqs, pad_id).items()}
     return model(**inputs).logits[:, 0].float()
 
 
@@ -105,6 +103,7 @@ def train(model_name: str, train_pairs, val_pairs, out: str | Path | None = None
 
     torch.manual_seed(seed)
     model, tok = load_reward_model(model_name), load_tokenizer(model_name)
+    model.to("cuda" if torch.cuda.is_available() else "cpu")
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     model.config.pad_token_id = pad
     train_ids, val_ids = pair_ids(tok, train_pairs), pair_ids(tok, val_pairs)
@@ -126,7 +125,7 @@ def train(model_name: str, train_pairs, val_pairs, out: str | Path | None = None
         history["train_loss"].append(sum(losses) / len(losses))
         history["val_accuracy"].append(pair_accuracy(model, val_ids, pad))
     if out is not None:
-        model.save_pretrained(out, safe_serialization=True)
+        model.cpu().save_pretrained(out, safe_serialization=True)
         tok.save_pretrained(out)
         (Path(out) / "rm_train.json").write_text(json.dumps(history, indent=1))
     return history

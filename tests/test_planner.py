@@ -200,14 +200,23 @@ def test_the_reward_model_is_counted_in_bf16_by_its_offload_mode_and_its_forward
     base = RunShape(nnodes=1, gpus_per_node=8, gpu_memory_gb=80, reward_model=rm, tokens_per_micro=8192,
                     rm_tokens_per_micro=8192)
     got = lines(plan(actor, base))
-    assert got["reward model bf16 shards (2Prm/W)"] == pytest.approx(0.375 * GB)
+    assert got["reward model shards (2Prm/W)"] == pytest.approx(0.375 * GB)
     assert got["training state kept during rollout"] == pytest.approx((14 + 0.375) * GB)
     assert got["reward model forward, beyond the training transients"] == 0.0
     idle = lines(plan(actor, replace(base, offload="idle", rm_offload="idle")))
     assert "training state kept during rollout" not in idle                     # everything parked
     assert idle["(parked while idle training state, host, per GPU)"] == pytest.approx((10.5 + 0.375) * GB)
     full = lines(plan(actor, replace(base, rm_offload="full")))
-    assert "reward model bf16 shards (2Prm/W)" not in full
+    assert "reward model shards (2Prm/W)" not in full
+    fp32 = lines(plan(actor, replace(base, rm_dtype_bytes=4)))
+    assert fp32["reward model shards (4Prm/W)"] == pytest.approx(0.75 * GB)
+    # one GPU: no FSDP2 without offload (nothing gathered), FSDP2 with it (two layers and the embeddings gathered)
+    solo = replace(base, gpus_per_node=1, gpu_memory_gb=1000, actor=False, rollout=False, rm_tokens_per_micro=1)
+    act = 14 * rm.hidden + 4 * rm.kv_heads * rm.head_dim + 8 * rm.intermediate + 2 * rm.hidden
+    assert lines(plan(actor, solo))["reward model forward (layers, embeddings, activations)"] == pytest.approx(act)
+    idle = lines(plan(actor, replace(solo, rm_offload="idle")))
+    assert idle["reward model forward (layers, embeddings, activations)"] == pytest.approx(
+        act + 4 * rm.layer_params + 2 * rm.vocab * rm.hidden)
     assert full["(offloaded training state, host, per GPU)"] == pytest.approx(0.375 * GB)
     T = 64 * 8192
     big = lines(plan(actor, replace(base, rm_tokens_per_micro=T)))

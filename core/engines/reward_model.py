@@ -8,12 +8,12 @@ direct forward). A text whose last token is the pad token itself (pad = EOS) is 
 transformers' rule, batched or not.
 
 Inputs: the policy's token ids when the reward model shares its tokenizer and chat template, else the text again
-through the reward model's own tokenizer and chat template (a conversation: the prompt's messages, then the
-response as the assistant's turn; without a chat template, the two texts joined).
+through the reward model's own tokenizer and chat template (``conversation_ids``: the prompt with the generation
+prompt, the response's tokens, EOS when it ended with one) -- the same encoding ``core.rm_train`` trains on.
 
 ``RewardModelWorker`` is the role (``use_reward_model``; FSDP2, colocated or on its own pool); ``core.loop.score``
-weighs its scores with the reward function's; ``core.planner`` counts it. Training: ``core.rm_train``. Still to come (issue 26): the
-four-model PPO recipe.
+weighs its scores with the reward function's; ``core.planner`` counts it; ``core.rm_train`` trains one. Still to
+come (issue 26): the four-model PPO recipe.
 """
 
 from __future__ import annotations
@@ -50,14 +50,22 @@ def rm_token_ids(prompt_ids: list[list[int]], response_ids: list[list[int]], pro
     if same_tokenization(policy_tokenizer, rm_tokenizer):
         return [list(p) + list(r) for p, r in zip(prompt_ids, response_ids)]
     texts = policy_tokenizer.batch_decode(response_ids, skip_special_tokens=True)
-    out = []
-    for messages, text in zip(prompts, texts):
-        if getattr(rm_tokenizer, "chat_template", None):
-            conversation = list(messages) + [{"role": "assistant", "content": text}]
-            out.append(list(rm_tokenizer.apply_chat_template(conversation, tokenize=True, return_dict=False)))
-        else:
-            out.append(rm_tokenizer(messages[-1]["content"] + text, add_special_tokens=True)["input_ids"])
-    return out
+    ended = [bool(r) and r[-1] == policy_tokenizer.eos_token_id for r in response_ids]
+    return [conversation_ids(rm_tokenizer, messages, text, end) for messages, text, end in zip(prompts, texts, ended)]
+
+
+def conversation_ids(tokenizer, messages: list[dict], answer: str, ended: bool = True) -> list[int]:
+    """A (prompt, answer) pair as the policy produces it, in ``tokenizer``'s terms: the prompt through the chat
+    template with the generation prompt, the answer's tokens, and EOS when the answer ended with one -- so that a
+    reward model reads its score at the same token whether it was fed the policy's ids, re-tokenised text, or
+    trained on preference pairs (``core.rm_train``)."""
+    if getattr(tokenizer, "chat_template", None):
+        prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                    return_dict=False))
+    else:
+        prompt = tokenizer(messages[-1]["content"], add_special_tokens=True)["input_ids"]
+    eos = [tokenizer.eos_token_id] if ended and tokenizer.eos_token_id is not None else []
+    return prompt + tokenizer(answer, add_special_tokens=False)["input_ids"] + eos
 
 
 def left_padded(seqs: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
@@ -119,6 +127,10 @@ class RewardModelWorker:
         self.policy_tok, self.rm_tok = load_tokenizer(policy_model), load_tokenizer(cfg.model)
         pad = self.rm_tok.pad_token_id
         self.pad_id = pad if pad is not None else self.rm_tok.eos_token_id
+        # transformers reads the score at the rightmost token that is not config.pad_token_id, and refuses a batch
+        # when the config has none (many causal-LM checkpoints): the padding this role uses
+        if self.model.config.pad_token_id is None:
+            self.model.config.pad_token_id = self.pad_id
 
     @torch.no_grad()
     def compute_rm_scores(self, batch: Batch) -> Batch:

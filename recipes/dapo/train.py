@@ -66,15 +66,16 @@ def step(roles: Roles, draw: Callable[[], Batch], cfg: AlgoConfig, reward_fn: Ca
             scored = score(roles, batch, cfg, reward_fn, timer)
             length = batch["response_mask"].sum(-1)
             shaped = overlong_penalty(length, cfg.sampling.max_new_tokens, dapo.overlong_buffer, dapo.overlong_penalty)
-            batch["scores"] = batch["scores"] + shaped  # the reward (with a reward model: the weighted sum), shaped
+            unshaped = batch["scores"]  # the reward (with a reward model: core's weighted sum)
+            batch["scores"] = unshaped + shaped
             acc = scored.extras.get("acc")
-            metric = (scored.scores if dapo.filter_metric == "score" or acc is None
+            metric = (unshaped if dapo.filter_metric == "score" or acc is None
                       else torch.tensor([float(a) for a in acc]))
             keep = groups_with_variance(batch["uid"], metric)
             groups_seen, failed = groups_seen + len(batch) // n, failed + scored.num_failed
             lengths.append(length)
             penalties.append(shaped)
-            raw.append(scored.scores)
+            raw.append(unshaped)
             kept.append(batch.index(keep.nonzero().squeeze(-1)))
             kept_rows += len(kept[-1])
         batch = Batch.concat(kept).index(slice(0, train_groups * n))

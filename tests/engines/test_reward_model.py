@@ -52,7 +52,8 @@ def test_bradley_terry_loss_and_accuracy_by_hand():
 def other_tokenizer():
     """A reward model's own tokenizer: another vocabulary (a smaller character set) and another chat template."""
     tok = _char_tokenizer(100)
-    tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+                         "{% if add_generation_prompt %}<assistant>{% endif %}")
     return tok
 
 
@@ -73,7 +74,9 @@ def test_the_same_tokenization_passes_ids_and_another_re_tokenises_the_conversat
     texts = [policy.decode(r, skip_special_tokens=True) for r in response_ids]
     assert texts[0] == "7"
     expected = [f"<user>3 + 4?<assistant>{texts[0]}", f"<user>hi<assistant>{texts[1]}"]
-    assert got == [rm_tok(t, add_special_tokens=False)["input_ids"] for t in expected]
+    # the first response ended with EOS: so does its re-tokenised form (the reward model reads its score there)
+    assert got == [rm_tok(t, add_special_tokens=False)["input_ids"] + eos
+                   for t, eos in zip(expected, [[rm_tok.eos_token_id], []])]
     assert got[0] != same[0]
 
 
@@ -165,3 +168,31 @@ def test_a_run_with_a_reward_model_trains_on_its_weighted_scores(tmp_path, tiny_
     assert any("placement.roles has no pool for reward_model" in p for p in found)
     stray = load_run_config(conf, overrides=[f"trainer.output_dir={tmp_path / 'out'}", "+algo.reward_function_weight=0.5"])
     assert any("use_reward_model is false" in p for p in problems(stray))
+
+
+def test_the_role_scores_batches_with_a_checkpoint_that_names_no_pad_token(tiny_model_dir, tmp_path):
+    """transformers refuses batches of a sequence classifier whose config has no pad_token_id (Llama-3-style
+    checkpoints); the role gives it the padding it uses."""
+    import json
+    import shutil
+
+    from core.config import RewardModelConfig
+    from core.engines.reward_model import RewardModelWorker
+    from core.worker import RoleSpec
+    from core.worker_group import LocalWorkerGroup
+    from tests.engines.test_micro_batches import uneven_batch
+
+    rm_dir = tmp_path / "nopad"
+    shutil.copytree(tiny_model_dir, rm_dir)
+    config = json.loads((rm_dir / "config.json").read_text())
+    config["pad_token_id"] = None
+    (rm_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="no padding token"):  # what the role avoids
+        load_reward_model(str(rm_dir))(input_ids=torch.ones(2, 3, dtype=torch.long))
+    cfg = RewardModelConfig(model=str(rm_dir), dtype="float32")
+    group = LocalWorkerGroup({"reward_model": RoleSpec(RewardModelWorker, {"cfg": cfg, "policy_model": str(tiny_model_dir)})})
+    try:
+        got = group.role("reward_model").call_rank0(RewardModelWorker.compute_rm_scores, uneven_batch([3, 5], [2, 4]))
+    finally:
+        group.shutdown()
+    assert got["rm_scores"].shape == (2,) and torch.isfinite(got["rm_scores"]).all()

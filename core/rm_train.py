@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from core.engines.reward_model import bradley_terry_loss, conversation_ids, left_padded, load_reward_model
+from core.engines.reward_model import batch_scores, bradley_terry_loss, conversation_ids, load_reward_model
 
 
 def _messages(value, where: str) -> list[dict]:
@@ -78,12 +78,6 @@ def pair_ids(tokenizer, pairs) -> list[tuple[list[int], list[int]]]:
     return [(conversation_ids(tokenizer, p, c), conversation_ids(tokenizer, p, r)) for p, c, r in pairs]
 
 
-def _scores(model, seqs, pad_id):
-    device = next(model.parameters()).device
-    inputs = {k: v.to(device) for k, v in left_padded(seqs, pad_id).items()}
-    return model(**inputs).logits[:, 0].float()
-
-
 @torch.no_grad()
 def pair_accuracy(model, pairs_ids, pad_id: int, batch: int = 16) -> float:
     """Share of pairs whose chosen side scores higher (the held-out metric)."""
@@ -91,7 +85,7 @@ def pair_accuracy(model, pairs_ids, pad_id: int, batch: int = 16) -> float:
     right = 0.0
     for i in range(0, len(pairs_ids), batch):
         part = pairs_ids[i:i + batch]
-        s = _scores(model, [c for c, _ in part] + [r for _, r in part], pad_id)
+        s = batch_scores(model, [c for c, _ in part] + [r for _, r in part], pad_id, next(model.parameters()).device)
         right += float((s[:len(part)] > s[len(part):]).sum())
     return right / max(len(pairs_ids), 1)
 
@@ -103,7 +97,8 @@ def train(model_name: str, train_pairs, val_pairs, out: str | Path | None = None
 
     torch.manual_seed(seed)
     model, tok = load_reward_model(model_name), load_tokenizer(model_name)
-    model.to("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     model.config.pad_token_id = pad
     train_ids, val_ids = pair_ids(tok, train_pairs), pair_ids(tok, val_pairs)
@@ -116,7 +111,7 @@ def train(model_name: str, train_pairs, val_pairs, out: str | Path | None = None
         losses = []
         for i in range(0, len(order), batch):
             part = [train_ids[j] for j in order[i:i + batch]]
-            s = _scores(model, [c for c, _ in part] + [r for _, r in part], pad)
+            s = batch_scores(model, [c for c, _ in part] + [r for _, r in part], pad, device)
             loss, _ = bradley_terry_loss(s[:len(part)], s[len(part):])
             optim.zero_grad()
             loss.backward()

@@ -93,9 +93,10 @@ def token_budget_batches(seqs: list[list[int]], max_tokens: int) -> list[list[in
     return batches
 
 
-def _forward(model, seqs: list[list[int]], pad_id: int, device) -> torch.Tensor:
+def batch_scores(model, seqs: list[list[int]], pad_id: int, device) -> torch.Tensor:
+    """One left-padded forward: the scores (B,) in fp32 on ``device`` (with grad where autograd is on: training)."""
     inputs = {k: v.to(device) for k, v in left_padded(seqs, pad_id).items()}
-    return model(**inputs).logits[:, 0].float().cpu()
+    return model(**inputs).logits[:, 0].float()
 
 
 @torch.no_grad()
@@ -104,7 +105,7 @@ def sequence_scores(model, seqs: list[list[int]], pad_id: int, max_tokens: int =
     scores = torch.empty(len(seqs))
     device = next(model.parameters()).device
     for rows in token_budget_batches(seqs, max_tokens):
-        scores[rows] = _forward(model, [seqs[i] for i in rows], pad_id, device)
+        scores[rows] = batch_scores(model, [seqs[i] for i in rows], pad_id, device).cpu()
     return scores
 
 
@@ -152,7 +153,7 @@ class RewardModelWorker:
         with self.idle.on_gpu():
             # equal forwards on every rank (FSDP all-gathers); a padding pass scores row 0 again, unused
             for rows in equalise_passes(token_budget_batches(seqs, self.cfg.max_tokens_per_micro), self.ctx.device):
-                got = _forward(self.model, [seqs[i] for i in (rows or [0])], self.pad_id, self.ctx.device)
+                got = batch_scores(self.model, [seqs[i] for i in (rows or [0])], self.pad_id, self.ctx.device).cpu()
                 if rows is not None:
                     scores[rows] = got
         return Batch({"rm_scores": scores})

@@ -7,6 +7,11 @@ step runs its phases one after another, and the sync crosses processes). The rat
 on GPUs the split layout pays off when generation and training overlap (asynchronous RL), which this step
 does not do. Full size (``--benchmark``): SmolLM2-135M-Instruct, 8 prompts x n=4, 32 new tokens, median of 2 steps
 after a warm-up step. Smoke size: the tiny random model, 1 step.
+
+HybridFlow's four-model PPO (actor, critic, reference, reward model; recipes/ppo/qwen2_7b_rm*.yaml at full scale)
+is placed both ways too: all colocated on the 2 ranks, or split as qwen2_7b_rm_split.yaml splits it -- the policy
+side (actor, reference, rollout) on one 1-rank pool, the scorers (critic, reward model) on another. The reward
+model is SmolLM2-135M-Instruct with a fresh score head: the same compute as a trained one.
 """
 
 from __future__ import annotations
@@ -15,9 +20,12 @@ import pytest
 import torch
 
 from bench.test_grpo_step import arith_rows, grpo_specs, grpo_step_config, reward
-from core.config import AlgoConfig
-from core.loop import Roles, prompts_from_rows, step
+from core.config import AdvantageConfig, AlgoConfig, CriticConfig, KLInRewardConfig, OptimConfig, RewardModelConfig
+from core.engines.critic import FSDPCritic
+from core.engines.reward_model import RewardModelWorker
+from core.loop import Roles, kl_controller, prompts_from_rows, step
 from core.models import default_dtype, resolve_model
+from core.worker import RoleSpec
 from core.worker_group import ResourcePool, WorkerGroup
 
 
@@ -30,11 +38,12 @@ def ray_session():
     ray.shutdown()
 
 
-def median_step_seconds(groups: list[WorkerGroup], roles: Roles, rows, cfg: AlgoConfig, steps: int) -> float:
+def median_step_seconds(groups: list[WorkerGroup], roles: Roles, rows, cfg: AlgoConfig, steps: int,
+                        kl_ctrl=None) -> float:
     times = []
     try:
         for i in range(steps + 1):
-            _, metrics = step(roles, prompts_from_rows(rows), cfg, reward)
+            _, metrics = step(roles, prompts_from_rows(rows), cfg, reward, kl_ctrl=kl_ctrl)
             if i:
                 times.append(metrics["timing_s/step"])
     finally:
@@ -57,4 +66,36 @@ def test_colocated_vs_split_placement(ray_session, full_size, report, tiny_model
                                 rows, cfg, steps)
     r = report("placement", model=path.rsplit("/", 1)[-1], dtype=dtype, prompts=P, n=n, max_new_tokens=new,
                colocated_step_s=colocated, split_step_s=split, split_over_colocated=split / colocated)
+    assert r["colocated_step_s"] > 0 and r["split_step_s"] > 0
+
+
+def ppo_four_model_specs(path: str, dtype: str, samples: int) -> dict[str, RoleSpec]:
+    """The GRPO bench's actor, reference and rollout, plus a critic (same backbone) and a reward model."""
+    specs = grpo_specs(path, dtype, samples)
+    critic = CriticConfig(model=path, dtype=dtype, ppo_mini_batch_size=samples // 2, micro_batch_size=samples // 4,
+                          optim=OptimConfig(lr=1e-5, warmup_steps=0))
+    specs["critic"] = RoleSpec(FSDPCritic, {"cfg": critic})
+    specs["reward_model"] = RoleSpec(RewardModelWorker, {"cfg": RewardModelConfig(model=path, dtype=dtype),
+                                                         "policy_model": path})
+    return specs
+
+
+def test_four_model_ppo_colocated_vs_split(ray_session, full_size, report, tiny_model_dir):
+    path = resolve_model("SmolLM2-135M-Instruct") if full_size else str(tiny_model_dir)
+    P, n, new, steps = (8, 4, 32, 2) if full_size else (2, 4, 8, 1)
+    dtype = str(default_dtype()).removeprefix("torch.")
+    rows, s = arith_rows(P), ppo_four_model_specs(path, dtype, P * n)
+    cfg = AlgoConfig(sampling=grpo_step_config(n, new).sampling, adv=AdvantageConfig(estimator="gae"),
+                     kl_in_reward=KLInRewardConfig(coef=0.01), reward_function_weight=0.0)
+    main = WorkerGroup(ResourcePool(slots_per_node=2), s, name="main")
+    colocated = median_step_seconds([main], Roles(*(main.role(r) for r in ("actor", "rollout", "ref", "critic",
+                                                                           "reward_model"))), rows, cfg, steps,
+                                    kl_controller(cfg))
+    policy = WorkerGroup(ResourcePool(slots_per_node=1), {k: s[k] for k in ("actor", "ref", "rollout")}, name="policy")
+    scorers = WorkerGroup(ResourcePool(slots_per_node=1), {k: s[k] for k in ("critic", "reward_model")}, name="scorers")
+    split = median_step_seconds([policy, scorers], Roles(policy.role("actor"), policy.role("rollout"), policy.role("ref"),
+                                                         scorers.role("critic"), scorers.role("reward_model")),
+                                rows, cfg, steps, kl_controller(cfg))
+    r = report("placement_four_model_ppo", model=path.rsplit("/", 1)[-1], dtype=dtype, prompts=P, n=n,
+               max_new_tokens=new, colocated_step_s=colocated, split_step_s=split, split_over_colocated=split / colocated)
     assert r["colocated_step_s"] > 0 and r["split_step_s"] > 0

@@ -91,8 +91,8 @@ def generate(roles: Roles, prompts: Batch, sampling: SamplingParams, timer: Time
 
 def score(roles: Roles, batch: Batch, cfg: AlgoConfig, reward_fn: Callable, timer: Timer) -> ScoredBatch:
     """Decode and score every response: sets ``scores`` (B,) and ``token_rewards`` (B, R; the score on the last
-    valid token). With a reward model, ``rm_scores`` too, and ``scores`` is the weighted sum of the two
-    (``algo.reward_function_weight``, ``reward_model_weight``, ``reward_model_sources``). Returns the function's
+    valid token). With a reward model, ``rm_scores`` and ``function_scores`` too, and ``scores`` is their weighted
+    sum (``algo.reward_function_weight``, ``reward_model_weight``, ``reward_model_sources``). Returns the function's
     scoring (``num_failed``, ``extras`` such as ``acc``); failures name the data row."""
     with timer("reward"):
         texts = list(roles.rollout.dp_split(RolloutWorker.decode, batch)["response_text"])
@@ -104,6 +104,7 @@ def score(roles: Roles, batch: Batch, cfg: AlgoConfig, reward_fn: Callable, time
             batch["rm_scores"] = roles.reward_model.dp_split(RewardModelWorker.compute_rm_scores, batch)["rm_scores"]
         scored_here = torch.tensor([not cfg.reward_model_sources or s in cfg.reward_model_sources
                                     for s in batch["data_source"]], dtype=torch.float32)
+        batch["function_scores"] = scored.scores
         batch["scores"] = torch.where(scored_here > 0, cfg.reward_function_weight * scored.scores
                                       + cfg.reward_model_weight * batch["rm_scores"], scored.scores)
     batch["token_rewards"] = scores_to_token_rewards(batch["scores"], batch["response_mask"])
@@ -198,10 +199,23 @@ def step_metrics(batch: Batch, updates: dict[str, float], timer: Timer, num_fail
             "rollout/logprob_diff_mean": float(diff.sum() / mask.sum().clamp(min=1)),
             "rollout/logprob_diff_max": float(diff.max()),
             "actor/kl_loss": 0.0, "actor/pg_loss": 0.0, **updates,
-            **({"reward/model_mean": float(batch["rm_scores"].mean())} if "rm_scores" in batch else {}),
+            **_reward_model_metrics(batch),
             **_explained_variance(batch),
             **{f"timing_s/{k}": v for k, v in timer.seconds.items()},
             "perf/throughput_tokens_per_s": tokens / timer.seconds["step"]}
+
+
+def _reward_model_metrics(batch: Batch) -> dict[str, float]:
+    """With a reward model: its mean score, the reward function's mean score of the same samples, and their Pearson
+    correlation (where both vary) -- the reward-hacking watch: a rising model score whose correlation with the
+    function's falls is the policy gaming the model."""
+    if "rm_scores" not in batch:
+        return {}
+    rm, fn = batch["rm_scores"].double(), batch["function_scores"].double()
+    out = {"reward/model_mean": float(rm.mean()), "reward/function_mean": float(fn.mean())}
+    if len(rm) > 1 and rm.std() > 0 and fn.std() > 0:
+        out["reward/model_function_corr"] = float(torch.corrcoef(torch.stack([rm, fn]))[0, 1])
+    return out
 
 
 def _explained_variance(batch: Batch) -> dict[str, float]:

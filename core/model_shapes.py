@@ -49,12 +49,17 @@ KNOWN: dict[str, dict] = {
                         "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064},
     "Qwen/Qwen2-7B-Instruct": {"hidden_size": 3584, "num_hidden_layers": 28, "intermediate_size": 18944,
                                "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064},
+    # Llama-3-8B(-Instruct) and reward models built on it (a score head in place of the LM head)
+    "meta-llama/Meta-Llama-3-8B-Instruct": {"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336,
+                                            "num_attention_heads": 32, "num_key_value_heads": 8,
+                                            "vocab_size": 128256},
     "Qwen/Qwen2.5-0.5B-Instruct": {"hidden_size": 896, "num_hidden_layers": 24, "intermediate_size": 4864,
                                    "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
                                    "tie_word_embeddings": True},
 }
 for _alias, _base in (("Qwen/Qwen2.5-Math-7B", "Qwen/Qwen2.5-7B"), ("Qwen/Qwen2.5-32B-Instruct", "Qwen/Qwen2.5-32B"),
-                      ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B")):
+                      ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B"),
+                      ("sfairXC/FsfairX-LLaMA3-RM-v0.1", "meta-llama/Meta-Llama-3-8B-Instruct")):
     KNOWN[_alias] = KNOWN[_base]
 
 

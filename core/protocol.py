@@ -28,6 +28,7 @@ values              (B, Tr)      float   critic values per response token
 scores              (B,)         float   outcome reward of each sample (the reward function's output; with a reward
                                          model, its weighted sum with ``rm_scores``: ``core.loop.score``)
 rm_scores           (B,)         float   the reward model's score of each sample (``RewardModelWorker``)
+function_scores     (B,)         float   with a reward model: the reward function's own score of each sample
 token_rewards       (B, Tr)      float   per-token reward: ``scores`` at the last valid token, minus KL penalty
 advantages          (B, Tr)      float   advantage estimate per token
 returns             (B, Tr)      float   value targets per token
@@ -66,6 +67,7 @@ KEYS: dict[str, str] = {
     "values": "(B, Tr) float: critic values",
     "scores": "(B,) float: outcome reward per sample",
     "rm_scores": "(B,) float: the reward model's score per sample",
+    "function_scores": "(B,) float: with a reward model, the reward function's score per sample",
     "token_rewards": "(B, Tr) float: per-token reward",
     "advantages": "(B, Tr) float: advantages",
     "returns": "(B, Tr) float: value targets",

@@ -39,9 +39,11 @@ def phase_shares(history: list[dict]) -> dict[str, float]:
 
 
 def plot_curves(history: list[dict], path: str | Path) -> Path | None:
-    """reward/mean (train, and held-out where validated) and response_length/mean per step -- with a critic also its
-    value loss and explained variance, and the critic-only steps shaded -- as a PNG; None when matplotlib is missing. The PNG's ``Description`` text chunk records how many points each drawn line holds
-    (read back from the figure's lines, not from ``history``), so a test can check the picture it was given."""
+    """reward/mean (train, and held-out where validated) and response_length/mean per step -- with a reward model the
+    trained-on reward against the function's truth, with a critic also its value loss and explained variance, and
+    the critic-only steps shaded -- as a PNG; None when matplotlib is missing. The PNG's ``Description`` text chunk
+    records how many points each drawn line holds (read back from the figure's lines, not from ``history``), so a
+    test can check the picture it was given."""
     try:
         import matplotlib
 
@@ -55,12 +57,15 @@ def plot_curves(history: list[dict], path: str | Path) -> Path | None:
     critic = [m for m in train if "critic/vf_loss" in m]
     fig, axes = plt.subplots(1, 3 if critic else 2, figsize=(15 if critic else 10, 3.6))
     ax1, ax2 = axes[:2]
-    ax1.plot(steps, [m["reward/mean"] for m in train], marker="o", ms=3, label="train (sampled)")
-    if val:
-        ax1.plot([m["step"] for m in val], [m["val/reward/mean"] for m in val], marker="s", ms=5, linestyle="--",
-                 color="tab:green", label="held-out (greedy)")
-        ax1.legend(loc="lower right")
-    ax1.set(xlabel="step", ylabel="reward/mean", title="mean reward")
+    if any("reward/function_mean" in m for m in train):
+        _model_vs_truth(ax1, train, val)
+    else:
+        ax1.plot(steps, [m["reward/mean"] for m in train], marker="o", ms=3, label="train (sampled)")
+        if val:
+            ax1.plot([m["step"] for m in val], [m["val/reward/mean"] for m in val], marker="s", ms=5, linestyle="--",
+                     color="tab:green", label="held-out (greedy)")
+            ax1.legend(loc="lower right")
+        ax1.set(xlabel="step", ylabel="reward/mean", title="mean reward")
     ax2.plot(steps, [m["response_length/mean"] for m in train], marker="o", ms=3, color="tab:orange",
              label="response length")
     ax2.set(xlabel="step", ylabel="tokens", title="mean response length")
@@ -82,12 +87,30 @@ def plot_curves(history: list[dict], path: str | Path) -> Path | None:
     if frozen:
         ax1.text(min(frozen) - 0.4, ax1.get_ylim()[1], " critic only", va="top", fontsize=8, color="dimgrey")
     fig.tight_layout()
-    points = {line.get_label(): len(line.get_xdata()) for ax in axes for line in ax.get_lines()
+    points = {line.get_label(): len(line.get_xdata()) for ax in fig.axes for line in ax.get_lines()
               if not line.get_label().startswith("_")}
     path = Path(path)
     fig.savefig(path, dpi=100, metadata={"Description": json.dumps({"points": points})})
     plt.close(fig)
     return path
+
+
+def _model_vs_truth(ax, train: list[dict], val: list[dict]) -> None:
+    """With a reward model: the score the policy is trained on (left axis) against the truth the reward function
+    sees (right axis: the training samples' mean, and the held-out score). The reward-hacking picture: the model's
+    score rising while the truth stays or falls."""
+    steps = [m["step"] for m in train]
+    ax.plot(steps, [m["reward/mean"] for m in train], marker="o", ms=3, color="tab:blue", label="trained-on reward")
+    ax.set(xlabel="step", ylabel="reward (with the reward model)", title="reward model vs truth")
+    truth = ax.twinx()
+    truth.plot(steps, [m["reward/function_mean"] for m in train], marker="^", ms=3, color="tab:orange",
+               label="truth: train samples")
+    if val:
+        truth.plot([m["step"] for m in val], [m["val/reward/mean"] for m in val], marker="s", ms=5, linestyle="--",
+                   color="tab:green", label="truth: held-out (greedy)")
+    truth.set_ylabel("reward function (truth)")
+    lines = ax.get_lines() + truth.get_lines()
+    ax.legend(lines, [line.get_label() for line in lines], loc="lower right", fontsize=8)
 
 
 def plotted_points(png: str | Path) -> dict[str, int]:
@@ -114,7 +137,8 @@ def report(history: list[dict], png: str | Path | None = None) -> str:
              f"response_length/mean: {window(history, 'response_length/mean', True)[0]:.1f} -> "
              f"{window(history, 'response_length/mean', False)[0]:.1f} tokens",
              f"time: {total:.0f}s in steps ({total / len(history):.1f}s per step): {shares}"]
-    for key in ("critic/vf_loss", "critic/explained_var"):  # when there is a critic: does it learn?
+    for key in ("reward/function_mean", "reward/model_function_corr",  # with a reward model: the truth beside it
+                "critic/vf_loss", "critic/explained_var"):  # when there is a critic: does it learn?
         have = [m for m in history if key in m]
         if len(have) >= 2:
             lines.insert(-1, f"{key}: {window(have, key, True)[0]:.4f} -> {window(have, key, False)[0]:.4f}")

@@ -93,3 +93,20 @@ def test_critic_only_steps_are_shaded(tmp_path):
     plot_curves(h, plain)
     grey = (236, 236, 236)  # the band (grey at alpha 0.12) over white
     assert coloured_pixels(shaded, grey, tol=6) > 3 * coloured_pixels(plain, grey, tol=6)  # measured 137,819 vs 18,538
+
+
+def test_with_a_reward_model_the_first_panel_sets_its_score_against_the_truth(tmp_path):
+    """A run trained on a reward model's score: the first panel draws that score (left axis) against the reward
+    function's truth on the training samples and on the held-out problems (right axis), and the text quotes the
+    truth and the model-truth correlation, start -> end."""
+    pytest.importorskip("matplotlib")
+    h = [{"step": 0, "val/reward/mean": 0.25}] + history(10)
+    for i, m in enumerate(h[1:]):
+        m |= {"reward/model_mean": i / 10, "reward/function_mean": 0.3 + i / 50, "reward/model_function_corr": 0.5}
+    h[-1]["val/reward/mean"] = 0.5
+    png = tmp_path / "curves.png"
+    text = report(h, png)
+    assert "reward/function_mean: 0.3100 -> 0.4700" in text  # steps 1-2: 0.30, 0.32; steps 9-10: 0.46, 0.48
+    assert "reward/model_function_corr: 0.5000 -> 0.5000" in text
+    assert plotted_points(png) == {"trained-on reward": 10, "truth: train samples": 10,
+                                   "truth: held-out (greedy)": 2, "response length": 10}

@@ -12,8 +12,8 @@ through the reward model's own tokenizer and chat template (``conversation_ids``
 prompt, the response's tokens, EOS when it ended with one) -- the same encoding ``core.rm_train`` trains on.
 
 ``RewardModelWorker`` is the role (``use_reward_model``; FSDP2, colocated or on its own pool); ``core.loop.score``
-weighs its scores with the reward function's; ``core.planner`` counts it; ``core.rm_train`` trains one. Still to
-come (issue 26): the four-model PPO recipe.
+weighs its scores with the reward function's; ``core.planner`` counts it; ``core.rm_train`` trains one;
+recipes/ppo runs HybridFlow's four-model PPO with it (``demo_cpu_rm.yaml``, ``qwen2_7b_rm.yaml``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from core.cli import recipe_module
 from core.expected import load_expected
+from core.rewards import default_compute_score
 from core.train import load_run_config
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "ppo"
@@ -36,3 +38,32 @@ def test_full_scale_script_resolves_to_a_valid_config():
                          env=dict(os.environ, PY=sys.executable), capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "Qwen/Qwen2.5-0.5B-Instruct on 2 cuda rank(s)" in out.stdout
+
+
+def test_the_reward_model_config_has_four_models_and_trains_on_the_model_alone():
+    from core.trainer import role_specs
+
+    cfg = load_run_config(RECIPE, "demo_cpu_rm")
+    assert set(role_specs(cfg)) == {"actor", "rollout", "critic", "ref", "reward_model"}
+    assert cfg.algo.reward_function_weight == 0 and cfg.algo.reward_model_weight == 1
+    assert cfg.algo.kl_in_reward.coef > 0 and cfg.trainer.total_steps == EXPECTED["cpu_rm"]["steps"]
+
+
+def test_preference_pairs_prefer_the_rule_s_truth():
+    """rm_pairs.py: every chosen answer is right by the rule and every rejected one wrong; an edited pair differs
+    in its last number alone."""
+    import random
+
+    pairs = recipe_module(RECIPE, "rm_pairs")
+    assert pairs.with_last_number("3 * 4 = 12, so 12.", 13) == "3 * 4 = 12, so 13." and pairs.with_last_number("no", 1) is None
+    rng = random.Random(0)
+    assert all(pairs.wrong_result(3, "*", 4, rng) != 12 for _ in range(50))
+    answers = ["3 * 4 = 12", "It is 7", "3 * 4 is 13.", "Let me think"]
+    rows = pairs.pairs_of_problem((3, "*", 4), answers, per_problem=4, rng=rng)
+    natural = [r for r in rows if r["kind"] == "natural"]
+    edited = [r for r in rows if r["kind"] == "edited"]
+    assert len(natural) == 3 and len(edited) == 3  # 1 right x 3 wrong; "Let me think" has no number to edit
+    truth = lambda text: default_compute_score("hybridrl/arith", text, "12")["score"]
+    assert all(truth(r["chosen"]) == 1 and truth(r["rejected"]) == 0 for r in rows)
+    assert {r["chosen"] for r in edited} == {"3 * 4 = 12", "It is 12", "3 * 4 is 12."}
+    assert rows[0]["prompt"] == [{"role": "user", "content": "What is 3 * 4? Reply with the answer in the form #### <number>."}]

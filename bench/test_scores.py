@@ -23,7 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TIERS = [(p.parent, name) for p in sorted((ROOT / "recipes").glob("*/expected.yaml")) for name in load_expected(p.parent)]
 
 
-@pytest.mark.parametrize("recipe,tier", TIERS, ids=[f"{r.name}-{t}" for r, t in TIERS])
+@pytest.mark.parametrize("recipe,tier", [
+    pytest.param(r, t, id=f"{r.name}-{t}", marks=pytest.mark.timeout(load_expected(r)[t].get("timeout_s", 600)))
+    for r, t in TIERS])
 def test_recipe_reproduces_its_expected_scores(recipe, tier, full_size, report, tmp_path):
     spec = load_expected(recipe)[tier]
     if not full_size:

@@ -15,6 +15,7 @@
       run: run_qwen2_7b_gsm8k.sh
       hardware: {gpus: 8, gpu_memory_gb: 80}
       bounds: {val_end: {min: 0.87}}
+      timeout_s: 3600         # optional: seconds the score bench gives the run (default: pytest's 600)
 
 A bound is ``{min: x}``, ``{max: x}`` or both, on a figure that ``run_figures`` computes, or on any logged metric
 as ``last:<key>`` (its last logged value) or ``max:<key>`` (its largest), e.g. ``last:val/aime24/avg@32``.
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from core.report import window
 
-TIER_KEYS = {"run", "args", "hardware", "steps", "bounds", "source", "model", "published", "note"}
+TIER_KEYS = {"run", "args", "hardware", "steps", "bounds", "source", "model", "published", "note", "timeout_s"}
 
 
 def load_expected(recipe_dir: str | Path) -> dict:

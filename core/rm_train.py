@@ -168,6 +168,8 @@ def train(model_name: str, train_pairs, val_pairs, out: str | Path | None = None
     ctx = _context()
     if batch % ctx.world_size:
         raise ValueError(f"--batch {batch} pairs must divide over the {ctx.world_size} ranks")
+    if len(train_pairs) < batch:
+        raise ValueError(f"{len(train_pairs)} training pairs: fewer than one mini-batch (--batch {batch})")
     say = print if ctx.rank == 0 and log_every else (lambda *a, **k: None)
     torch.manual_seed(seed)
     model, tok = load_reward_model(model_name).to(ctx.device), load_tokenizer(model_name)

@@ -67,3 +67,14 @@ def test_preference_pairs_prefer_the_rule_s_truth():
     assert all(truth(r["chosen"]) == 1 and truth(r["rejected"]) == 0 for r in rows)
     assert {r["chosen"] for r in edited} == {"3 * 4 = 12", "It is 12", "3 * 4 is 12."}
     assert rows[0]["prompt"] == [{"role": "user", "content": "What is 3 * 4? Reply with the answer in the form #### <number>."}]
+
+
+@pytest.mark.parametrize("placement,pools", [("colocated", ["main"]), ("split", ["policy", "scorers"])])
+def test_the_four_model_full_scale_script_plans_both_placements(placement, pools):
+    out = subprocess.run(["bash", str(RECIPE / "run_qwen2_7b_rm.sh"), "--dry-run"], cwd=RECIPE.parents[1],
+                         env=dict(os.environ, PY=sys.executable, PLACEMENT=placement), capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "Qwen/Qwen2-7B-Instruct on" in out.stdout and "reward model FSDP2" in out.stdout
+    assert out.stdout.count("\nfits") == len(pools) and "DOES NOT FIT" not in out.stdout
+    for pool in pools:
+        assert f"pool '{pool}'" in out.stdout

@@ -335,7 +335,7 @@ def run_shape(cfg, pool_name: str | None = None) -> RunShape:
     """The RunShape of one pool of a validated run config (default: the actor's), with the roles placed on it."""
     pool_name = pool_name or cfg.placement.roles["actor"]
     pool = cfg.placement.pools[pool_name]
-    here = {role for role, p in cfg.placement.roles.items() if p == pool_name}
+    here = {role for role, p in cfg.placed_roles().items() if p == pool_name}
     gpu_here, host_here = _machine_memory_gb()
     max_seq = cfg.rollout.max_prompt_length + cfg.algo.sampling.max_new_tokens
     tokens = cfg.actor.max_tokens_per_micro if cfg.actor.max_tokens_per_micro > 0 else cfg.actor.micro_batch_size * max_seq
@@ -372,8 +372,9 @@ def plan_run(cfg) -> tuple[str, bool]:
     if cfg.rollout.backend != "embedded" and found.get(cfg.rollout.backend) != "yes":
         out.append(f"  note: rollout.backend={cfg.rollout.backend} is not importable on this machine; the plan is "
                    f"for the cluster's (pip install -e '.[{cfg.rollout.backend}]' there)")
-    used = [name for name in cfg.placement.pools if name in cfg.placement.roles.values()]
-    roles = ", ".join(f"{role} -> {p}" for role, p in cfg.placement.roles.items())
+    placed = cfg.placed_roles()
+    used = [name for name in cfg.placement.pools if name in placed.values()]
+    roles = ", ".join(f"{role} -> {p}" for role, p in placed.items())
     out.append(f"placement: {roles}; " + "; ".join(
         f"pool {name!r}: {cfg.placement.pools[name].nnodes} node(s) x {cfg.placement.pools[name].slots_per_node} "
         f"{cfg.placement.pools[name].device} rank(s)" for name in used))
@@ -388,7 +389,7 @@ def plan_run(cfg) -> tuple[str, bool]:
                        "in host memory")
             continue
         r = run_shape(cfg, name)
-        here = [role for role, p in cfg.placement.roles.items() if p == name]
+        here = [role for role, p in placed.items() if p == name]
         if len(used) > 1:
             out.append(f"pool {name!r} ({', '.join(here)}):")
         W = r.nnodes * r.gpus_per_node

@@ -70,3 +70,10 @@ class RunConfig:
     def has_reference(self) -> bool:
         """A frozen reference policy is placed: asked for, or needed by a KL loss or a KL reward penalty."""
         return self.use_ref or self.actor.kl_loss_coef > 0 or self.algo.kl_in_reward.coef > 0
+
+    def placed_roles(self) -> dict[str, str]:
+        """{role: pool} of the roles this run has (``placement.roles`` may name more: a recipe's map covers the
+        reference, critic and reward model whether or not a run turns them on)."""
+        has = {"actor": True, "rollout": True, "ref": self.has_reference(), "critic": self.use_critic,
+               "reward_model": self.use_reward_model}
+        return {role: pool for role, pool in self.placement.roles.items() if has.get(role, False)}

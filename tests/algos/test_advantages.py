@@ -44,6 +44,35 @@ def test_gae_skips_masked_observation_tokens():
     close(with_gap[:, [0, 2]], without)
 
 
+def reference_gapped_gae(r, v, mask, gamma, lam):
+    """A plain loop over one row: GAE over the model's tokens only, as if the masked (tool-output) tokens were cut
+    out -- the next value and advantage are those of the next *valid* token; masked positions get 0 here."""
+    adv, next_v, next_a = [0.0] * len(r), 0.0, 0.0
+    for t in reversed(range(len(r))):
+        if mask[t] == 0:
+            continue
+        delta = r[t] + gamma * next_v - v[t]
+        next_a = delta + gamma * lam * next_a
+        adv[t], next_v = next_a, v[t]
+    return adv
+
+
+@pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (0.99, 0.95), (0.9, 0.0)])
+def test_gae_over_gapped_masks_equals_a_reference_loop(gamma, lam):
+    """Multi-turn responses: random masks with gaps (tool output), leading / trailing padding, rewards on
+    several tokens; the vectorised scan equals the loop on every valid token."""
+    g = torch.Generator().manual_seed(0)
+    B, T = 16, 24
+    mask = (torch.rand(B, T, generator=g) > 0.35).double()
+    mask[0] = 0.0
+    mask[0, 5] = 1.0  # a single valid token
+    r, v = torch.randn(B, T, generator=g, dtype=torch.float64), torch.randn(B, T, generator=g, dtype=torch.float64)
+    got = gae_scan(r, v, mask, gamma, lam)
+    want = torch.tensor([reference_gapped_gae(r[b].tolist(), v[b].tolist(), mask[b].tolist(), gamma, lam)
+                         for b in range(B)], dtype=torch.float64)
+    close(got * mask, want)
+
+
 def test_decoupled_gae():
     adv, ret = ADVANTAGES["decoupled_gae"](two_token_batch(), AdvantageConfig(lam=0.0, lam_critic=1.0))
     close(ret, [[1.0, 1.0]])

@@ -1,0 +1,145 @@
+"""Run a tool's code in a separate, limited process: what an agent's Python or calculator call runs in.
+
+Each call is a fresh interpreter (``python -I``: no user site, no PYTHONPATH) in its own session, in an empty
+scratch directory that is deleted afterwards, with
+  * a wall-time limit (the process group is killed: ``timeout``),
+  * an address-space limit (``RLIMIT_AS``: a big allocation raises MemoryError in the tool), a CPU-time limit,
+    a file-size limit, no core dumps and a bounded number of open files,
+  * no new processes and no network sockets (``core.tools.seccomp``; where seccomp is missing the result says so
+    in ``isolation``),
+  * its output (stdout and stderr together) cut at ``max_output_bytes``: the process is killed once it has
+    written that much (``output_limit``), so a flood never fills the worker's memory,
+  * a minimal environment (no proxies, no tokens, one BLAS thread).
+Whatever the code does, ``run_python`` returns a ``ToolResult`` whose ``text`` is what the model sees next: the
+output, and a last line naming the error, timeout or truncation. It never raises for the tool's behaviour.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+from core.tools import seccomp
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    # seconds of wall time before the process is killed
+    timeout_s: float = 5.0
+    # bytes of address space (RLIMIT_AS); the interpreter itself needs ~50 MB, numpy ~300 MB
+    memory_bytes: int = 1 << 30
+    # bytes of output kept; the process is killed when it writes more
+    max_output_bytes: int = 4096
+    # bytes a file written in the scratch directory may grow to
+    max_file_bytes: int = 16 << 20
+    # open file descriptors
+    max_open_files: int = 64
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    # what the model sees: the output, then a line naming any error, timeout or truncation
+    text: str
+    # ok | error (non-zero exit, e.g. an exception) | timeout | output_limit
+    status: str
+    exit_code: int | None
+    seconds: float
+    # what contained the process: "seccomp+rlimits" or "rlimits" (no seccomp on this machine)
+    isolation: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
+       "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def _limit(limits: SandboxLimits, use_seccomp: bool):
+    """The child's set-up between fork and exec (async-signal-safe enough: rlimits and two prctls)."""
+    def setup():
+        cpu = max(1, int(limits.timeout_s) + 1)
+        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.max_file_bytes, limits.max_file_bytes))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limits.max_open_files, limits.max_open_files))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if use_seccomp:
+            seccomp.install()
+    return setup
+
+
+def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> ToolResult:
+    """Run ``code`` as a Python script in the sandbox; its stdout and stderr, merged, are the result's text."""
+    use_seccomp = seccomp.available()
+    isolation = "seccomp+rlimits" if use_seccomp else "rlimits"
+    scratch = tempfile.mkdtemp(prefix="hybridrl-tool-")
+    start = time.monotonic()
+    try:
+        with open(os.path.join(scratch, "main.py"), "w") as f:
+            f.write(code)
+        proc = subprocess.Popen([sys.executable, "-I", "main.py"], cwd=scratch, env=dict(ENV, HOME=scratch),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=_limit(limits, use_seccomp))
+        out, status = _collect(proc, limits, start)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    seconds = time.monotonic() - start
+    text = out.decode("utf-8", errors="replace")
+    code_ = proc.returncode
+    if status == "ok" and code_ != 0:
+        status = "error"
+    note = {"timeout": f"[tool timed out after {limits.timeout_s:g} s]",
+            "output_limit": f"[tool output truncated at {limits.max_output_bytes} bytes; the tool was stopped]",
+            "error": f"[tool exited with code {code_}]" if code_ is not None and code_ >= 0
+            else f"[tool killed by signal {-code_ if code_ is not None else '?'}]"}.get(status)
+    if note:
+        text = (text + ("\n" if text and not text.endswith("\n") else "") + note)
+    return ToolResult(text, status, code_, seconds, isolation)
+
+
+def _collect(proc: subprocess.Popen, limits: SandboxLimits, start: float) -> tuple[bytes, str]:
+    """Read the merged output until EOF, the byte limit or the deadline, then wait out the deadline for the exit;
+    the process group is killed whenever the process is still there (a timeout, a flood, or any error here)."""
+    fd, chunks, size, status = proc.stdout.fileno(), [], 0, "ok"
+    deadline = start + limits.timeout_s
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                status = "timeout"
+                break
+            ready, _, _ = select.select([fd], [], [], min(left, 0.5))
+            if not ready:
+                continue
+            data = os.read(fd, 65536)
+            if not data:
+                break
+            chunks.append(data)
+            size += len(data)
+            if size > limits.max_output_bytes:
+                status = "output_limit"
+                break
+        if status == "ok":  # output closed: the exit must still come before the deadline
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
+            except subprocess.TimeoutExpired:
+                status = "timeout"
+    finally:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        proc.stdout.close()
+    return b"".join(chunks)[:limits.max_output_bytes], status

@@ -17,7 +17,9 @@ attention_mask      (B, T)       long    1 on real tokens, 0 on padding
 position_ids        (B, T)       long    positions that skip left padding
 prompts             (B, Tp)      long    the prompt part of ``input_ids``
 responses           (B, Tr)      long    the response part of ``input_ids``
-response_mask       (B, Tr)      float   1 on response tokens that count (after EOS: 0)
+response_mask       (B, Tr)      float   1 on response tokens that count (after EOS: 0; in an agent's multi-turn
+                                         response also 0 on the tool-output and template tokens between turns,
+                                         which ``attention_mask`` keeps at 1)
 rollout_logprobs    (B, Tr)      float   log-probs of the sampled tokens as the rollout engine saw them
 old_logprobs        (B, Tr)      float   the same tokens' log-probs under the actor before the update
 old_from_update     (B,)         bool    rows whose ``old_logprobs`` the actor's update fills in from its own
@@ -29,6 +31,9 @@ scores              (B,)         float   outcome reward of each sample (the rewa
                                          model, its weighted sum with ``rm_scores``: ``core.loop.score``)
 rm_scores           (B,)         float   the reward model's score of each sample (``RewardModelWorker``)
 function_scores     (B,)         float   with a reward model: the reward function's own score of each sample
+num_turns           (B,)         float   agent rollouts: model turns of each trajectory (``core.agent_loop``)
+num_tool_calls      (B,)         float   ... tool calls it made
+num_tool_errors     (B,)         float   ... calls that failed (unparsable, unknown tool, error, timeout, flood)
 token_rewards       (B, Tr)      float   per-token reward: ``scores`` at the last valid token, minus KL penalty
 advantages          (B, Tr)      float   advantage estimate per token
 returns             (B, Tr)      float   value targets per token
@@ -68,6 +73,9 @@ KEYS: dict[str, str] = {
     "scores": "(B,) float: outcome reward per sample",
     "rm_scores": "(B,) float: the reward model's score per sample",
     "function_scores": "(B,) float: with a reward model, the reward function's score per sample",
+    "num_turns": "(B,) float: agent rollouts, model turns per trajectory",
+    "num_tool_calls": "(B,) float: agent rollouts, tool calls per trajectory",
+    "num_tool_errors": "(B,) float: agent rollouts, failed tool calls per trajectory",
     "token_rewards": "(B, Tr) float: per-token reward",
     "advantages": "(B, Tr) float: advantages",
     "returns": "(B, Tr) float: value targets",

@@ -171,15 +171,17 @@ def rloo(batch, cfg):
 def reinforce_plus_plus(batch, cfg):
     """REINFORCE++: discounted return-to-go per token, whitened over the batch.
 
-    G_t = r_t + gamma * G_{t+1} (reset after the last valid token); A = whiten(G) over valid tokens.
+    G_t = r_t + gamma * G_{t+1} (reset after the last valid token; masked tokens inside a multi-turn response --
+    tool output -- pass G through, as in ``gae_scan``); A = whiten(G) over valid tokens.
     Keys: token_rewards, response_mask. Returns = G.
     Paper: Hu 2025, "REINFORCE++" (arXiv:2501.03262).
     Example (gamma = 1): r = [[0, 1], [0, 0]] -> G = [[1, 1], [0, 0]] -> A = [[0.866, 0.866], [-0.866, -0.866]].
     """
     _, mask = _outcome(batch)
-    # G_t = r_t + gamma * m_{t+1} * G_{t+1}: the running return resets after the last valid token
+    # G_t = m_t r_t + (gamma if m_t else 1) G_{t+1}: no reward after the last valid token, so G is 0 there
     m = mask.T.contiguous()
-    ret = _scan_time_major(batch["token_rewards"].T * m, cfg.gamma * _next(m)).T.contiguous()
+    step = torch.where(m > 0, torch.full_like(m, cfg.gamma), torch.ones_like(m))
+    ret = _scan_time_major(batch["token_rewards"].T * m, step).T.contiguous()
     return masked_whiten(ret, mask) * mask, ret
 
 

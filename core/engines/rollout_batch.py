@@ -3,6 +3,11 @@ responses right-padded, masks, positions and the sampled tokens' log-probs -- an
 
 Keys: ``prompts`` (B, Tp), ``responses`` (B, Tr), ``response_mask`` (B, Tr), ``rollout_logprobs`` (B, Tr),
 ``input_ids`` and ``attention_mask`` (B, Tp + Tr), ``position_ids`` (B, Tp + Tr) counting valid tokens.
+
+A multi-turn (agent) response holds tool-output and chat-template tokens between the model's turns: real tokens,
+attended and positioned like any other (``attention_mask`` 1), but not the model's samples (``response_mask`` 0,
+log-prob 0). So the response part of ``attention_mask`` is the response's *real* tokens, and ``response_mask`` the
+model's among them -- equal for a single-turn response.
 """
 
 from __future__ import annotations
@@ -14,10 +19,12 @@ import torch
 from core.protocol import Batch
 
 
-def assemble(prompts: list[list[int]], tokens: list[list[int]], logps: list[list[float]], n: int, pad: int) -> Batch:
+def assemble(prompts: list[list[int]], tokens: list[list[int]], logps: list[list[float]], n: int, pad: int,
+             sampled: list[list[float]] | None = None) -> Batch:
     """The generate() Batch of finished samples: ``tokens[b]`` / ``logps[b]`` are sample b's response and its
     tokens' log-probs, samples b = i * n ... i * n + n - 1 those of ``prompts[i]``. Prompts are left-padded and
-    responses right-padded to the longest of each (any engine's output goes through here)."""
+    responses right-padded to the longest of each (any engine's output goes through here). ``sampled[b]``: 1 on
+    the model's tokens, 0 on tool-output / template tokens (a multi-turn response); default all 1."""
     Tp = max(map(len, prompts))
     Tr = max(map(len, tokens))
     B = len(tokens)
@@ -38,7 +45,14 @@ def assemble(prompts: list[list[int]], tokens: list[list[int]], logps: list[list
         responses[b, :len(r)] = torch.tensor(r, dtype=torch.long)
         mask[b, :len(r)] = 1.0
         out_logps[b, :len(r)] = torch.tensor(logps[b])
-    return _assemble(out_prompts, prompt_mask, responses, mask, out_logps)
+    if sampled is None:
+        return _assemble(out_prompts, prompt_mask, responses, mask, out_logps)
+    model = torch.zeros(B, Tr)
+    for b, m in enumerate(sampled):
+        if len(m) != len(tokens[b]):
+            raise ValueError(f"sample {b}: {len(tokens[b])} tokens but {len(m)} sampled-mask entries")
+        model[b, :len(m)] = torch.tensor(m, dtype=torch.float32)
+    return _assemble(out_prompts, prompt_mask, responses, model, out_logps * model, mask)
 
 
 def decode_responses(tokenizer, batch: Batch) -> list[str]:
@@ -53,8 +67,10 @@ def chat_prompt_ids(tokenizer, prompts: Sequence[list[dict]]) -> list[list[int]]
             for p in prompts]
 
 
-def _assemble(prompts, prompt_mask, responses, response_mask, logps) -> Batch:
-    attention = torch.cat([prompt_mask, response_mask.long()], dim=1)
+def _assemble(prompts, prompt_mask, responses, response_mask, logps, response_real=None) -> Batch:
+    """``response_real``: the response's real tokens (attended); default ``response_mask`` (a single turn)."""
+    real = response_mask if response_real is None else response_real
+    attention = torch.cat([prompt_mask, (real > 0).long()], dim=1)
     position = (attention.cumsum(-1) - 1).clamp(min=0)
     return Batch({"prompts": prompts, "responses": responses, "response_mask": response_mask,
                   "rollout_logprobs": logps, "input_ids": torch.cat([prompts, responses], 1),
@@ -72,6 +88,9 @@ def merge_padded(parts: list[Batch], pad_id: int, prompt_width: int | None = Non
             raise ValueError(f"a prompt has {Tp} tokens, more than max_prompt_length={prompt_width}")
         Tp = prompt_width
     Tr = response_width if response_width is not None else Tr
+    longest = max(int(p["attention_mask"][:, p["prompts"].shape[1]:].sum(-1).amax()) if len(p) else 0 for p in parts)
+    if longest > Tr:  # padding to a narrower width would crop real tokens
+        raise ValueError(f"a response has {longest} tokens, more than the batch's response width {Tr}")
 
     def left(x, width, value):
         return torch.nn.functional.pad(x, (width - x.shape[1], 0), value=value)
@@ -83,5 +102,6 @@ def merge_padded(parts: list[Batch], pad_id: int, prompt_width: int | None = Non
     pmask = torch.cat([left(p["attention_mask"][:, :p["prompts"].shape[1]], Tp, 0) for p in parts])
     responses = torch.cat([right(p["responses"], Tr, pad_id) for p in parts])
     rmask = torch.cat([right(p["response_mask"], Tr, 0.0) for p in parts])
+    real = torch.cat([right(p["attention_mask"][:, p["prompts"].shape[1]:], Tr, 0) for p in parts])
     logps = torch.cat([right(p["rollout_logprobs"], Tr, 0.0) for p in parts])
-    return _assemble(prompts, pmask, responses, rmask, logps)
+    return _assemble(prompts, pmask, responses, rmask, logps, real)

@@ -73,6 +73,19 @@ def test_gae_over_gapped_masks_equals_a_reference_loop(gamma, lam):
     close(got * mask, want)
 
 
+@pytest.mark.parametrize("gamma", [1.0, 0.9])
+def test_reinforce_plus_plus_returns_pass_through_tool_tokens(gamma):
+    """A tool-output gap inside the response does not reset the return-to-go (it did: G_t = r_t + gamma m_{t+1}
+    G_{t+1} zeroed the first turn's return); the valid tokens' returns equal those of the gap cut out."""
+    r = torch.tensor([[0.0, 0.0, 0.0, 1.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 0.0, 0.0, 1.0, 0.0]], dtype=torch.float64)
+    _, ret = ADVANTAGES["reinforce_plus_plus"](Batch({"token_rewards": r, "response_mask": mask}), C.__class__(gamma=gamma))
+    _, cut = ADVANTAGES["reinforce_plus_plus"](Batch({"token_rewards": r[:, [0, 3]], "response_mask": torch.ones(1, 2, dtype=torch.float64)}),
+                                               C.__class__(gamma=gamma))
+    close(ret[:, [0, 3]], cut)
+    close(cut, [[gamma, 1.0]])
+
+
 def test_decoupled_gae():
     adv, ret = ADVANTAGES["decoupled_gae"](two_token_batch(), AdvantageConfig(lam=0.0, lam_critic=1.0))
     close(ret, [[1.0, 1.0]])

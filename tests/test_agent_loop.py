@@ -1,0 +1,100 @@
+"""Multi-turn agent rollouts (core/agent_loop.py) through the real embedded engine and SmolLM2-135M-Instruct with a
+real calculator in the sandbox: the token stream is what the engine saw, the masks cover exactly the model's
+tokens, and the rollout's log-probs of those tokens equal a plain transformers forward of the whole stream."""
+
+import pytest
+import torch
+
+from core.agent_loop import AgentConfig, agent_generate
+from core.config.algo import SamplingParams
+from core.engines.rollout import RolloutEngine
+from core.models import load_causal_lm, load_tokenizer
+from core.tools.chat import tool_response_text
+
+ONE_SHOT = [{"role": "system", "content": "You have a calculator. To use it, write <tool_call>{\"name\": \"calculator\", "
+                                          "\"arguments\": {\"expression\": \"...\"}}</tool_call> and wait for the result."},
+            {"role": "user", "content": "What is 12 * 34?"},
+            {"role": "assistant", "content": "<tool_call>{\"name\": \"calculator\", \"arguments\": {\"expression\": \"12 * 34\"}}</tool_call>"},
+            {"role": "tool", "content": "408"},
+            {"role": "assistant", "content": "The answer is 408."}]
+TEMPERATURE = 0.7
+
+
+@pytest.fixture(scope="module")
+def rollout():
+    tok = load_tokenizer("SmolLM2-135M-Instruct")
+    model = load_causal_lm("SmolLM2-135M-Instruct", torch.float32)
+    engine = RolloutEngine(model, tok, pack_weights=False)
+    prompts = [tok.apply_chat_template(ONE_SHOT + [{"role": "user", "content": f"What is {a} * {b}?"}],
+                                       add_generation_prompt=True, tokenize=True, return_dict=False)
+               for a, b in ((123, 456), (87, 65), (902, 31), (44, 78))]
+    seen = []
+
+    def generate(ids, params):  # the engine itself; the ids it was given are kept for the checks below
+        seen.append((ids, params))
+        return engine.generate(ids, params)
+
+    cfg = AgentConfig(max_turns=3, max_response_tokens=160, tools=("calculator",), tool_timeout_s=5.0)
+    params = SamplingParams(n=2, temperature=TEMPERATURE, max_new_tokens=48, seed=3)
+    batch = agent_generate(generate, tok, engine.eos_ids, engine.pad_id, prompts, params, cfg)
+    return tok, model, prompts, batch, seen, cfg
+
+
+def rows(batch):
+    Tp = batch["prompts"].shape[1]
+    for b in range(len(batch)):
+        real = batch["attention_mask"][b, Tp:] > 0
+        yield b, batch["responses"][b][real].tolist(), batch["response_mask"][b][real].tolist()
+
+
+def test_the_stream_is_what_the_engine_saw_turn_by_turn(rollout):
+    tok, _, prompts, batch, seen, cfg = rollout
+    assert (batch["num_turns"] > 1).any(), "no trajectory got a tool answer: the test checks nothing"
+    assert all(p.stop == ("</tool_call>",) and p.n == 1 for _, p in seen)
+    for b, stream, _ in rows(batch):
+        prompt = prompts[b // 2]
+        # every turn's engine input is this trajectory's prompt + a prefix of its final stream
+        inputs = [ids for call, _ in seen for ids in call if ids[:len(prompt)] == prompt
+                  and ids[len(prompt):] == stream[:len(ids) - len(prompt)]]
+        assert len(inputs) >= int(batch["num_turns"][b]) and len(stream) <= cfg.max_response_tokens
+
+
+def test_the_masks_cover_exactly_the_model_s_tokens(rollout):
+    tok, _, _, batch, _, _ = rollout
+    Tp = batch["prompts"].shape[1]
+    fragment = tool_response_text(tok, ["X"])
+    head, tail = fragment.split("X")
+    for b, stream, sampled in rows(batch):
+        gaps, run = [], []
+        for token, m in zip(stream, sampled):
+            if m == 0:
+                run.append(token)
+            elif run:
+                gaps.append(run)
+                run = []
+        gaps += [run] if run else []
+        assert len(gaps) <= batch["num_tool_calls"][b]  # one answer fragment per turn that called tools
+        for gap in gaps:  # each gap is one tool answer in the template: closes the turn, tool message, reopens
+            text = tok.decode(gap)
+            assert text.startswith(head) and text.endswith(tail)
+        assert batch["num_turns"][b] == len(gaps) + 1
+    zero = batch["response_mask"] == 0
+    assert (batch["rollout_logprobs"][zero] == 0).all()
+    real = batch["attention_mask"][:, Tp:] > 0
+    assert (batch["response_mask"][~real] == 0).all() and (real.sum(-1) >= batch["response_mask"].sum(-1)).all()
+    pos = batch["position_ids"]
+    assert torch.equal(pos, (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0))
+
+
+def test_rollout_log_probs_of_model_tokens_equal_a_forward_of_the_whole_stream(rollout):
+    """fp32: the engine's log-prob of each sampled token (temperature-scaled) equals transformers' on the final
+    stream -- the tool tokens in between are attended and positioned as the engine had them."""
+    _, model, _, batch, _, _ = rollout
+    Tp = batch["prompts"].shape[1]
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       position_ids=batch["position_ids"]).logits.float()
+    logp = torch.log_softmax(logits[:, Tp - 1:-1] / TEMPERATURE, -1).gather(-1, batch["responses"][..., None])[..., 0]
+    m = batch["response_mask"] > 0
+    torch.testing.assert_close(logp[m], batch["rollout_logprobs"][m], atol=2e-3, rtol=0)

@@ -23,32 +23,13 @@ from typing import Callable, Sequence
 
 import torch
 
-from core.config.algo import SamplingParams
+from core.config import AgentConfig, SamplingParams
 from core.engines.rollout_batch import assemble
 from core.protocol import Batch
 from core.tools.builtin import TOOLS
 from core.tools.chat import tool_response_ids
 from core.tools.parsers import TOOL_CALL_PARSERS, ToolCall
 from core.tools.sandbox import SandboxLimits, ToolResult
-
-
-@dataclass(frozen=True)
-class AgentConfig:
-    # model turns per trajectory (the last one is not given tool answers)
-    max_turns: int = 4
-    # tokens of the whole response: the model's turns and the tool-response tokens between them
-    max_response_tokens: int = 256
-    # how a turn's text names its tool calls (core.tools.parsers.TOOL_CALL_PARSERS)
-    tool_parser: str = "hermes"
-    # the tools the model may call (core.tools.builtin.TOOLS); a call to another name is answered with an error
-    tools: tuple[str, ...] = ("calculator",)
-    # per call: wall time, and bytes of output the model gets back
-    tool_timeout_s: float = 5.0
-    tool_max_output_bytes: int = 512
-    # sandbox processes running at once
-    tool_workers: int = 4
-    # strings that end a turn so that its tool calls can run (besides EOS)
-    stop: tuple[str, ...] = ("</tool_call>",)
 
 
 @dataclass

@@ -77,6 +77,27 @@ def problems(cfg: "RunConfig") -> list[str]:
     if not cfg.use_reward_model and (algo.reward_model_sources or algo.reward_function_weight != 1.0):
         out.append("algo.reward_model_sources / reward_function_weight weigh a reward model's scores, but "
                    "use_reward_model is false; drop them or set use_reward_model: true")
+    out += _agent_problems(cfg)
+    return out
+
+
+def _agent_problems(cfg: "RunConfig") -> list[str]:
+    """Multi-turn agent rollouts: known tools and parser, a response budget that holds one whole turn."""
+    from core.tools.builtin import TOOLS
+    from core.tools.parsers import TOOL_CALL_PARSERS
+
+    agent, out = cfg.rollout.agent, []
+    if not agent.enable:
+        return out
+    unknown = [t for t in agent.tools if t not in TOOLS]
+    if unknown:
+        out.append(f"rollout.agent.tools names unknown tool(s) {unknown}; known: {', '.join(TOOLS.names())}")
+    if agent.tool_parser not in TOOL_CALL_PARSERS:
+        out.append(f"rollout.agent.tool_parser={agent.tool_parser!r}; known: {', '.join(TOOL_CALL_PARSERS.names())}")
+    if agent.max_response_tokens < cfg.algo.sampling.max_new_tokens:
+        out.append(f"rollout.agent.max_response_tokens={agent.max_response_tokens} is less than one turn "
+                   f"(algo.sampling.max_new_tokens={cfg.algo.sampling.max_new_tokens}): the first turn would be cut; "
+                   "raise max_response_tokens (all turns and tool answers) or lower max_new_tokens (one turn)")
     return out
 
 

@@ -199,7 +199,7 @@ def step_metrics(batch: Batch, updates: dict[str, float], timer: Timer, num_fail
             "rollout/logprob_diff_mean": float(diff.sum() / mask.sum().clamp(min=1)),
             "rollout/logprob_diff_max": float(diff.max()),
             "actor/kl_loss": 0.0, "actor/pg_loss": 0.0, **updates,
-            **_reward_model_metrics(batch),
+            **_reward_model_metrics(batch), **_agent_metrics(batch),
             **_explained_variance(batch),
             **{f"timing_s/{k}": v for k, v in timer.seconds.items()},
             "perf/throughput_tokens_per_s": tokens / timer.seconds["step"]}
@@ -216,6 +216,21 @@ def _reward_model_metrics(batch: Batch) -> dict[str, float]:
     if len(rm) > 1 and rm.std() > 0 and fn.std() > 0:
         out["reward/model_function_corr"] = float(torch.corrcoef(torch.stack([rm, fn]))[0, 1])
     return out
+
+
+def _agent_metrics(batch: Batch) -> dict[str, float]:
+    """Agent rollouts (``rollout.agent``): turns and tool calls per trajectory, the share of trajectories that
+    called a tool, failed calls per call, and the share of the response that is tool / template tokens (masked
+    out of the loss). ``response_length/*`` counts the model's tokens only; ``agent/response_tokens_mean`` all."""
+    if "num_turns" not in batch:
+        return {}
+    calls, errors = batch["num_tool_calls"], batch["num_tool_errors"]
+    real = batch["attention_mask"][:, batch["prompts"].shape[1]:].sum(-1).float()
+    return {"agent/turns_mean": float(batch["num_turns"].mean()), "agent/tool_calls_mean": float(calls.mean()),
+            "agent/tool_call_rate": float((calls > 0).float().mean()),
+            "agent/tool_error_rate": float(errors.sum() / calls.sum()) if calls.sum() > 0 else 0.0,
+            "agent/tool_token_frac": float(1 - batch["response_mask"].sum() / real.sum().clamp(min=1)),
+            "agent/response_tokens_mean": float(real.mean())}
 
 
 def _explained_variance(batch: Batch) -> dict[str, float]:

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import torch
 
+from core.agent_loop import agent_generate
 from core.config import ActorConfig, RolloutConfig, SamplingParams
 from core.engines.fsdp import FSDPActor
 from core.engines.rollout import RolloutEngine, replica_seed
@@ -53,12 +54,22 @@ class RolloutWorker:
         # token ids when the data carries them (prompts truncated at load, data.truncation), else the chat template
         ids = (list(map(list, prompts["prompt_ids"])) if "prompt_ids" in prompts
                else self.engine.chat_prompt_ids(list(prompts["prompt"])))
-        out = self.engine.generate(ids, params)
+        agent = self.cfg.agent
+        if agent.enable:  # multi-turn: the engine generates each turn, tools answer in between (core.agent_loop)
+            out = agent_generate(self.engine.generate, self.engine.tokenizer, self._eos_ids(), self.engine.pad_id,
+                                 ids, params, agent)
+        else:
+            out = self.engine.generate(ids, params)
         if self.cfg.sleep_after_generate:
             self.engine.sleep()
-        out = merge_padded([out], self.engine.pad_id, self.cfg.max_prompt_length, params.max_new_tokens)
+        out = merge_padded([out], self.engine.pad_id, self.cfg.max_prompt_length,
+                           agent.max_response_tokens if agent.enable else params.max_new_tokens)
         repeated = prompts.repeat(params.n)
         return Batch(out.tensors, repeated.non_tensors, prompts.meta)
+
+    def _eos_ids(self) -> list[int]:
+        tok = self.engine.tokenizer
+        return list(getattr(self.engine, "eos_ids", None) or [tok.eos_token_id])
 
     def decode(self, batch: Batch) -> Batch:
         """The response texts (special tokens dropped), as a ``response_text`` column."""

@@ -63,7 +63,9 @@ def role_specs(cfg: RunConfig) -> dict[str, RoleSpec]:
              # a tensor-parallel engine's replica spans tensor_parallel_size ranks: they share one chunk of prompts
              "rollout": RoleSpec(RolloutWorker, {"cfg": cfg.rollout,
                                                  "max_response_length": max(cfg.algo.sampling.max_new_tokens,
-                                                                            cfg.algo.val_sampling.max_new_tokens)},
+                                                                            cfg.algo.val_sampling.max_new_tokens,
+                                                                            cfg.rollout.agent.max_response_tokens
+                                                                            if cfg.rollout.agent.enable else 0)},
                                  mp_size=cfg.rollout.tensor_parallel_size)}
     if cfg.has_reference():
         ref = ActorConfig(model=cfg.actor.model, dtype=cfg.actor.dtype, trainable=False,

@@ -5,7 +5,8 @@ tokens, and the rollout's log-probs of those tokens equal a plain transformers f
 import pytest
 import torch
 
-from core.agent_loop import AgentConfig, agent_generate
+from core.agent_loop import agent_generate
+from core.config import AgentConfig
 from core.config.algo import SamplingParams
 from core.engines.rollout import RolloutEngine
 from core.models import load_causal_lm, load_tokenizer

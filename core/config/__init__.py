@@ -11,16 +11,16 @@ import typing
 from typing import Any, TypeVar
 
 from core.config.algo import AdvantageConfig, AlgoConfig, KLInRewardConfig, PolicyLossConfig, SamplingParams
-from core.config.roles import (OFFLOAD_MODES, ActorConfig, CriticConfig, OptimConfig, RewardModelConfig, RolloutConfig,
-                               check_offload_mode)
+from core.config.roles import (OFFLOAD_MODES, ActorConfig, AgentConfig, CriticConfig, OptimConfig, RewardModelConfig,
+                               RolloutConfig, check_offload_mode)
 from core.config.run import DataConfig, RewardConfig, RunConfig
 from core.config.schema import PlacementConfig, PoolConfig, TrainerConfig
 
 T = TypeVar("T")
 
 __all__ = ["validate", "RunConfig", "TrainerConfig", "DataConfig", "PlacementConfig", "PoolConfig", "ActorConfig",
-           "OptimConfig", "CriticConfig", "RewardModelConfig", "RolloutConfig", "AlgoConfig", "SamplingParams", "AdvantageConfig",
-           "PolicyLossConfig", "KLInRewardConfig", "RewardConfig", "OFFLOAD_MODES", "check_offload_mode"]
+           "OptimConfig", "AgentConfig", "CriticConfig", "RewardModelConfig", "RolloutConfig", "AlgoConfig",
+           "SamplingParams", "AdvantageConfig", "PolicyLossConfig", "KLInRewardConfig", "RewardConfig", "OFFLOAD_MODES", "check_offload_mode"]
 
 
 def validate(schema: type[T], tree: Any, where: str = "config") -> T:

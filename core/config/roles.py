@@ -138,6 +138,35 @@ class CriticConfig:
 
 
 @dataclass(frozen=True)
+class AgentConfig:
+    # multi-turn agent rollouts (core/agent_loop.py): the model calls tools between turns
+    enable: bool = False
+    # model turns per trajectory (the last one is not given tool answers)
+    max_turns: int = 4
+    # tokens of the whole response: the model's turns and the tool-response tokens between them
+    # (algo.sampling.max_new_tokens bounds each turn)
+    max_response_tokens: int = 256
+    # how a turn's text names its tool calls (core.tools.parsers.TOOL_CALL_PARSERS)
+    tool_parser: str = "hermes"
+    # the tools the model may call (core.tools.builtin.TOOLS); a call to another name is answered with an error
+    tools: tuple[str, ...] = ("calculator",)
+    # per call: wall time, and bytes of output the model gets back
+    tool_timeout_s: float = 5.0
+    tool_max_output_bytes: int = 512
+    # sandbox processes running at once per rollout rank
+    tool_workers: int = 4
+    # strings that end a turn so that its tool calls can run (besides EOS)
+    stop: tuple[str, ...] = ("</tool_call>",)
+
+    def __post_init__(self):
+        for name in ("max_turns", "max_response_tokens", "tool_max_output_bytes", "tool_workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.agent.{name} must be >= 1, got {getattr(self, name)}")
+        if self.tool_timeout_s <= 0:
+            raise ValueError(f"rollout.agent.tool_timeout_s must be > 0, got {self.tool_timeout_s}")
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
     # HF id or local folder (normally the actor's model)
     model: str = "SmolLM2-135M-Instruct"
@@ -165,6 +194,8 @@ class RolloutConfig:
     # embedded engine on a GPU: decode steps replayed as CUDA graphs, one per batch-size bucket
     # (core/engines/decode_graphs.py); false = eager steps. No effect on CPU
     cuda_graphs: bool = True
+    # multi-turn tool-calling rollouts (off: one response per sample, as generated)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
     def __post_init__(self):
         if self.backend not in ("embedded", "vllm", "sglang"):

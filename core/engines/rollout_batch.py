@@ -80,7 +80,8 @@ def _assemble(prompts, prompt_mask, responses, response_mask, logps, response_re
 def merge_padded(parts: list[Batch], pad_id: int, prompt_width: int | None = None,
                  response_width: int | None = None) -> Batch:
     """Concatenate generated chunks, padding prompts on the left and responses on the right to common widths
-    (the widest part, or the given widths -- fixed widths make outputs of different ranks concatenable)."""
+    (the widest part, or the given widths -- fixed widths make outputs of different ranks concatenable). Other
+    per-sample (B,) tensors every part has are concatenated too."""
     Tp = max(p["prompts"].shape[1] for p in parts)
     Tr = max(p["responses"].shape[1] for p in parts)
     if prompt_width is not None:
@@ -104,4 +105,8 @@ def merge_padded(parts: list[Batch], pad_id: int, prompt_width: int | None = Non
     rmask = torch.cat([right(p["response_mask"], Tr, 0.0) for p in parts])
     real = torch.cat([right(p["attention_mask"][:, p["prompts"].shape[1]:], Tr, 0) for p in parts])
     logps = torch.cat([right(p["rollout_logprobs"], Tr, 0.0) for p in parts])
-    return _assemble(prompts, pmask, responses, rmask, logps, real)
+    out = _assemble(prompts, pmask, responses, rmask, logps, real)
+    for key in parts[0].tensors:  # per-sample extras (an agent's num_turns, ...) come along
+        if key not in out.tensors and parts[0][key].dim() == 1 and all(key in p.tensors for p in parts):
+            out[key] = torch.cat([p[key] for p in parts])
+    return out

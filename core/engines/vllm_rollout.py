@@ -99,11 +99,13 @@ def request_seeds(seed: int, count: int, n: int = 1) -> list[int]:
 def sampling_kwargs(params: SamplingParams) -> dict:
     """``vllm.SamplingParams`` arguments for ours: the same n, temperature (0 = greedy), top-p, top-k (-1 = off),
     length limit, stop strings and ignore_eos; one log-prob per token (the sampled one's); token ids, and text
-    only where stop strings need it (responses are decoded by our tokenizer, as the embedded engine's are)."""
+    only where stop strings need it (responses are decoded by our tokenizer, as the embedded engine's are). A stop
+    string's tokens stay in the response, as the embedded engine keeps them: an agent's turn that ends at
+    ``</tool_call>`` must hold the call it parses, in the ids the next turn continues from."""
     return {"n": params.n, "temperature": max(params.temperature, 0.0), "top_p": params.top_p,
             "top_k": params.top_k if params.top_k > 0 else -1, "max_tokens": params.max_new_tokens,
             "stop": list(params.stop) or None, "ignore_eos": params.ignore_eos, "logprobs": 0,
-            "detokenize": bool(params.stop)}
+            "detokenize": bool(params.stop), "include_stop_str_in_output": bool(params.stop)}
 
 
 def _load_weights(worker, blob: bytes) -> int:

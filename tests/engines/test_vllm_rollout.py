@@ -23,12 +23,13 @@ def test_sampling_parameters_translate_one_to_one():
     # the paper-scale DAPO sampling: 16 samples, T 1, no top-p / top-k, 20480 tokens
     got = sampling_kwargs(SamplingParams(n=16, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=20480, seed=7))
     assert got == {"n": 16, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 20480, "stop": None,
-                   "ignore_eos": False, "logprobs": 0, "detokenize": False}
-    # greedy validation with a stop string: vLLM needs the text to find the string
+                   "ignore_eos": False, "logprobs": 0, "detokenize": False, "include_stop_str_in_output": False}
+    # greedy validation with a stop string: vLLM needs the text to find the string, and keeps it in the output
+    # (as the embedded engine does: an agent's turn must hold the </tool_call> it is parsed by)
     got = sampling_kwargs(SamplingParams(n=1, temperature=0.0, top_p=0.7, top_k=0, max_new_tokens=8,
                                          stop=("</answer>",), ignore_eos=True))
-    assert (got["temperature"], got["top_p"], got["top_k"], got["stop"], got["detokenize"], got["ignore_eos"]) == (
-        0.0, 0.7, -1, ["</answer>"], True, True)
+    assert (got["temperature"], got["top_p"], got["top_k"], got["stop"], got["detokenize"], got["ignore_eos"],
+            got["include_stop_str_in_output"]) == (0.0, 0.7, -1, ["</answer>"], True, True, True)
 
 
 def test_engine_arguments_for_the_paper_scale_rollout():

@@ -26,7 +26,7 @@ import torch
 from core.config import AgentConfig, SamplingParams
 from core.engines.rollout_batch import assemble
 from core.protocol import Batch
-from core.tools.builtin import TOOLS
+from core.tools.builtin import TOOLS, refused
 from core.tools.chat import tool_response_ids
 from core.tools.parsers import TOOL_CALL_PARSERS, ToolCall
 from core.tools.sandbox import SandboxLimits, ToolResult
@@ -53,10 +53,9 @@ class _Trajectory:
 def run_tool(call: ToolCall, cfg: AgentConfig) -> ToolResult:
     """One call's answer: the tool's result, or an error the model reads (unparsable call, unknown tool)."""
     if call.error:
-        return ToolResult(f"error: {call.error}", "error", None, 0.0, "not run")
+        return refused(f"error: {call.error}")
     if call.name not in cfg.tools:
-        return ToolResult(f"error: unknown tool {call.name!r}; the tools are {list(cfg.tools)}", "error", None, 0.0,
-                          "not run")
+        return refused(f"error: unknown tool {call.name!r}; the tools are {list(cfg.tools)}")
     limits = SandboxLimits(timeout_s=cfg.tool_timeout_s, max_output_bytes=cfg.tool_max_output_bytes)
     return TOOLS[call.name](call.arguments, limits)
 

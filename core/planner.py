@@ -411,6 +411,5 @@ def plan_run(cfg) -> tuple[str, bool]:
         out.append(p.text(verdict=known))
         if not known:
             out.append(f"no verdict: state placement.pools.{name}.gpu_memory_gb and host_memory_gb (no GPU here)")
-
         fits = fits and (p.fits or not known)
     return "\n".join(out), fits

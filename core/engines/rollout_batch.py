@@ -89,7 +89,8 @@ def merge_padded(parts: list[Batch], pad_id: int, prompt_width: int | None = Non
             raise ValueError(f"a prompt has {Tp} tokens, more than max_prompt_length={prompt_width}")
         Tp = prompt_width
     Tr = response_width if response_width is not None else Tr
-    longest = max(int(p["attention_mask"][:, p["prompts"].shape[1]:].sum(-1).amax()) if len(p) else 0 for p in parts)
+    reals = [p["attention_mask"][:, p["prompts"].shape[1]:] for p in parts]  # each part's real response tokens
+    longest = max(int(r.sum(-1).amax()) if len(r) else 0 for r in reals)
     if longest > Tr:  # padding to a narrower width would crop real tokens
         raise ValueError(f"a response has {longest} tokens, more than the batch's response width {Tr}")
 
@@ -103,7 +104,7 @@ def merge_padded(parts: list[Batch], pad_id: int, prompt_width: int | None = Non
     pmask = torch.cat([left(p["attention_mask"][:, :p["prompts"].shape[1]], Tp, 0) for p in parts])
     responses = torch.cat([right(p["responses"], Tr, pad_id) for p in parts])
     rmask = torch.cat([right(p["response_mask"], Tr, 0.0) for p in parts])
-    real = torch.cat([right(p["attention_mask"][:, p["prompts"].shape[1]:], Tr, 0) for p in parts])
+    real = torch.cat([right(r, Tr, 0) for r in reals])
     logps = torch.cat([right(p["rollout_logprobs"], Tr, 0.0) for p in parts])
     out = _assemble(prompts, pmask, responses, rmask, logps, real)
     for key in parts[0].tensors:  # per-sample extras (an agent's num_turns, ...) come along

@@ -20,7 +20,8 @@ def _argument(arguments: dict, names: tuple[str, ...]) -> str | None:
     return None
 
 
-def _refused(message: str) -> ToolResult:
+def refused(message: str) -> ToolResult:
+    """An answer to a call that was not run (bad or missing arguments, unknown tool, unreadable call)."""
     return ToolResult(message, "error", None, 0.0, "not run")
 
 
@@ -30,7 +31,7 @@ def python(arguments, limits):
     Arguments: {"code": str} (also "input"). Example: {"code": "print(123 * 456)"} -> text '56088\\n'."""
     code = _argument(arguments, ("code", "input"))
     if code is None:
-        return _refused(f'python needs {{"code": "<python source>"}}, got {json.dumps(arguments)[:200]}')
+        return refused(f'python needs {{"code": "<python source>"}}, got {json.dumps(arguments)[:200]}')
     return run_python(code, limits)
 
 
@@ -67,5 +68,5 @@ def calculator(arguments, limits):
     status error, text 'error: SyntaxError: ...'."""
     expression = _argument(arguments, ("expression", "expr", "input"))
     if expression is None:
-        return _refused(f'calculator needs {{"expression": "<arithmetic>"}}, got {json.dumps(arguments)[:200]}')
+        return refused(f'calculator needs {{"expression": "<arithmetic>"}}, got {json.dumps(arguments)[:200]}')
     return run_python(f"EXPR = {expression!r}\n{_CALCULATOR}", limits)

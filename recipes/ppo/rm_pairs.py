@@ -46,6 +46,11 @@ def with_last_number(text: str, value: int) -> str | None:
     return text[:last.start()] + str(value) + text[last.end():]
 
 
+def is_right(problem: tuple[int, str, int], text: str) -> bool:
+    """The rule's verdict on an answer to ``problem``: its last number is the result."""
+    return default_compute_score(arith.SOURCE, text, str(arith.answer(*problem)))["score"] > 0
+
+
 def wrong_result(a: int, op: str, b: int, rng: random.Random) -> int:
     """A plausible wrong result: off by 1..3, or the other operation's result when that differs."""
     right, other = arith.answer(a, op, b), arith.answer(a, "*" if op == "+" else "+", b)
@@ -57,15 +62,14 @@ def pairs_of_problem(problem: tuple[int, str, int], answers: list[str], per_prob
                      rng: random.Random) -> list[dict]:
     """The natural and edited pairs of one problem from its sampled ``answers`` (texts)."""
     a, op, b = problem
-    truth = str(arith.answer(a, op, b))
     prompt = arith.row(a, op, b, "", 0)["prompt"]
-    right = [t for t in answers if default_compute_score(arith.SOURCE, t, truth)["score"] > 0]
+    right = [t for t in answers if is_right(problem, t)]
     wrong = [t for t in answers if t not in right]
     natural = [(c, r) for c in right for r in wrong]
     rng.shuffle(natural)
     edited = []
     for text in answers[:per_problem]:
-        good, bad = with_last_number(text, int(truth)), with_last_number(text, wrong_result(a, op, b, rng))
+        good, bad = with_last_number(text, arith.answer(a, op, b)), with_last_number(text, wrong_result(a, op, b, rng))
         if good is not None and bad is not None and good != bad:
             edited.append((good, bad))
     return [{"prompt": prompt, "chosen": c, "rejected": r, "kind": kind}
@@ -97,8 +101,7 @@ def write(model: str, out: str | Path, samples: int = 8, per_problem: int = 4, s
         rows = [p for prob, ans in zip(problems, answers) for p in pairs_of_problem(prob, ans, per_problem, rng)]
         with open(out / f"{split}.jsonl", "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
-        right = sum(default_compute_score(arith.SOURCE, t, str(arith.answer(*p)))["score"] > 0
-                    for p, ans in zip(problems, answers) for t in ans)
+        right = sum(is_right(p, t) for p, ans in zip(problems, answers) for t in ans)
         summary[split] = {"problems": len(problems), "pairs": len(rows),
                           "natural": sum(r["kind"] == "natural" for r in rows),
                           "policy_accuracy": right / (len(problems) * samples)}

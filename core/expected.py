@@ -18,7 +18,8 @@
       timeout_s: 3600         # optional: seconds the score bench gives the run (default: pytest's 600)
 
 A bound is ``{min: x}``, ``{max: x}`` or both, on a figure that ``run_figures`` computes, or on any logged metric
-as ``last:<key>`` (its last logged value) or ``max:<key>`` (its largest), e.g. ``last:val/aime24/avg@32``.
+as ``first:<key>`` / ``last:<key>`` (its first / last logged value) or ``max:<key>`` (its largest), e.g.
+``last:val/aime24/avg@32``.
 """
 
 from __future__ import annotations
@@ -49,14 +50,14 @@ def load_expected(recipe_dir: str | Path) -> dict:
 
 
 def metric_figures(history: list[dict], names) -> dict[str, float]:
-    """``last:<key>`` and ``max:<key>`` figures of the run's logged metrics, for the names asked (absent keys are
-    left out, so ``check`` reports them)."""
+    """``first:<key>``, ``last:<key>`` and ``max:<key>`` figures of the run's logged metrics, for the names asked
+    (absent keys are left out, so ``check`` reports them)."""
     out = {}
     for name in names:
         how, _, key = name.partition(":")
         values = [m[key] for m in history if key in m]
-        if how in ("last", "max") and values:
-            out[name] = values[-1] if how == "last" else max(values)
+        if how in ("first", "last", "max") and values:
+            out[name] = {"first": values[0], "last": values[-1], "max": max(values)}[how]
     return out
 
 

@@ -96,7 +96,7 @@ def score(roles: Roles, batch: Batch, cfg: AlgoConfig, reward_fn: Callable, time
     scoring (``num_failed``, ``extras`` such as ``acc``); failures name the data row."""
     with timer("reward"):
         texts = list(roles.rollout.dp_split(RolloutWorker.decode, batch)["response_text"])
-        scored = score_batch(reward_fn, batch["data_source"], texts, batch["ground_truth"], batch["extra_info"],
+        scored = score_batch(reward_fn, batch["data_source"], texts, batch["ground_truth"], reward_extra_infos(batch),
                              cfg.reward_workers, cfg.reward_timeout_s, cfg.reward_fallback, sample_names(batch))
         batch["scores"] = scored.scores
     if roles.reward_model is not None:
@@ -109,6 +109,16 @@ def score(roles: Roles, batch: Batch, cfg: AlgoConfig, reward_fn: Callable, time
                                       + cfg.reward_model_weight * batch["rm_scores"], scored.scores)
     batch["token_rewards"] = scores_to_token_rewards(batch["scores"], batch["response_mask"])
     return scored
+
+
+def reward_extra_infos(batch: Batch) -> list:
+    """Each sample's ``extra_info`` as the reward function gets it: agent rollouts add ``num_turns`` (model turns)
+    and ``num_tool_calls``, so a recipe's reward may use them (ReTool's tool-use bonus; verl passes its turn count
+    the same way)."""
+    if "num_turns" not in batch:
+        return list(batch["extra_info"])
+    return [dict(e or {}, num_turns=int(t), num_tool_calls=int(c))
+            for e, t, c in zip(batch["extra_info"], batch["num_turns"], batch["num_tool_calls"])]
 
 
 def logprobs(roles: Roles, batch: Batch, timer: Timer, leave_to_update: bool = False) -> Batch:
@@ -242,25 +252,36 @@ def _explained_variance(batch: Batch) -> dict[str, float]:
 
 
 def validate(roles: Roles, prompts: Batch, sampling: SamplingParams, reward_fn: Callable = default_compute_score,
-             reward_workers: int = 0, reward_timeout_s: float = 10.0) -> dict[str, float]:
+             reward_workers: int = 0, reward_timeout_s: float = 10.0, generations: int = 0
+             ) -> tuple[dict[str, float], list[dict]]:
     """Held-out prompts through the eval harness (``core.eval.score_samples``), no update: ``sampling.n`` samples
     each with the validation sampling params (greedy by default). Logs ``val/reward/mean`` (mean score of all
     samples), ``val/response_length/mean`` and, per data source, ``val/<data_source>/<metric>`` for pass@1,
-    avg@n, maj@n and the response length. A failing reward scores 0 here instead of stopping the run."""
+    avg@n, maj@n and the response length. A failing reward scores 0 here instead of stopping the run. Returns the
+    metrics and the first ``generations`` samples for people to read: question, whole response (tool answers and
+    turn markers included), ground truth, prediction, score."""
     from core.eval import score_samples
 
     batch = roles.rollout.dp_split(RolloutWorker.generate, prompts, sampling)
     texts = list(roles.rollout.dp_split(RolloutWorker.decode, batch)["response_text"])
     owners = [{"data_source": s, "ground_truth": g, "extra_info": e}
-              for s, g, e in zip(batch["data_source"], batch["ground_truth"], batch["extra_info"])]
+              for s, g, e in zip(batch["data_source"], batch["ground_truth"], reward_extra_infos(batch))]
     lengths = batch["response_mask"].sum(-1)
     per_source, samples = score_samples(owners, texts, lengths.long().tolist(), sampling.n, (), reward_fn, None,
                                         reward_workers, reward_timeout_s, fallback=0.0)
     out = {"val/reward/mean": float(np.mean([r["score"] for r in samples])),
            "val/response_length/mean": float(lengths.float().mean())}
+    out |= {f"val/{k}": v for k, v in _agent_metrics(batch).items()}  # agent rollouts: tool use on held-out prompts
     for source, metrics in per_source.items():
         out |= {f"val/{source}/{k}": float(v) for k, v in metrics.items() if k not in ("problems", "samples")}
-    return out
+    shown = []
+    if generations > 0:
+        part = batch.index(slice(0, generations))
+        whole = roles.rollout.dp_split(RolloutWorker.decode, part, whole=True)["response_text"]
+        shown = [{"question": (o["extra_info"] or {}).get("question") or p[-1]["content"], "response": w,
+                  "ground_truth": o["ground_truth"], "pred": s["pred"], "score": s["score"]}
+                 for o, p, w, s in zip(owners, part["prompt"], whole, samples)]
+    return out, shown
 
 
 def prompts_from_rows(rows: list[dict]) -> Batch:

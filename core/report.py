@@ -55,7 +55,9 @@ def plot_curves(history: list[dict], path: str | Path) -> Path | None:
     train = [m for m in history if "reward/mean" in m]
     steps = [m["step"] for m in train]
     critic = [m for m in train if "critic/vf_loss" in m]
-    fig, axes = plt.subplots(1, 3 if critic else 2, figsize=(15 if critic else 10, 3.6))
+    agent = [m for m in train if "agent/tool_call_rate" in m]
+    panels = 2 + bool(critic) + bool(agent)
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.6))
     ax1, ax2 = axes[:2]
     if any("reward/function_mean" in m for m in train):
         _model_vs_truth(ax1, train, val)
@@ -69,6 +71,8 @@ def plot_curves(history: list[dict], path: str | Path) -> Path | None:
     ax2.plot(steps, [m["response_length/mean"] for m in train], marker="o", ms=3, color="tab:orange",
              label="response length")
     ax2.set(xlabel="step", ylabel="tokens", title="mean response length")
+    if agent:  # agent rollouts: how often the policy calls a tool, and how often a call fails
+        _tool_use(axes[-1], agent, [m for m in val if "val/agent/tool_call_rate" in m])
     if critic:  # the value model: its loss and how much of the returns' variance it explains
         ax3 = axes[2]
         ax3.plot([m["step"] for m in critic], [m["critic/vf_loss"] for m in critic], marker="o", ms=3,
@@ -113,6 +117,19 @@ def _model_vs_truth(ax, train: list[dict], val: list[dict]) -> None:
     ax.legend(lines, [line.get_label() for line in lines], loc="lower right", fontsize=8)
 
 
+def _tool_use(ax, agent: list[dict], val: list[dict]) -> None:
+    steps = [m["step"] for m in agent]
+    ax.plot(steps, [m["agent/tool_call_rate"] for m in agent], marker="o", ms=3, color="tab:blue",
+            label="calls a tool: train (sampled)")
+    if val:
+        ax.plot([m["step"] for m in val], [m["val/agent/tool_call_rate"] for m in val], marker="s", ms=5,
+                linestyle="--", color="tab:green", label="calls a tool: held-out (greedy)")
+    ax.plot(steps, [m["agent/tool_error_rate"] for m in agent], marker="v", ms=3, color="tab:red",
+            label="failed calls per call: train")
+    ax.legend(loc="center right", fontsize=8)
+    ax.set(xlabel="step", ylabel="fraction", title="tool use", ylim=(-0.03, 1.03))
+
+
 def plotted_points(png: str | Path) -> dict[str, int]:
     """{line label: number of points} as ``plot_curves`` recorded them in the PNG."""
     from PIL import Image
@@ -138,13 +155,16 @@ def report(history: list[dict], png: str | Path | None = None) -> str:
              f"{window(history, 'response_length/mean', False)[0]:.1f} tokens",
              f"time: {total:.0f}s in steps ({total / len(history):.1f}s per step): {shares}"]
     for key in ("reward/function_mean", "reward/model_function_corr",  # with a reward model: the truth beside it
-                "critic/vf_loss", "critic/explained_var"):  # when there is a critic: does it learn?
+                "critic/vf_loss", "critic/explained_var",  # when there is a critic: does it learn?
+                "agent/tool_call_rate", "agent/tool_error_rate", "agent/turns_mean"):  # agent rollouts: tool use
         have = [m for m in history if key in m]
         if len(have) >= 2:
             lines.insert(-1, f"{key}: {window(have, key, True)[0]:.4f} -> {window(have, key, False)[0]:.4f}")
-    if len(val) >= 2:
-        lines.insert(1, f"val/reward/mean (held-out, greedy): step {val[0]['step']} {val[0]['val/reward/mean']:.3f} -> "
-                        f"step {val[-1]['step']} {val[-1]['val/reward/mean']:.3f}")
+    for key in ("val/agent/tool_call_rate", "val/reward/mean"):  # held-out: first and last validation
+        have = [m for m in val if key in m]
+        if len(have) >= 2:
+            lines.insert(1, f"{key} (held-out, greedy): step {have[0]['step']} {have[0][key]:.3f} -> "
+                            f"step {have[-1]['step']} {have[-1][key]:.3f}")
     if png is not None:
         drawn = plot_curves(rows, png)
         lines.append(f"curves: {drawn}" if drawn else "curves: not drawn (pip install matplotlib)")

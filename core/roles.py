@@ -14,7 +14,7 @@ from core.agent_loop import agent_generate
 from core.config import ActorConfig, RolloutConfig, SamplingParams
 from core.engines.fsdp import FSDPActor
 from core.engines.rollout import RolloutEngine, replica_seed
-from core.engines.rollout_batch import merge_padded
+from core.engines.rollout_batch import decode_responses, merge_padded
 from core.protocol import Batch
 from core.reshard import WeightSyncError, sync_weights
 from core.worker import WorkerContext
@@ -71,9 +71,11 @@ class RolloutWorker:
         tok = self.engine.tokenizer
         return list(getattr(self.engine, "eos_ids", None) or [tok.eos_token_id])
 
-    def decode(self, batch: Batch) -> Batch:
-        """The response texts (special tokens dropped), as a ``response_text`` column."""
-        return Batch(non_tensors={"response_text": self.engine.decode(batch)})
+    def decode(self, batch: Batch, whole: bool = False) -> Batch:
+        """The response texts as a ``response_text`` column: the model's tokens, special tokens dropped; ``whole``:
+        with tool answers and template markers (``core.engines.rollout_batch.decode_responses``)."""
+        texts = decode_responses(self.engine.tokenizer, batch, whole) if whole else self.engine.decode(batch)
+        return Batch(non_tensors={"response_text": texts})
 
     def engine_state_dict(self) -> dict[str, torch.Tensor]:
         """The embedded engine's current weights on CPU (tests, debugging)."""

@@ -138,12 +138,16 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
                 for tracker in trackers:
                     tracker.log(metrics, metrics["step"])
 
-            def held_out() -> dict:
-                return validate(roles, val_prompts, val_sampling, reward_fn, cfg.algo.reward_workers,
-                                cfg.algo.reward_timeout_s)
+            def held_out(step: int) -> dict:
+                metrics, shown = validate(roles, val_prompts, val_sampling, reward_fn, cfg.algo.reward_workers,
+                                          cfg.algo.reward_timeout_s, t.log_val_generations)
+                if shown:
+                    with (out / "val_generations.jsonl").open("a") as f:
+                        f.writelines(json.dumps({"step": step, **s}) + "\n" for s in shown)
+                return metrics
 
             if val_prompts is not None and start == 0:  # the untrained policy's held-out score: the val curve's start
-                record({"step": 0, **held_out()})
+                record({"step": 0, **held_out(0)})
             for i in range(start, t.total_steps):
                 # a fresh sampling seed each step: the same seed would replay the same uniforms every step
                 algo = replace(cfg.algo, sampling=replace(cfg.algo.sampling, seed=cfg.algo.sampling.seed + i))
@@ -151,7 +155,7 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
                                       update_actor=i >= t.critic_warmup, kl_ctrl=kl_ctrl)
                 metrics = {"step": i + 1, **metrics}
                 if val_prompts is not None and due(i + 1, t.test_freq, t.total_steps):
-                    metrics |= held_out()
+                    metrics |= held_out(i + 1)
                 record(metrics)  # written before a stop below: nothing of the step is lost
                 nonfinite = count_nonfinite(metrics, nonfinite, t.max_nonfinite_grad_steps, out)
                 if t.save_freq and due(i + 1, t.save_freq, t.total_steps):

@@ -61,12 +61,13 @@ def test_a_tier_needing_a_package_says_which_and_where(tmp_path):
         assert why.startswith("needs the package(s) ['vllm_not_here'] in this Python")
 
 
-def test_last_and_max_of_any_logged_metric():
+def test_first_last_and_max_of_any_logged_metric():
     rows = [{"step": 1, "dapo/num_gen_batches": 1}, {"step": 2, "dapo/num_gen_batches": 4, "val/a/avg@32": 0.3},
             {"step": 3, "dapo/num_gen_batches": 2, "val/a/avg@32": 0.5}]
     f = metric_figures(rows, ["max:dapo/num_gen_batches", "last:dapo/num_gen_batches", "last:val/a/avg@32",
-                              "last:absent", "reward_end"])
-    assert f == {"max:dapo/num_gen_batches": 4, "last:dapo/num_gen_batches": 2, "last:val/a/avg@32": 0.5}
+                              "first:val/a/avg@32", "last:absent", "reward_end"])
+    assert f == {"max:dapo/num_gen_batches": 4, "last:dapo/num_gen_batches": 2, "last:val/a/avg@32": 0.5,
+                 "first:val/a/avg@32": 0.3}
     tier = {"bounds": {"max:dapo/num_gen_batches": {"min": 5}, "last:absent": {"min": 0}}}
     failures = check(f, tier, "t")
     assert failures[0] == "t: max:dapo/num_gen_batches = 4 < min 5" and "'last:absent' is not" in failures[1]

@@ -110,3 +110,21 @@ def test_with_a_reward_model_the_first_panel_sets_its_score_against_the_truth(tm
     assert "reward/model_function_corr: 0.5000 -> 0.5000" in text
     assert plotted_points(png) == {"trained-on reward": 10, "truth: train samples": 10,
                                    "truth: held-out (greedy)": 2, "response length": 10}
+
+
+def test_agent_runs_get_a_tool_use_panel_and_lines(tmp_path):
+    """Agent rollouts: a third panel draws the tool-call rate (train, held-out) and the failed-call rate, and the
+    text quotes them start -> end."""
+    pytest.importorskip("matplotlib")
+    h = [{"step": 0, "val/reward/mean": 0.25, "val/agent/tool_call_rate": 0.5}] + history(10)
+    for i, m in enumerate(h[1:]):
+        m |= {"agent/tool_call_rate": 0.5 + i / 20, "agent/tool_error_rate": 0.5 - i / 20, "agent/turns_mean": 1.5}
+    h[-1] |= {"val/reward/mean": 0.75, "val/agent/tool_call_rate": 1.0}
+    png = tmp_path / "curves.png"
+    text = report(h, png)
+    assert "agent/tool_call_rate: 0.5250 -> 0.9250" in text  # steps 1-2: 0.50, 0.55; steps 9-10: 0.90, 0.95
+    assert "agent/tool_error_rate: 0.4750 -> 0.0750" in text
+    assert "val/agent/tool_call_rate (held-out, greedy): step 0 0.500 -> step 10 1.000" in text
+    assert plotted_points(png) == {"train (sampled)": 10, "held-out (greedy)": 2, "response length": 10,
+                                   "calls a tool: train (sampled)": 10, "calls a tool: held-out (greedy)": 2,
+                                   "failed calls per call: train": 10}

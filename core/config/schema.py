@@ -57,6 +57,9 @@ class TrainerConfig:
     call_timeout_s: float = 1800.0
     # score data.val_files every N steps (0 = only before the first and after the last step)
     test_freq: int = 0
+    # held-out samples written to <output_dir>/val_generations.jsonl at each validation (question, the whole
+    # response with tool answers and turn markers, score): read what the policy does (0 = none)
+    log_val_generations: int = 4
     # steps at the start that train only the critic (the policy waits for useful values)
     critic_warmup: int = 0
     # checkpoint every N steps and after the last (0 = never): actor + optimizer + RNG per rank + data position
@@ -86,5 +89,7 @@ class TrainerConfig:
             raise ValueError(f"trainer.backend must be 'ray' or 'local', got {self.backend!r}")
         if self.tracker_mode not in ("offline", "online"):
             raise ValueError(f"trainer.tracker_mode must be 'offline' or 'online', got {self.tracker_mode!r}")
+        if self.log_val_generations < 0:
+            raise ValueError(f"trainer.log_val_generations must be >= 0, got {self.log_val_generations}")
         if self.save_freq < 0 or self.save_keep < 0:
             raise ValueError(f"trainer.save_freq and trainer.save_keep must be >= 0, got {self.save_freq}, {self.save_keep}")

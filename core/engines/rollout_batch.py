@@ -55,8 +55,12 @@ def assemble(prompts: list[list[int]], tokens: list[list[int]], logps: list[list
     return _assemble(out_prompts, prompt_mask, responses, model, out_logps * model, mask)
 
 
-def decode_responses(tokenizer, batch: Batch) -> list[str]:
-    """Response texts of a generated batch (valid tokens only, special tokens dropped)."""
+def decode_responses(tokenizer, batch: Batch, whole: bool = False) -> list[str]:
+    """Response texts of a generated batch: the model's tokens, special tokens dropped (what rewards read); or
+    ``whole``: every real response token, tool answers and chat-template markers included (for people to read)."""
+    if whole:
+        real = batch["attention_mask"][:, batch["prompts"].shape[1]:]
+        return tokenizer.batch_decode([r[m > 0] for r, m in zip(batch["responses"], real)])
     return tokenizer.batch_decode([r[m > 0] for r, m in zip(batch["responses"], batch["response_mask"])],
                                   skip_special_tokens=True)
 

@@ -3,7 +3,9 @@ sandbox (``core.tools.sandbox``): whatever the model sends, the tool answers wit
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 from typing import Callable
 
 from core.algos.registry import Registry
@@ -25,14 +27,38 @@ def refused(message: str) -> ToolResult:
     return ToolResult(message, "error", None, 0.0, "not run")
 
 
+def notebook_cell(code: str) -> str:
+    """Code as a notebook cell runs it, the way ReTool's interpreter does: the first ```python fenced block if the
+    text has one, and a last line that is a bare expression printed. Code that does not parse is left alone (the
+    sandbox reports its SyntaxError). Example: '```python\\nx = 6\\nx * 7\\n```' -> 'x = 6\\nprint(x * 7)'."""
+    fenced = re.search(r"```(?:python|py)?\n(.*?)```", code, re.DOTALL)
+    code = (fenced.group(1) if fenced else code).strip("\n")
+    try:
+        last = ast.parse(code).body[-1:]
+    except SyntaxError:
+        return code
+    if last and isinstance(last[0], ast.Expr) and not (isinstance(last[0].value, ast.Call)
+                                                        and getattr(last[0].value.func, "id", None) == "print"):
+        node, lines, raw = last[0], code.split("\n"), code.encode()
+
+        def at(line: int, col: int) -> int:  # ast's (line, utf-8 column) -> offset into raw
+            return sum(len(x.encode()) + 1 for x in lines[:line - 1]) + col
+
+        start, end = at(node.lineno, node.col_offset), at(node.end_lineno, node.end_col_offset)
+        code = (raw[:start] + b"print(" + raw[start:end] + b")" + raw[end:]).decode()
+    return code
+
+
 @TOOLS.register("python", "code_interpreter")
 def python(arguments, limits):
-    """Run Python code; the answer is what it prints (stdout and stderr), as ReTool's code interpreter.
-    Arguments: {"code": str} (also "input"). Example: {"code": "print(123 * 456)"} -> text '56088\\n'."""
+    """Run Python code; the answer is what it prints (stdout and stderr), as ReTool's code interpreter: a
+    ```python fence is unwrapped and a last bare expression is printed (``notebook_cell``).
+    Arguments: {"code": str} (also "input"). Example: {"code": "print(123 * 456)"} -> text '56088\\n';
+    {"code": "x = 123\\nx * 456"} -> '56088\\n'."""
     code = _argument(arguments, ("code", "input"))
     if code is None:
         return refused(f'python needs {{"code": "<python source>"}}, got {json.dumps(arguments)[:200]}')
-    return run_python(code, limits)
+    return run_python(notebook_cell(code), limits)
 
 
 # evaluated in the sandbox: numbers and + - * / // % ** and parentheses only, no names, no calls

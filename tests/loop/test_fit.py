@@ -99,6 +99,12 @@ def test_validation_runs_before_training_and_after_the_last_step(tiny_model_dir,
     by_hand = sum(sum(c.isupper() for c in s) / max(1, len(s)) for s in texts) / len(texts)
     assert history[0]["val/reward/mean"] == pytest.approx(by_hand, abs=1e-6) == history[0][src + "avg@1"]
     assert history[0]["val/response_length/mean"] == pytest.approx(float(out["response_mask"].sum(-1).mean()))
+    # trainer.log_val_generations (default 4, here 3 rows): the step-0 samples are the engine's greedy responses
+    shown = [json.loads(line) for line in (tmp_path / "run" / "val_generations.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in shown] == [0, 0, 0, 2, 2, 2]
+    whole = engine.tokenizer.batch_decode([r[m > 0] for r, m in zip(out["responses"], out["response_mask"])])
+    assert [s["response"] for s in shown[:3]] == whole
+    assert [s["question"] for s in shown[:3]] == [r["extra_info"]["question"] for r in rows]  # the data's own
 
 
 def test_a_run_stops_after_consecutive_nonfinite_gradient_norms(tiny_model_dir, tmp_path):

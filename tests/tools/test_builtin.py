@@ -26,3 +26,16 @@ def test_missing_arguments_are_named_without_running_anything():
     r = TOOLS["python"]({"source": "print(1)"}, LIMITS)
     assert (r.status, r.isolation) == ("error", "not run")
     assert r.text == 'python needs {"code": "<python source>"}, got {"source": "print(1)"}'
+
+
+def test_python_runs_code_as_a_notebook_cell_like_retool_s_interpreter():
+    """A ```python fence is unwrapped and a last bare expression printed (verl's ReTool tool does both); statements,
+    prints and unparsable code are left as written."""
+    from core.tools.builtin import notebook_cell
+
+    assert notebook_cell("Let me compute:\n```python\nx = 6\nx * 7\n```\nok") == "x = 6\nprint(x * 7)"
+    assert notebook_cell("a = 1; a * 2") == "a = 1; print(a * 2)"
+    assert notebook_cell("s = sum([1,\n 2])\n(s *\n 3)  # times three") == "s = sum([1,\n 2])\nprint((s *\n 3))  # times three"
+    for code in ("print(1)", "x = 1", "for i in range(2):\n    i", "def (:"):
+        assert notebook_cell(code) == code
+    assert TOOLS["code_interpreter"]({"code": "```python\nimport math\nmath.factorial(5)\n```"}, LIMITS).text == "120\n"

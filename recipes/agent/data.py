@@ -1,0 +1,129 @@
+"""Data for this recipe -> verl-schema parquet under --out.
+
+  --task mult   the CPU tier: multiplication of two- and three-digit numbers (a, b in 11..999), which
+                SmolLM2-135M cannot do in its head, with a calculator tool. Each prompt is a one-shot conversation
+                (system prompt naming the tool, one worked question with its tool call and answer) and then the
+                question. The test split is held out by content: an unordered pair {a, b} is a test problem when
+                the sha256 of "min*max" starts with "0" (1/16 of all pairs, the same on every machine); training
+                rows are drawn only from the other pairs -> agent_mult/{train,test}.parquet
+  --task retool the full-scale data, as verl's recipe/retool writes it (ReTool, arXiv:2504.11536): DAPO-Math-17k
+                for training (--dapo-src hub | FILE) and AIME 2024 for validation (--src ../shared/data | hub), each
+                prompt with a system message listing the code_interpreter tool and the \\boxed answer format
+                -> retool/{train,aime24}.parquet
+
+Usage: python recipes/agent/data.py [--task mult|retool] [--src DIR|hub] [--dapo-src hub|FILE] [--out outputs/data]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+from pathlib import Path
+
+from core.data.dapo_math import dapo_math_rows, read_dapo_math
+from core.data.dataset import load_rl_parquet
+from core.data.prepare import DEFAULT_SRC, prepare, write_parquet
+
+SOURCE = "hybridrl/agent_mult"
+FOLDER = "agent_mult"
+LOW, HIGH = 11, 999
+QUESTION = "What is {a} * {b}?"
+# The example conversation every CPU prompt starts with: SmolLM2-135M-Instruct calls no tool from a JSON-schema
+# system prompt alone (0 of 16 samples at step 0), but follows this example in ~60% of samples (README).
+EXAMPLE = (12, 34)
+SYSTEM = ('You have a calculator. To use it, write <tool_call>{"name": "calculator", "arguments": {"expression": '
+          '"..."}}</tool_call> and wait for the result.')
+ONE_SHOT = [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": QUESTION.format(a=EXAMPLE[0], b=EXAMPLE[1])},
+            {"role": "assistant", "content": '<tool_call>{"name": "calculator", "arguments": {"expression": '
+                                             f'"{EXAMPLE[0]} * {EXAMPLE[1]}"}}}}</tool_call>'},
+            {"role": "tool", "content": str(EXAMPLE[0] * EXAMPLE[1])},
+            {"role": "assistant", "content": f"The answer is {EXAMPLE[0] * EXAMPLE[1]}."}]
+
+
+def held_out(a: int, b: int) -> bool:
+    """Is {a, b} (either order) a test problem? sha256 of 'min*max' starting with '0': 1/16 of pairs."""
+    return hashlib.sha256(f"{min(a, b)}*{max(a, b)}".encode()).hexdigest().startswith("0")
+
+
+def row(a: int, b: int, split: str, index: int) -> dict:
+    """One verl-schema row: the one-shot conversation, then the question."""
+    question = QUESTION.format(a=a, b=b)
+    return {"data_source": SOURCE, "prompt": ONE_SHOT + [{"role": "user", "content": question}], "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(a * b)},
+            "extra_info": {"split": split, "index": index, "question": question}}
+
+
+def pairs(split: str, count: int, seed: int = 0) -> list[tuple[int, int]]:
+    """``count`` (a, b) of ``split``: 'test' distinct problems, 'train' drawn with repeats allowed (there are ~460k
+    training pairs: repeats are rare). Neither contains the example's pair."""
+    if split not in ("train", "test"):
+        raise ValueError(f"agent_mult split must be 'train' or 'test', got {split!r}")
+    rng, out, seen = random.Random(f"agent-mult-{split}-{seed}"), [], set()
+    while len(out) < count:
+        a, b = rng.randint(LOW, HIGH), rng.randint(LOW, HIGH)
+        key = (min(a, b), max(a, b))
+        if held_out(a, b) != (split == "test") or key == tuple(sorted(EXAMPLE)) or (split == "test" and key in seen):
+            continue
+        seen.add(key)
+        out.append((a, b))
+    return out
+
+
+def write_mult(out: str | Path, train_count: int = 2000, test_count: int = 64, seed: int = 0) -> dict[str, Path]:
+    paths = {}
+    for split, count in (("train", train_count), ("test", test_count)):
+        paths[split] = Path(out) / FOLDER / f"{split}.parquet"
+        write_parquet([row(a, b, split, i) for i, (a, b) in enumerate(pairs(split, count, seed))], paths[split])
+        print(f"agent_mult {split}: {count} rows -> {paths[split]}")
+    return paths
+
+
+# ReTool at full scale, as verl's recipe/retool prepares it: DAPO-Math-17k's prompt (or the bare AIME problem) plus
+# its answer-format line, and Qwen2.5's system prompt listing the code interpreter (the text Qwen2.5's chat template
+# renders for ``tools=[CODE_INTERPRETER]``; written here so that any engine and tokenizer see the same prompt)
+ANSWER_FORMAT = "\nThe answer format must be: \\boxed{'The final answer goes here.'}"
+CODE_INTERPRETER = {"type": "function", "function": {
+    "name": "code_interpreter", "description": "A tool for executing code.",
+    "parameters": {"type": "object", "properties": {"code": {"type": "string", "description": "The code to execute."}},
+                   "required": ["code"]}}}
+RETOOL_SYSTEM = ("You are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n# Tools\n\nYou may call one "
+                 "or more functions to assist with the user query.\n\nYou are provided with function signatures within "
+                 f"<tools></tools> XML tags:\n<tools>\n{json.dumps(CODE_INTERPRETER)}\n</tools>\n\nFor each function "
+                 "call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:"
+                 "\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>")
+
+
+def retool_prompt(rows: list[dict]) -> list[dict]:
+    """verl-schema rows with ReTool's prompt: the system message above, the user turn plus the answer format."""
+    return [r | {"prompt": [{"role": "system", "content": RETOOL_SYSTEM},
+                            {"role": "user", "content": r["prompt"][-1]["content"] + ANSWER_FORMAT}]} for r in rows]
+
+
+def write_retool(dapo_src: str, aime_src: str | Path, out: str | Path) -> dict[str, Path]:
+    """``<out>/retool/train.parquet`` (DAPO-Math-17k, one row per distinct problem) and ``aime24.parquet``."""
+    records, where = read_dapo_math(dapo_src)
+    paths = {"train": Path(out) / "retool" / "train.parquet", "aime24": Path(out) / "retool" / "aime24.parquet"}
+    write_parquet(retool_prompt(dapo_math_rows(records, where)), paths["train"])
+    aime = load_rl_parquet(prepare("aime24", aime_src, Path(out) / "retool" / "raw")["test"])
+    write_parquet(retool_prompt([{"data_source": r["data_source"], "prompt": r["prompt"], "ability": "math",
+                                  "reward_model": {"style": "rule", "ground_truth": r["ground_truth"]},
+                                  "extra_info": r["extra_info"]} for r in aime]), paths["aime24"])
+    print(f"retool: {paths['train']} ({where}), {paths['aime24']}")
+    return paths
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--task", choices=["mult", "retool"], default="mult")
+    p.add_argument("--src", default=str(DEFAULT_SRC), help="retool: AIME 2024's folder (../shared/data) or hub")
+    p.add_argument("--dapo-src", default="hub", help="retool: DAPO-Math-17k, hub or a .parquet / .jsonl file")
+    p.add_argument("--out", default="outputs/data")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    if a.task == "mult":
+        write_mult(a.out, seed=a.seed)
+    else:
+        write_retool(a.dapo_src, a.src, a.out)

@@ -7,7 +7,8 @@ the tool-response tokens), never text re-tokenised -- re-tokenising can merge to
 trainer's log-probs would then be of other tokens than the ones sampled. The tool-response tokens come from the
 model's chat template (``core.tools.chat``). In the returned Batch (``core.engines.rollout_batch``) the response
 is the whole stream: ``attention_mask`` 1 on all of it, ``response_mask`` 1 on the model's tokens only, and
-``rollout_logprobs`` 0 on the tool tokens; per sample ``num_turns``, ``num_tool_calls``, ``num_tool_errors``.
+``rollout_logprobs`` 0 on the tool tokens; per sample ``num_turns``, ``num_tool_calls``, ``num_tool_errors`` and
+``truncated`` (its last turn did not end at EOS: cut by a length limit, or max_turns reached with a call pending).
 
 Concurrency: each turn is one ``generate`` call over every live trajectory (the engine batches them
 continuously), and the tool calls of all trajectories run concurrently (``tool_workers`` sandbox processes).
@@ -42,6 +43,7 @@ class _Trajectory:
     calls: list[ToolCall] = field(default_factory=list)
     num_calls: int = 0
     num_errors: int = 0
+    at_eos: bool = False
     done: bool = False
 
     def add(self, tokens: list[int], logps: list[float], sampled: bool) -> None:
@@ -88,7 +90,8 @@ def agent_generate(generate: Callable[[list[list[int]], SamplingParams], Batch],
                 budget = cfg.max_response_tokens - len(t.tokens)
                 t.add(tokens[:budget], logps[:budget], sampled=True)
                 t.turns += 1
-                ended = not tokens or tokens[-1] in eos_ids or len(tokens) > budget
+                t.at_eos = bool(tokens) and tokens[-1] in eos_ids and len(tokens) <= budget
+                ended = not tokens or t.at_eos or len(tokens) > budget
                 t.calls = [] if ended else parse(tokenizer.decode(tokens, skip_special_tokens=True))
                 t.done = not t.calls or turn == cfg.max_turns - 1 or len(t.tokens) >= cfg.max_response_tokens
             # every waiting trajectory's tool calls at once, then their answers as template tokens
@@ -105,6 +108,7 @@ def agent_generate(generate: Callable[[list[list[int]], SamplingParams], Batch],
     batch = assemble(list(map(list, prompt_ids)), [t.tokens for t in trajs], [t.logps for t in trajs], params.n,
                      pad_id, sampled=[t.sampled for t in trajs])
     for key, values in (("num_turns", [t.turns for t in trajs]), ("num_tool_calls", [t.num_calls for t in trajs]),
-                        ("num_tool_errors", [t.num_errors for t in trajs])):
+                        ("num_tool_errors", [t.num_errors for t in trajs]),
+                        ("truncated", [not t.at_eos for t in trajs])):
         batch[key] = torch.tensor(values, dtype=torch.float32)
     return batch

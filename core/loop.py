@@ -200,12 +200,14 @@ def step_metrics(batch: Batch, updates: dict[str, float], timer: Timer, num_fail
     ``step``) and throughput. A recipe's step adds its own keys to these."""
     mask, scores = batch["response_mask"], batch["scores"]
     lengths = mask.sum(-1)
+    # agent rollouts: cut by a turn's or the response's length limit, or by max_turns (not comparable to one turn's)
+    clipped = batch["truncated"] > 0 if "truncated" in batch else lengths >= cfg.sampling.max_new_tokens
     diff = (batch["rollout_logprobs"] - batch["old_logprobs"]).abs() * mask
     tokens = float(lengths.sum() + batch["attention_mask"][:, :batch["prompts"].shape[1]].sum())
     return {"reward/mean": float(scores.mean()), "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
             "reward/num_failed": float(num_failed),
             "response_length/mean": float(lengths.mean()),
-            "response_length/clip_ratio": float((lengths >= cfg.sampling.max_new_tokens).float().mean()),
+            "response_length/clip_ratio": float(clipped.float().mean()),
             "rollout/logprob_diff_mean": float(diff.sum() / mask.sum().clamp(min=1)),
             "rollout/logprob_diff_max": float(diff.max()),
             "actor/kl_loss": 0.0, "actor/pg_loss": 0.0, **updates,
@@ -230,8 +232,9 @@ def _reward_model_metrics(batch: Batch) -> dict[str, float]:
 
 def _agent_metrics(batch: Batch) -> dict[str, float]:
     """Agent rollouts (``rollout.agent``): turns and tool calls per trajectory, the share of trajectories that
-    called a tool, failed calls per call, and the share of the response that is tool / template tokens (masked
-    out of the loss). ``response_length/*`` counts the model's tokens only; ``agent/response_tokens_mean`` all."""
+    called a tool, failed calls per call (refused, crashed, timed out, flooded), the share of the response that is
+    tool / template tokens (masked out of the loss), the model's tokens per turn, and the share cut short.
+    ``response_length/*`` counts the model's tokens only; ``agent/response_tokens_mean`` all."""
     if "num_turns" not in batch:
         return {}
     calls, errors = batch["num_tool_calls"], batch["num_tool_errors"]
@@ -240,7 +243,10 @@ def _agent_metrics(batch: Batch) -> dict[str, float]:
             "agent/tool_call_rate": float((calls > 0).float().mean()),
             "agent/tool_error_rate": float(errors.sum() / calls.sum()) if calls.sum() > 0 else 0.0,
             "agent/tool_token_frac": float(1 - batch["response_mask"].sum() / real.sum().clamp(min=1)),
-            "agent/response_tokens_mean": float(real.mean())}
+            "agent/response_tokens_mean": float(real.mean()),
+            # the model's tokens per turn (a turn that calls a tool is short; an answer may be long)
+            "agent/tokens_per_turn_mean": float((batch["response_mask"].sum(-1) / batch["num_turns"].clamp(min=1)).mean()),
+            "agent/truncated_rate": float(batch["truncated"].mean())}
 
 
 def _explained_variance(batch: Batch) -> dict[str, float]:

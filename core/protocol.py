@@ -34,6 +34,7 @@ function_scores     (B,)         float   with a reward model: the reward functio
 num_turns           (B,)         float   agent rollouts: model turns of each trajectory (``core.agent_loop``)
 num_tool_calls      (B,)         float   ... tool calls it made
 num_tool_errors     (B,)         float   ... calls that failed (unparsable, unknown tool, error, timeout, flood)
+truncated           (B,)         float   ... 1 when its last turn did not end at EOS (a length limit, max_turns)
 token_rewards       (B, Tr)      float   per-token reward: ``scores`` at the last valid token, minus KL penalty
 advantages          (B, Tr)      float   advantage estimate per token
 returns             (B, Tr)      float   value targets per token
@@ -76,6 +77,7 @@ KEYS: dict[str, str] = {
     "num_turns": "(B,) float: agent rollouts, model turns per trajectory",
     "num_tool_calls": "(B,) float: agent rollouts, tool calls per trajectory",
     "num_tool_errors": "(B,) float: agent rollouts, failed tool calls per trajectory",
+    "truncated": "(B,) float: agent rollouts, 1 when the last turn did not end at EOS",
     "token_rewards": "(B, Tr) float: per-token reward",
     "advantages": "(B, Tr) float: advantages",
     "returns": "(B, Tr) float: value targets",

@@ -99,3 +99,13 @@ def test_rollout_log_probs_of_model_tokens_equal_a_forward_of_the_whole_stream(r
     logp = torch.log_softmax(logits[:, Tp - 1:-1] / TEMPERATURE, -1).gather(-1, batch["responses"][..., None])[..., 0]
     m = batch["response_mask"] > 0
     torch.testing.assert_close(logp[m], batch["rollout_logprobs"][m], atol=2e-3, rtol=0)
+
+
+def test_a_trajectory_is_truncated_exactly_when_its_last_turn_did_not_end_at_eos(rollout):
+    """``truncated`` (the agent's response_length/clip_ratio): 0 when the last model token is EOS, else 1."""
+    tok, _, _, batch, _, _ = rollout
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    for b, stream, sampled in rows(batch):
+        last_model_token = [t for t, m in zip(stream, sampled) if m][-1]
+        assert batch["truncated"][b] == float(last_model_token != eos)
+    assert batch["truncated"].sum() < len(batch)  # at least one trajectory answered at EOS

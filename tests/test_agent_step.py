@@ -53,15 +53,16 @@ def test_the_trainer_scores_the_model_s_tokens_as_the_engine_sampled_them(roles)
 def test_a_step_on_agent_rollouts_trains_and_reports_the_agent(roles):
     _, metrics = step(roles, prompts_from_rows(rows()), ALGO)
     for key in ("agent/turns_mean", "agent/tool_calls_mean", "agent/tool_call_rate", "agent/tool_error_rate",
-                "agent/tool_token_frac", "agent/response_tokens_mean", "actor/pg_loss", "actor/grad_norm"):
+                "agent/tool_token_frac", "agent/response_tokens_mean", "agent/tokens_per_turn_mean",
+                "agent/truncated_rate", "response_length/clip_ratio", "actor/pg_loss", "actor/grad_norm"):
         assert math.isfinite(metrics[key]), key
     assert 1.0 <= metrics["agent/turns_mean"] <= 3.0 and 0.0 <= metrics["agent/tool_call_rate"] <= 1.0
     assert metrics["rollout/logprob_diff_max"] < 2e-3 * 10
 
 
 def ends_in_a_tool_answer(batch):
-    """The first trajectory with a tool answer, cut right after that answer (as when the answer fills
-    max_response_tokens), and the response columns of its tool tokens."""
+    """The first trajectory with a tool answer, cut right after that answer (so that no model token reads the
+    tool's tokens), and the response columns of its tool tokens."""
     Tp = batch["prompts"].shape[1]
     gaps = (batch["attention_mask"][:, Tp:] > 0) & (batch["response_mask"] == 0)
     b = int(gaps.any(-1).nonzero()[0])
@@ -135,3 +136,20 @@ def test_the_reward_sees_each_trajectory_s_turns_and_tool_calls():
                                          {"num_turns": 3, "num_tool_calls": 2}]
     plain = Batch(non_tensors={"extra_info": [{"index": 7}]})
     assert reward_extra_infos(plain) == [{"index": 7}]
+
+
+def test_agent_metrics_by_hand():
+    """Two trajectories after a 2-token prompt: one turn of 3 model tokens; and 2 model tokens, a 3-token tool
+    answer, 1 model token (2 turns, 1 call that failed, truncated)."""
+    from core.loop import _agent_metrics
+    from core.protocol import Batch
+
+    batch = Batch({"prompts": torch.ones(2, 2), "attention_mask": torch.tensor([[1, 1, 1, 1, 1, 0, 0, 0],
+                                                                                [1, 1, 1, 1, 1, 1, 1, 1]]),
+                   "response_mask": torch.tensor([[1., 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 1]]),
+                   "num_turns": torch.tensor([1., 2]), "num_tool_calls": torch.tensor([0., 1]),
+                   "num_tool_errors": torch.tensor([0., 1]), "truncated": torch.tensor([0., 1])})
+    assert _agent_metrics(batch) == pytest.approx({
+        "agent/turns_mean": 1.5, "agent/tool_calls_mean": 0.5, "agent/tool_call_rate": 0.5,
+        "agent/tool_error_rate": 1.0, "agent/tool_token_frac": 3 / 9, "agent/response_tokens_mean": 4.5,
+        "agent/tokens_per_turn_mean": (3 / 1 + 3 / 2) / 2, "agent/truncated_rate": 0.5})

@@ -39,3 +39,14 @@ def test_python_runs_code_as_a_notebook_cell_like_retool_s_interpreter():
     for code in ("print(1)", "x = 1", "for i in range(2):\n    i", "def (:"):
         assert notebook_cell(code) == code
     assert TOOLS["code_interpreter"]({"code": "```python\nimport math\nmath.factorial(5)\n```"}, LIMITS).text == "120\n"
+
+
+def test_code_python_cannot_parse_goes_to_the_sandbox_unchanged():
+    """Null bytes and absurd nesting make ast.parse raise ValueError / RecursionError / MemoryError, not
+    SyntaxError: the tool still answers (with the sandbox's error) instead of raising in the rollout worker."""
+    from core.tools.builtin import notebook_cell
+
+    for code in ("print(1)\x00", "(" * 100_000 + ")" * 100_000):
+        assert notebook_cell(code) == code
+    r = TOOLS["python"]({"code": "x = 1\x00"}, LIMITS)
+    assert not r.ok and "null" in r.text.lower()

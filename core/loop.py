@@ -245,7 +245,8 @@ def _agent_metrics(batch: Batch) -> dict[str, float]:
             "agent/tool_token_frac": float(1 - batch["response_mask"].sum() / real.sum().clamp(min=1)),
             "agent/response_tokens_mean": float(real.mean()),
             # the model's tokens per turn (a turn that calls a tool is short; an answer may be long)
-            "agent/tokens_per_turn_mean": float((batch["response_mask"].sum(-1) / batch["num_turns"].clamp(min=1)).mean()),
+            "agent/tokens_per_turn_mean": float((batch["response_mask"].sum(-1)
+                                                 / batch["num_turns"].clamp(min=1)).mean()),
             "agent/truncated_rate": float(batch["truncated"].mean())}
 
 

@@ -55,9 +55,10 @@ class RolloutWorker:
         ids = (list(map(list, prompts["prompt_ids"])) if "prompt_ids" in prompts
                else self.engine.chat_prompt_ids(list(prompts["prompt"])))
         agent = self.cfg.agent
-        if agent.enable:  # multi-turn: the engine generates each turn, tools answer in between (core.agent_loop)
+        if agent.enable:  # multi-turn: the engine generates each turn, tools answer in between (core.agent_loop);
+            # continuous batching across turns where the engine has sessions (the embedded engine), else per turn
             out = agent_generate(self.engine.generate, self.engine.tokenizer, self._eos_ids(), self.engine.pad_id,
-                                 ids, params, agent)
+                                 ids, params, agent, session=getattr(self.engine, "session", None))
         else:
             out = self.engine.generate(ids, params)
         if self.cfg.sleep_after_generate:

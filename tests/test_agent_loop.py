@@ -21,8 +21,23 @@ ONE_SHOT = [{"role": "system", "content": "You have a calculator. To use it, wri
 TEMPERATURE = 0.7
 
 
-@pytest.fixture(scope="module")
-def rollout():
+def recording(engine, seen):
+    """The engine's session, its ``add`` keeping the ids each turn was given (as ``generate`` below does)."""
+    def session(prompts, params, max_len):
+        run = engine.session(prompts, params, max_len)
+        add = run.add
+
+        def recorded_add(ids, max_new_tokens, seed):
+            seen.append(([list(ids)], params))
+            return add(ids, max_new_tokens, seed)
+
+        run.add = recorded_add
+        return run
+    return session
+
+
+@pytest.fixture(scope="module", params=["continuous", "turn-synchronous"])
+def rollout(request):
     tok = load_tokenizer("SmolLM2-135M-Instruct")
     model = load_causal_lm("SmolLM2-135M-Instruct", torch.float32)
     engine = RolloutEngine(model, tok, pack_weights=False)
@@ -37,7 +52,8 @@ def rollout():
 
     cfg = AgentConfig(max_turns=3, max_response_tokens=160, tools=("calculator",), tool_timeout_s=5.0)
     params = SamplingParams(n=2, temperature=TEMPERATURE, max_new_tokens=48, seed=3)
-    batch = agent_generate(generate, tok, engine.eos_ids, engine.pad_id, prompts, params, cfg)
+    session = recording(engine, seen) if request.param == "continuous" else None
+    batch = agent_generate(generate, tok, engine.eos_ids, engine.pad_id, prompts, params, cfg, session=session)
     return tok, model, prompts, batch, seen, cfg
 
 
@@ -109,3 +125,54 @@ def test_a_trajectory_is_truncated_exactly_when_its_last_turn_did_not_end_at_eos
         last_model_token = [t for t, m in zip(stream, sampled) if m][-1]
         assert batch["truncated"][b] == float(last_model_token != eos)
     assert batch["truncated"].sum() < len(batch)  # at least one trajectory answered at EOS
+
+
+def test_continuous_turns_join_the_running_batch_and_sample_from_their_own_seeds():
+    """Continuous batching across turns: a trajectory's next turn starts while other trajectories' first turns
+    are still decoding, and its turns draw from its own seed (seed, trajectory, turn), so
+    the same call twice gives the same rollouts, and the first two prompts' trajectories are the same whether the
+    third runs beside them or not (with one generator for the batch, which rows share a step -- and so
+    each row's draws -- would depend on the others). fp32."""
+    tok = load_tokenizer("SmolLM2-135M-Instruct")
+    engine = RolloutEngine(load_causal_lm("SmolLM2-135M-Instruct", torch.float32), tok, pack_weights=False)
+    prompts = [tok.apply_chat_template(ONE_SHOT + [{"role": "user", "content": f"What is {a} * {b}?"}],
+                                       add_generation_prompt=True, tokenize=True, return_dict=False)
+               for a, b in ((123, 456), (87, 65), (902, 31))]
+    cfg = AgentConfig(max_turns=3, max_response_tokens=160, tools=("calculator",), tool_timeout_s=5.0)
+    params = SamplingParams(n=2, temperature=TEMPERATURE, max_new_tokens=48, seed=11)
+
+    def run(ps, session=engine.session):
+        return agent_generate(engine.generate, tok, engine.eos_ids, engine.pad_id, ps, params, cfg, session=session)
+
+    events = []  # (engine step, "add" | "finish", is a first turn)
+
+    def logged(ps, p, max_len):  # the engine's session, its adds and finished sequences logged by step
+        sess, steps, first_turn = engine.session(ps, p, max_len), [0], {}
+        add, step = sess.add, sess.step
+
+        def logged_add(ids, max_new_tokens, seed):
+            seq = add(ids, max_new_tokens, seed)
+            first_turn[seq] = list(ids) in prompts
+            events.append((steps[0], "add", first_turn[seq]))
+            return seq
+
+        def logged_step():
+            steps[0] += 1
+            done = step()
+            events.extend((steps[0], "finish", first_turn[s]) for s in done)
+            return done
+
+        sess.add, sess.step = logged_add, logged_step
+        return sess
+
+    every, again, first = run(prompts, logged), run(prompts), run(prompts[:2])
+    # continuous: a second turn joined the batch while some first turn was still decoding
+    later_turn_starts = [s for s, kind, first_turn in events if kind == "add" and not first_turn]
+    last_first_turn_end = max(s for s, kind, first_turn in events if kind == "finish" and first_turn)
+    assert later_turn_starts and min(later_turn_starts) < last_first_turn_end, events
+    assert torch.equal(every["responses"], again["responses"])
+    assert (every["num_turns"][:4] > 1).any(), "no tool answer in the first two prompts: the check is weaker"
+    for b in range(4):
+        ours = every["responses"][b][every["attention_mask"][b, every["prompts"].shape[1]:] > 0]
+        alone = first["responses"][b][first["attention_mask"][b, first["prompts"].shape[1]:] > 0]
+        assert ours.tolist() == alone.tolist()

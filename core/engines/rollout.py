@@ -24,7 +24,7 @@ from core.engines.forward import keeps_logits
 from core.engines.kv_cache import SlotKVCache
 from core.engines.packed import PackedLinears, can_pack
 from core.engines.rollout_batch import assemble, chat_prompt_ids, decode_responses
-from core.engines.sampling import filter_logits, sample_inverse_cdf, unnormalised_probs_
+from core.engines.sampling import RowGenerators, filter_logits, sample_inverse_cdf, uniforms, unnormalised_probs_
 from core.protocol import Batch
 
 
@@ -165,6 +165,18 @@ class RolloutEngine:
             run.decode_step()
         return run.result()
 
+    @torch.no_grad()
+    def session(self, prompts: Sequence[Sequence[int]], params: SamplingParams, max_len: int) -> "_Run":
+        """A generate call that takes new prompts while it runs (the agent loop's continuous batching across turns):
+        ``add(ids, max_new_tokens, seed)`` queues one sequence (n = 1) with its own generator, ``step()`` admits
+        what fits, decodes one token for every live slot and returns the sequences that finished. ``prompts``:
+        the call's first prompts (every later one must extend one of them: their common prefix is prefilled once);
+        ``max_len``: the longest sequence (prompt + response) the KV cache must hold."""
+        if params.n != 1:
+            raise ValueError(f"a session samples each added prompt once (n = 1), got n = {params.n}")
+        self.wake(max_len)
+        return _Run(self, [list(p) for p in prompts], params, session=True)
+
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Last-position logits (B, V) in the model's dtype; the cache already knows where this forward writes."""
         keep = {"logits_to_keep": 1} if self._keeps_logits else {}
@@ -192,7 +204,7 @@ class RolloutEngine:
         filtered = (0 < params.top_k < logits.shape[-1]) or params.top_p < 1.0
         if not filtered and logits.device.type == "cpu" and cpu_kernels.available():
             # one fused pass per row over the logits as they are (no fp32 copy): max, exp-sum, inverse-CDF scan
-            u = torch.rand(len(logits), generator=gen)
+            u = uniforms(gen, len(logits))
             return cpu_kernels.sample_rows(logits, 1.0 / params.temperature, u)
         x = self._fp32(logits)
         x = x.div_(params.temperature) if params.temperature != 1.0 else x
@@ -203,23 +215,58 @@ class RolloutEngine:
 
 
 class _Run:
-    """The state of one ``generate`` call: a queue of prompts and per-slot sequences; live slots are [0, live)."""
+    """The state of one ``generate`` call (or ``session``): a queue of prompts and per-slot sequences; live slots
+    are [0, live). In a session the queue starts empty and each added sequence draws from its own generator."""
 
-    def __init__(self, engine: RolloutEngine, prompts: list[list[int]], params: SamplingParams):
-        self.e, self.prompts, self.p = engine, prompts, params
-        self.queue = deque(range(len(prompts)))
-        self.gen = torch.Generator().manual_seed(params.seed)
+    def __init__(self, engine: RolloutEngine, prompts: list[list[int]], params: SamplingParams, session: bool = False):
+        self.e, self.p = engine, params
+        self.P = shared_prefix_length(prompts) if engine.share_prefix else 0  # columns [0, P) of every slot
+        self.prefix = prompts[0][:self.P] if prompts else []
+        self.prompts = [] if session else prompts
+        self.queue = deque(range(len(self.prompts)))
+        self.gen: torch.Generator | RowGenerators = (RowGenerators() if session
+                                                     else torch.Generator().manual_seed(params.seed))
+        self.seq_gens: list[torch.Generator] = []                   # a session's generator of each sequence
+        self.finished: list[int] = []                               # a session's sequences finished this step
         S, dev = engine.max_batch_size, engine.device
         self.live = 0
         self.sample = [-1] * S                                       # output row of each slot
         self.start = torch.zeros(S, dtype=torch.long, device=dev)   # first real prompt position in the slot
         self.pos = torch.zeros(S, dtype=torch.long, device=dev)     # where the slot's next token is written
         self.last = torch.zeros(S, dtype=torch.long, device=dev)    # the slot's last sampled token
-        self.tokens: list[list[int]] = [[] for _ in range(len(prompts) * params.n)]
-        self.logps: list[list[float]] = [[] for _ in range(len(prompts) * params.n)]
+        self.tokens: list[list[int]] = [[] for _ in range(len(self.prompts) * params.n)]
+        self.logps: list[list[float]] = [[] for _ in range(len(self.prompts) * params.n)]
+        self.max_new = [params.max_new_tokens] * len(self.tokens)    # per sequence
         self.eos = set() if params.ignore_eos else set(engine.eos_ids)
-        self.P = shared_prefix_length(prompts) if engine.share_prefix else 0  # columns [0, P) of every slot
         self.prefix_kv: list | None = None
+
+    def add(self, ids: list[int], max_new_tokens: int, seed: int) -> int:
+        """Queue one more sequence in a session; returns its index (``step`` reports it when it finishes)."""
+        if list(ids[:self.P]) != self.prefix or len(ids) <= self.P:
+            raise ValueError(f"a session's prompt must extend the {self.P}-token prefix of its first prompts")
+        if max_new_tokens < 1 or len(ids) + max_new_tokens > self.e.cache.max_len:
+            raise ValueError(f"{len(ids)} prompt + {max_new_tokens} new tokens do not fit the session's "
+                             f"{self.e.cache.max_len} (or no new token asked)")
+        i = len(self.prompts)
+        self.prompts.append(list(ids))
+        self.tokens.append([])
+        self.logps.append([])
+        self.max_new.append(max_new_tokens)
+        self.seq_gens.append(torch.Generator().manual_seed(seed))
+        self.queue.append(i)
+        return i
+
+    @torch.no_grad()
+    def step(self) -> list[int]:
+        """A session's step: admit what fits, one token for every live slot; the sequences that finished."""
+        self.admit()
+        self.decode_step()
+        done, self.finished = self.finished, []
+        return done
+
+    def _draw_for(self, slots: range) -> None:
+        if isinstance(self.gen, RowGenerators):  # each row draws from its own sequence's generator
+            self.gen.rows = [self.seq_gens[self.sample[s]] for s in slots]
 
     def _prefill_prefix(self) -> None:
         """The shared prefix through the model once, at slot 0 (free: nothing is live yet); its KV kept aside."""
@@ -227,7 +274,7 @@ class _Run:
         ar = torch.arange(P)
         self.e.cache.prefill_into(torch.zeros(1, dtype=torch.long, device=dev))
         causal = (ar[None, :] <= ar[:, None])[None, None]
-        self.e._forward(torch.tensor([self.prompts[0][:P]], device=dev), ar[None].to(dev),
+        self.e._forward(torch.tensor([self.prefix], device=dev), ar[None].to(dev),
                         _additive(causal, self.e.dtype).to(dev))
         self.prefix_kv = self.e.cache.read(0, P)
 
@@ -266,6 +313,7 @@ class _Run:
         self.pos[slots] = q
         self.sample[slots] = [i * n + j for i in take for j in range(n)]
         self.live += m * n
+        self._draw_for(range(slots.start, slots.stop))
         tok, logp = self.e._sample(logits.repeat_interleave(n, 0), self.p, self.gen)
         self._record(range(slots.start, slots.stop), tok, logp)
 
@@ -286,6 +334,7 @@ class _Run:
             self.e.cache.decode_at(pos, kv_len)
             logits = self.e._forward(self.last[:L, None], (pos - start + self.P)[:, None], mask)
         self.pos[:L] += 1
+        self._draw_for(range(L))
         tok, logp = self.e._sample(logits, self.p, self.gen)
         self._record(range(L), tok, logp)
 
@@ -299,8 +348,9 @@ class _Run:
             out = self.tokens[self.sample[s]]
             out.append(t)
             self.logps[self.sample[s]].append(lp)
-            if t in self.eos or len(out) >= self.p.max_new_tokens or (self.p.stop and self._hit_stop(out)):
+            if t in self.eos or len(out) >= self.max_new[self.sample[s]] or (self.p.stop and self._hit_stop(out)):
                 finished.append(s)
+                self.finished.append(self.sample[s])
         for s in sorted(finished, reverse=True):
             last = self.live - 1
             if s != last:

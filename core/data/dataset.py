@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from core.data.multimodal import count_placeholders, images_of
+
 REQUIRED = ("data_source", "prompt", "reward_model")
 
 
@@ -22,9 +24,12 @@ def validate_row(row: dict, where: str) -> dict:
     if not isinstance(rm, dict) or "ground_truth" not in rm:
         raise ValueError(f"{where}: key 'reward_model' needs a 'ground_truth'")
     extra = row.get("extra_info")
-    return {"data_source": row["data_source"], "prompt": [dict(m) for m in prompt],
-            "ground_truth": rm["ground_truth"], "extra_info": dict(extra) if isinstance(extra, dict) else {},
-            "ability": row.get("ability"), "where": where}
+    out = {"data_source": row["data_source"], "prompt": [dict(m) for m in prompt],
+           "ground_truth": rm["ground_truth"], "extra_info": dict(extra) if isinstance(extra, dict) else {},
+           "ability": row.get("ability"), "where": where}
+    if row.get("images") is not None or count_placeholders(out["prompt"]):  # verl's multimodal rows
+        out["images"] = images_of({"prompt": out["prompt"], "images": row.get("images")}, where)
+    return out
 
 
 def load_rl_parquet(paths: str | Path | list, limit: int | None = None) -> list[dict[str, Any]]:

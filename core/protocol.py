@@ -42,6 +42,8 @@ uid                 (B,)         object  prompt-group id; the n samples of one p
 data_source         (B,)         object  dataset name; selects the reward function
 ground_truth        (B,)         object  reference answer for the reward
 extra_info          (B,)         object  per-sample dict carried from the dataset
+multi_modal_inputs  (B,)         object  image prompts: the sample's vision inputs, a dict of tensors with leading
+                                         dim 1 (``core.engines.vision_inputs``: pixel values for its image tokens)
 ==================  ===========  ======  =============================================================
 
 Crossing processes: pickling turns each tensor into a numpy view of its bytes, so Ray stores it as an
@@ -85,6 +87,7 @@ KEYS: dict[str, str] = {
     "data_source": "(B,) object: dataset name, selects the reward",
     "ground_truth": "(B,) object: reference answer",
     "extra_info": "(B,) object: per-sample dict",
+    "multi_modal_inputs": "(B,) object: image prompts, the sample's vision inputs (dict of tensors)",
 }
 
 # numpy has no bfloat16/float8: such tensors travel as same-width integers and are viewed back.

@@ -10,6 +10,7 @@ from torch.utils.checkpoint import checkpoint
 
 from core.engines.lm_head import fused_head, head_logprobs
 from core.engines.shared_prompt import prompt_groups, shared_prompt_logits, shared_prompt_logprobs
+from core.engines.vision_inputs import collate
 from core.protocol import Batch
 
 
@@ -79,7 +80,8 @@ def response_logprobs(model, batch: Batch, temperature: float = 1.0, with_entrop
                       remove_padding: bool = True, share_prompt: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(response_t | context) under ``logits / temperature`` (B, Tr), and the per-token entropy (B, Tr).
 
-    Keys: input_ids, attention_mask, position_ids, responses. The logits at position Tp-1+t predict response
+    Keys: input_ids, attention_mask, position_ids, responses; with image prompts ``multi_modal_inputs`` (each
+    row's vision inputs, ``core.engines.vision_inputs``), given to the model with the rows. The logits at position Tp-1+t predict response
     token t, so only the response span goes through the LM head where the model allows it (``logits_to_keep``:
     the vocabulary projection of the prompt positions is skipped) and is normalised (the softmax is the memory peak).
     ``remove_padding``: run the model on ``trim_padding(batch)`` and pad the results back to (B, Tr) with zeros.
@@ -87,10 +89,14 @@ def response_logprobs(model, batch: Batch, temperature: float = 1.0, with_entrop
     (``core.engines.shared_prompt``; where the model takes a custom 4D mask and a ``logits_to_keep`` index)."""
     batch.require("input_ids", "attention_mask", "position_ids", "responses")
     full = batch["responses"].shape[1]
+    device = batch["input_ids"].device
+    vision = ({k: v.to(device) for k, v in collate(list(batch["multi_modal_inputs"])).items()}
+              if "multi_modal_inputs" in batch else {})
     if remove_padding:
         batch = trim_padding(batch)
     Tr = batch["responses"].shape[1]
-    groups = prompt_groups(batch) if share_prompt and keeps_logits(model) else None
+    # image prompts: every row runs with its own images (the packed shared-prompt layout does not carry them yet)
+    groups = prompt_groups(batch) if share_prompt and keeps_logits(model) and not vision else None
     head = fused_head(model) if keeps_logits(model) else None
     if groups is not None and len(groups) < len(batch):
         if head is not None:
@@ -99,11 +105,11 @@ def response_logprobs(model, batch: Batch, temperature: float = 1.0, with_entrop
             logp, entropy = normalised_logprobs(shared_prompt_logits(model, batch, groups), batch["responses"],
                                                 temperature, with_entropy)
     elif head is not None:
-        logp, entropy = _fused_logprobs(model, head, batch, temperature, with_entropy)
+        logp, entropy = _fused_logprobs(model, head, batch, temperature, with_entropy, vision)
     else:
         keep = {"logits_to_keep": Tr + 1} if keeps_logits(model) else {}
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                       position_ids=batch["position_ids"], use_cache=False, **keep).logits[:, -Tr - 1:-1]
+                       position_ids=batch["position_ids"], use_cache=False, **keep, **vision).logits[:, -Tr - 1:-1]
         logp, entropy = normalised_logprobs(logits, batch["responses"], temperature, with_entropy)
     if Tr < full:  # trimmed response columns are padding: zero log-prob and entropy there
         logp = F.pad(logp, (0, full - Tr))
@@ -111,14 +117,15 @@ def response_logprobs(model, batch: Batch, temperature: float = 1.0, with_entrop
     return logp, entropy
 
 
-def _fused_logprobs(model, head, batch: Batch, temperature: float, with_entropy: bool):
+def _fused_logprobs(model, head, batch: Batch, temperature: float, with_entropy: bool, vision: dict | None = None):
     """The standard layout with the LM head fused into the log-softmax (``core.engines.lm_head``): the Tr positions
-    before each row's last one predict its Tr response tokens."""
+    before each row's last one predict its Tr response tokens. ``vision``: the rows' collated vision inputs."""
     (B, T), Tr = batch["input_ids"].shape, batch["responses"].shape[1]
     device = batch["input_ids"].device
     pos = torch.arange(B * Tr, device=device)                      # row b, response token t: kept position b Tr + t
     with head_logprobs(head, pos, batch["responses"].reshape(-1).to(device), temperature, with_entropy):
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                     position_ids=batch["position_ids"], use_cache=False,
-                    logits_to_keep=torch.arange(T - Tr - 1, T - 1, device=device)).logits.view(B, Tr, 2)
+                    logits_to_keep=torch.arange(T - Tr - 1, T - 1, device=device), **(vision or {})
+                    ).logits.view(B, Tr, 2)
     return out[..., 0], out[..., 1] if with_entropy else None

@@ -25,6 +25,7 @@ from core.engines.kv_cache import SlotKVCache
 from core.engines.packed import PackedLinears, can_pack
 from core.engines.rollout_batch import assemble, chat_prompt_ids, decode_responses
 from core.engines.sampling import RowGenerators, filter_logits, sample_inverse_cdf, uniforms, unnormalised_probs_
+from core.engines.vision_inputs import collate
 from core.protocol import Batch
 
 
@@ -148,10 +149,13 @@ class RolloutEngine:
 
     # ----------------------------------------------------------------------------------------- generation
     @torch.no_grad()
-    def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> Batch:
+    def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams,
+                 vision: Sequence[dict] | None = None) -> Batch:
         """n samples of every prompt by continuous batching over ``max_batch_size`` slots of a preallocated KV
         cache. A prompt is admitted when n slots are free: it is prefilled once (with the other admitted prompts)
-        and its KV copied to its n slots; a finished sequence frees its slot at once for the queue."""
+        and its KV copied to its n slots; a finished sequence frees its slot at once for the queue. ``vision``:
+        each prompt's vision inputs (``core.engines.vision_inputs``), given to its prefill; no prefix is shared
+        then (equal image-token ids stand for different images)."""
         prompts = [list(p) for p in prompt_ids]
         n, S = params.n, self.max_batch_size
         if n > S:
@@ -159,7 +163,7 @@ class RolloutEngine:
         if any(len(p) == 0 for p in prompts):
             raise ValueError(f"prompt {next(i for i, p in enumerate(prompts) if not p)} is empty")
         self.wake(max(map(len, prompts)) + params.max_new_tokens)
-        run = _Run(self, prompts, params)
+        run = _Run(self, prompts, params, vision=vision)
         while run.queue or run.live:
             run.admit()
             run.decode_step()
@@ -177,11 +181,12 @@ class RolloutEngine:
         self.wake(max_len)
         return _Run(self, [list(p) for p in prompts], params, session=True)
 
-    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Last-position logits (B, V) in the model's dtype; the cache already knows where this forward writes."""
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, **vision) -> torch.Tensor:
+        """Last-position logits (B, V) in the model's dtype; the cache already knows where this forward writes.
+        ``vision``: a prefill's collated vision inputs (pixel values for its image tokens)."""
         keep = {"logits_to_keep": 1} if self._keeps_logits else {}
         out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=self.cache,
-                         use_cache=True, **keep)
+                         use_cache=True, **keep, **vision)
         return out.logits[:, -1]
 
     def _fp32(self, logits: torch.Tensor) -> torch.Tensor:
@@ -218,9 +223,11 @@ class _Run:
     """The state of one ``generate`` call (or ``session``): a queue of prompts and per-slot sequences; live slots
     are [0, live). In a session the queue starts empty and each added sequence draws from its own generator."""
 
-    def __init__(self, engine: RolloutEngine, prompts: list[list[int]], params: SamplingParams, session: bool = False):
-        self.e, self.p = engine, params
-        self.P = shared_prefix_length(prompts) if engine.share_prefix else 0  # columns [0, P) of every slot
+    def __init__(self, engine: RolloutEngine, prompts: list[list[int]], params: SamplingParams, session: bool = False,
+                 vision: Sequence[dict] | None = None):
+        self.e, self.p, self.vision = engine, params, vision
+        # columns [0, P) of every slot; none with images (the same image-token ids stand for different images)
+        self.P = shared_prefix_length(prompts) if engine.share_prefix and not vision else 0
         self.prefix = prompts[0][:self.P] if prompts else []
         self.prompts = [] if session else prompts
         self.queue = deque(range(len(self.prompts)))
@@ -304,7 +311,10 @@ class _Run:
         if P:
             self.e.cache.write(rows, self.prefix_kv)
         self.e.cache.prefill_into(rows, offset=P)
-        logits = self.e._forward(ids.to(dev), pos.to(dev), _additive(allowed[:, None], self.e.dtype).to(dev))
+        vision = ({k: v.to(dev) for k, v in collate([self.vision[i] for i in take]).items()}
+                  if self.vision else {})
+        logits = self.e._forward(ids.to(dev), pos.to(dev), _additive(allowed[:, None], self.e.dtype).to(dev),
+                                 **vision)
         if n > 1:
             for r in range(m):
                 self.e.cache.copy(int(first[r]), slice(int(first[r]) + 1, int(first[r]) + n), q)

@@ -144,10 +144,20 @@ def load_tokenizer(name_or_path: str):
     return tok
 
 
-def load_causal_lm(name_or_path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-    from transformers import AutoModelForCausalLM
+def lm_class(config):
+    """The transformers auto class that builds a policy from ``config``: image-text-to-text for a
+    vision-language model (it has a ``vision_config``), else causal LM."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    model = AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), dtype=dtype)
+    return AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
+
+
+def load_causal_lm(name_or_path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """A policy (a causal LM, or a vision-language model whose text model generates) from an HF id or folder."""
+    from transformers import AutoConfig
+
+    path = resolve_model(name_or_path)
+    model = lm_class(AutoConfig.from_pretrained(path)).from_pretrained(path, dtype=dtype)
     return model.to(device).eval()
 
 

@@ -164,7 +164,9 @@ def _meta_model(files: list, who: str, value_head: bool = False) -> tuple:
     host tensors of the parameters a value head adds; (None, None, {}) when the checkpoint names tensors otherwise
     (older formats transformers renames while loading)."""
     from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    from core.models import lm_class
 
     config = AutoConfig.from_pretrained(files[0].parent, **({"num_labels": 1} if value_head else {}))
     fresh = {}
@@ -173,7 +175,7 @@ def _meta_model(files: list, who: str, value_head: bool = False) -> tuple:
         fresh = {"score.weight": torch.empty(1, config.hidden_size).normal_(0.0, config.initializer_range),
                  "score.bias": torch.zeros(1)}
     with init_empty_weights(include_buffers=False):
-        build = AutoModelForTokenClassification if value_head else AutoModelForCausalLM
+        build = AutoModelForTokenClassification if value_head else lm_class(config)
         model = build.from_config(config, dtype=torch.float32)
     model.tie_weights()  # on meta, from_config leaves tied embeddings as two parameters
     where = _tensor_files(files)

@@ -106,6 +106,8 @@ def _attend(module, query, key, value, attention_mask, scaling, dropout, kwargs)
     small = B * H * q * key.shape[2] <= MAX_SCORES
     scale = scaling if scaling is not None else D ** -0.5
     mask = attention_mask[..., :key.shape[2]] if attention_mask is not None else None
+    if mask is None and not getattr(module, "is_causal", True):  # a vision encoder: no mask means all keys, not causal
+        mask = torch.ones(1, 1, q, key.shape[2], dtype=torch.bool, device=query.device)
     # a call whose keyword arguments change the attention math (sliding window, soft-capping, ...) goes to SDPA
     if (query.device.type == "cpu" and dropout == 0.0 and H % key.shape[1] == 0
             and not any(kwargs.get(k) is not None for k in UNSUPPORTED_KWARGS)):

@@ -15,6 +15,7 @@ from core.config import ActorConfig, RolloutConfig, SamplingParams
 from core.engines.fsdp import FSDPActor
 from core.engines.rollout import RolloutEngine, replica_seed
 from core.engines.rollout_batch import decode_responses, merge_padded
+from core.engines.vision_inputs import vision_prompt_ids
 from core.protocol import Batch
 from core.reshard import WeightSyncError, sync_weights
 from core.worker import WorkerContext
@@ -32,8 +33,11 @@ class RolloutWorker:
         """``max_response_length``: the run's longest response (algo.sampling.max_new_tokens); vLLM sizes its
         context (max_model_len) as max_prompt_length + this (0: the model's own limit)."""
         from core.models import load_causal_lm, load_tokenizer, resolve_dtype
+        from core.vision_models import processor_for
 
         self.ctx, self.cfg = ctx, cfg
+        # image prompts: placeholders expanded into image tokens, pixel values (a vision-language model's folder)
+        self.processor = processor_for(cfg.model) if cfg.backend == "embedded" else None
         if cfg.backend == "sglang":
             raise NotImplementedError("rollout.backend=sglang has no adapter in this version; use vllm or embedded "
                                       "(`--dry-run` plans either)")
@@ -51,22 +55,36 @@ class RolloutWorker:
         """n samples for each prompt row (key ``prompt``: chat lists); every non-tensor column is repeated."""
         prompts.require("prompt")
         params = replace(params, seed=replica_seed(self.ctx.rank, self.cfg.tensor_parallel_size, params.seed))
-        # token ids when the data carries them (prompts truncated at load, data.truncation), else the chat template
-        ids = (list(map(list, prompts["prompt_ids"])) if "prompt_ids" in prompts
-               else self.engine.chat_prompt_ids(list(prompts["prompt"])))
+        # token ids when the data carries them (prompts truncated at load, data.truncation), else the chat template;
+        # image prompts through the model's processor, with each prompt's vision inputs for its prefill
+        vision = None
+        if "images" in prompts:
+            if self.processor is None or self.cfg.agent.enable:
+                raise ValueError(f"image prompts need the embedded engine, no agent loop, and a vision-language "
+                                 f"rollout.model (a folder with a processor_config.json); {self.cfg.model} with "
+                                 f"rollout.backend={self.cfg.backend}, agent.enable={self.cfg.agent.enable}")
+            ids, vision = vision_prompt_ids(self.processor, list(prompts["prompt"]), list(prompts["images"]))
+        elif "prompt_ids" in prompts:
+            ids = list(map(list, prompts["prompt_ids"]))
+        else:
+            ids = self.engine.chat_prompt_ids(list(prompts["prompt"]))
         agent = self.cfg.agent
         if agent.enable:  # multi-turn: the engine generates each turn, tools answer in between (core.agent_loop);
             # continuous batching across turns where the engine has sessions (the embedded engine), else per turn
             out = agent_generate(self.engine.generate, self.engine.tokenizer, self._eos_ids(), self.engine.pad_id,
                                  ids, params, agent, session=getattr(self.engine, "session", None))
+        elif vision is not None:
+            out = self.engine.generate(ids, params, vision=vision)
         else:
             out = self.engine.generate(ids, params)
         if self.cfg.sleep_after_generate:
             self.engine.sleep()
         out = merge_padded([out], self.engine.pad_id, self.cfg.max_prompt_length,
                            agent.max_response_tokens if agent.enable else params.max_new_tokens)
-        repeated = prompts.repeat(params.n)
-        return Batch(out.tensors, repeated.non_tensors, prompts.meta)
+        repeated = prompts.repeat(params.n).non_tensors
+        if vision is not None:  # each sample's vision inputs, for the trainer's forward passes
+            repeated["multi_modal_inputs"] = [v for v in vision for _ in range(params.n)]
+        return Batch(out.tensors, repeated, prompts.meta)
 
     def _eos_ids(self) -> list[int]:
         tok = self.engine.tokenizer

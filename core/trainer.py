@@ -175,6 +175,7 @@ def load_inputs(cfg: RunConfig, out: Path) -> tuple[Callable, list[dict], list[d
     from core.data.dataset import fit_prompt_lengths, load_rl_parquet
     from core.models import load_tokenizer, resolve_model
     from core.rewards import default_compute_score, load_reward_fn
+    from core.vision_models import processor_for
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=1, default=str))
@@ -186,10 +187,11 @@ def load_inputs(cfg: RunConfig, out: Path) -> tuple[Callable, list[dict], list[d
     check_data_sources(rows, f"data.train_files {cfg.data.train_files}", bool(cfg.reward.path))
     check_data_sources(val_rows, f"data.val_files {cfg.data.val_files}", bool(cfg.reward.path))
     tokenizer = load_tokenizer(cfg.rollout.model)  # each prompt's length, once, before Ray
+    processor = processor_for(cfg.rollout.model)  # image prompts: measured with their image-token runs
     for name, part in (("train", rows), ("val", val_rows)):
         if part:
             fitted, note = fit_prompt_lengths(part, tokenizer, cfg.rollout.max_prompt_length, cfg.data.truncation,
-                                              cfg.data.filter_overlong_prompts)
+                                              cfg.data.filter_overlong_prompts, processor)
             part[:] = fitted
             print(f"{name} data: {note}", flush=True)
     if len(rows) < cfg.data.prompts_per_step:

@@ -81,6 +81,15 @@ def load_vlm(path: str | Path, dtype: torch.dtype = torch.float32, device: str |
     return Idefics3ForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device).eval()
 
 
+def processor_for(name_or_path: str):
+    """The model's processor when it is a vision-language model with one saved (``processor_config.json``), else
+    None (a text-only model: prompts go through its chat template alone)."""
+    from core.models import resolve_model
+
+    path = Path(resolve_model(name_or_path))
+    return load_processor(path) if (path / "processor_config.json").is_file() else None
+
+
 def load_processor(path: str | Path):
     """The folder's processor (``processor_config.json``), rebuilt on the PIL image processor from its saved sizes."""
     import json

@@ -53,19 +53,34 @@ TRUNCATIONS = ("error", "left", "right")
 
 
 def fit_prompt_lengths(rows: list[dict], tokenizer, max_len: int, truncation: str = "error",
-                       filter_overlong: bool = False) -> tuple[list[dict], str]:
+                       filter_overlong: bool = False, processor=None) -> tuple[list[dict], str]:
     """Tokenize every prompt once (the chat template with its generation prompt, as the rollout engine does) and
     make each fit ``max_len`` tokens (``rollout.max_prompt_length``); returns the rows and a one-line report.
 
     ``filter_overlong``: drop the overlong rows (counted in the report). Else ``truncation``: ``error`` raises naming
     each overlong row's file, row and length (the first 5); ``left`` keeps a prompt's last ``max_len`` tokens,
     ``right`` its first (verl's ``data.truncation``). With ``left`` / ``right`` every row carries its token ids
-    (``prompt_ids``), which the rollout then uses instead of tokenizing the chat again."""
+    (``prompt_ids``), which the rollout then uses instead of tokenizing the chat again.
+
+    Image rows (``images``) are measured through the model's ``processor``, each image's token run included, and
+    are never truncated (a cut through an image's tokens breaks the model's image-token count): an overlong one is
+    dropped (``filter_overlong``) or an error."""
     from core.engines.rollout import chat_prompt_ids
 
     if truncation not in TRUNCATIONS:
         raise ValueError(f"data.truncation must be one of {TRUNCATIONS}, got {truncation!r}")
-    ids = chat_prompt_ids(tokenizer, [r["prompt"] for r in rows])
+    images = any("images" in r for r in rows)
+    if images and processor is None:
+        first = next(r for r in rows if "images" in r)
+        raise ValueError(f"{first.get('where', 'a row')}: image prompts, but the rollout model has no image processor "
+                         "(rollout.model must be a vision-language model folder with a processor_config.json)")
+    if images:
+        from core.engines.vision_inputs import vision_prompt_ids
+
+        ids = [vision_prompt_ids(processor, [r["prompt"]], [r.get("images", [])])[0][0] for r in rows]
+        truncation = "error" if not filter_overlong else truncation
+    else:
+        ids = chat_prompt_ids(tokenizer, [r["prompt"] for r in rows])
     over = [i for i, x in enumerate(ids) if len(x) > max_len]
     longest = max(map(len, ids), default=0)
     if filter_overlong:

@@ -72,3 +72,26 @@ def test_a_prompt_whose_placeholders_and_images_disagree_is_named(vlm):
     _, processor, _ = vlm
     with pytest.raises(ValueError, match=r"prompt 1: 1 <image> placeholder\(s\) after the chat template, 2 image"):
         vision_prompt_ids(processor, [QUESTION] * 2, [square((1, 2, 3)), square((1, 2, 3)) * 2])
+
+
+def test_image_prompts_are_measured_with_their_image_tokens_and_never_truncated(vlm):
+    from core.data.dataset import fit_prompt_lengths
+
+    _, processor, _ = vlm
+    rows = [{"prompt": QUESTION, "images": square((255, 0, 0)), "where": "f.parquet: row 1"},
+            {"prompt": [{"role": "user", "content": "<image><image>Two?"}], "images": square((1, 2, 3)) * 2,
+             "where": "f.parquet: row 2"}]
+    ids = [vision_prompt_ids(processor, [r["prompt"]], [r["images"]])[0][0] for r in rows]
+    image = processor.tokenizer.convert_tokens_to_ids("<image>")
+    assert [x.count(image) for x in ids] == [16, 32]  # each image's run counts in the prompt's length
+    lengths = [len(x) for x in ids]
+    fitted, note = fit_prompt_lengths(rows, processor.tokenizer, lengths[1], processor=processor)
+    assert len(fitted) == 2 and f"longest {lengths[1]}" in note
+    for truncation in ("error", "left", "right"):  # a cut would go through an image's tokens: never
+        with pytest.raises(ValueError, match=f"f.parquet: row 2: {lengths[1]} tokens"):
+            fit_prompt_lengths(rows, processor.tokenizer, lengths[1] - 1, truncation, processor=processor)
+    kept, note = fit_prompt_lengths(rows, processor.tokenizer, lengths[1] - 1, filter_overlong=True,
+                                    processor=processor)
+    assert [r["where"] for r in kept] == ["f.parquet: row 1"] and "1 of 2 prompts" in note
+    with pytest.raises(ValueError, match="f.parquet: row 1: image prompts, but the rollout model has no image"):
+        fit_prompt_lengths(rows, processor.tokenizer, 512)

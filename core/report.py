@@ -63,7 +63,14 @@ def plot_curves(history: list[dict], path: str | Path) -> Path | None:
         _model_vs_truth(ax1, train, val)
     else:
         ax1.plot(steps, [m["reward/mean"] for m in train], marker="o", ms=3, label="train (sampled)")
-        if val:
+        sources = _val_sources(val)
+        if len(sources) > 1:  # several held-out sets (e.g. a control): each its own line, its accuracy
+            for key, colour in zip(sources, ("tab:green", "tab:grey", "tab:purple", "tab:brown")):
+                have = [m for m in val if key in m]
+                ax1.plot([m["step"] for m in have], [m[key] for m in have], marker="s", ms=5, linestyle="--",
+                         color=colour, label=f"held-out {key.split('/', 1)[1].rsplit('/', 1)[0]} pass@1")
+            ax1.legend(loc="lower right", fontsize=8)
+        elif val:
             ax1.plot([m["step"] for m in val], [m["val/reward/mean"] for m in val], marker="s", ms=5, linestyle="--",
                      color="tab:green", label="held-out (greedy)")
             ax1.legend(loc="lower right")
@@ -117,6 +124,11 @@ def _model_vs_truth(ax, train: list[dict], val: list[dict]) -> None:
     ax.legend(lines, [line.get_label() for line in lines], loc="lower right", fontsize=8)
 
 
+def _val_sources(val: list[dict]) -> list[str]:
+    """The ``val/<data_source>/pass@1`` keys the held-out rows carry, in order of appearance."""
+    return list(dict.fromkeys(k for m in val for k in m if k.startswith("val/") and k.endswith("/pass@1")))
+
+
 def _tool_use(ax, agent: list[dict], val: list[dict]) -> None:
     steps = [m["step"] for m in agent]
     ax.plot(steps, [m["agent/tool_call_rate"] for m in agent], marker="o", ms=3, color="tab:blue",
@@ -160,7 +172,8 @@ def report(history: list[dict], png: str | Path | None = None) -> str:
         have = [m for m in history if key in m]
         if len(have) >= 2:
             lines.insert(-1, f"{key}: {window(have, key, True)[0]:.4f} -> {window(have, key, False)[0]:.4f}")
-    for key in ("val/agent/tool_call_rate", "val/reward/mean"):  # held-out: first and last validation
+    sources = _val_sources(val)
+    for key in ("val/agent/tool_call_rate", *(reversed(sources) if len(sources) > 1 else ()), "val/reward/mean"):
         have = [m for m in val if key in m]
         if len(have) >= 2:
             lines.insert(1, f"{key} (held-out, greedy): step {have[0]['step']} {have[0][key]:.3f} -> "

@@ -128,3 +128,17 @@ def test_agent_runs_get_a_tool_use_panel_and_lines(tmp_path):
     assert plotted_points(png) == {"train (sampled)": 10, "held-out (greedy)": 2, "response length": 10,
                                    "calls a tool: train (sampled)": 10, "calls a tool: held-out (greedy)": 2,
                                    "failed calls per call: train": 10}
+
+
+def test_several_held_out_sets_get_a_line_each(tmp_path):
+    """Two validation data sources (a task and its blank-image control): one pass@1 line each in the PNG and the
+    text, instead of their mixed mean reward."""
+    pytest.importorskip("matplotlib")
+    h = [{"step": 0, "val/reward/mean": 0.4, "val/a/pass@1": 0.5, "val/a_blank/pass@1": 0.25}] + history(10)
+    h[-1] |= {"val/reward/mean": 0.6, "val/a/pass@1": 0.95, "val/a_blank/pass@1": 0.25}
+    png = tmp_path / "curves.png"
+    text = report(h, png)
+    assert "val/a/pass@1 (held-out, greedy): step 0 0.500 -> step 10 0.950" in text
+    assert "val/a_blank/pass@1 (held-out, greedy): step 0 0.250 -> step 10 0.250" in text
+    assert plotted_points(png) == {"train (sampled)": 10, "held-out a pass@1": 2, "held-out a_blank pass@1": 2,
+                                   "response length": 10}

@@ -1,0 +1,64 @@
+"""recipes/vlm: the shapes task is held out by content with balanced colours, the blank control is blank, the
+reward is right by hand, and the config validates."""
+
+from pathlib import Path
+
+import pytest
+
+from core.cli import recipe_module
+from core.data.dataset import load_rl_parquet
+from core.rewards import load_reward_fn
+from core.train import load_run_config
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "vlm"
+
+
+def test_the_test_pictures_are_held_out_by_content_and_balanced(tmp_path):
+    data = recipe_module(RECIPE, "data")
+    paths = data.write(tmp_path, train=400, test=48, align=200)
+    parts = {name: load_rl_parquet(path) for name, path in paths.items()}
+
+    def key(row):
+        return row["extra_info"]["colour"], row["extra_info"]["shape"], row["images"][0].tobytes()
+
+    train = {key(r) for r in parts["train"] + parts["align"]}
+    test = [key(r) for r in parts["test"]]
+    assert len(set(test)) == 48 and not set(test) & train               # no test picture is trained on
+    assert [r["ground_truth"] for r in parts["test"][:4]] == list(data.COLOURS)  # 12 of each colour
+    assert parts["align"][0]["ground_truth"] == f"A {parts['align'][0]['extra_info']['colour']} " \
+                                                f"{parts['align'][0]['extra_info']['shape']}."
+    background = data.draw(None, "square", 0, 0, 10).tobytes()
+    assert all(r["images"][0].tobytes() == background for r in parts["test_blank"])
+    assert {r["data_source"] for r in parts["test_blank"]} == {"hybridrl/vlm_shapes_blank"}
+    assert [r["ground_truth"] for r in parts["test_blank"]] == [r["ground_truth"] for r in parts["test"]]
+
+
+def test_reward_by_hand():
+    fn = load_reward_fn(RECIPE / "reward.py")
+    src = "hybridrl/vlm_shapes"
+    assert fn(src, "Red.", "red")["score"] == pytest.approx(1.0)
+    assert fn(src, "The shape is red.", "red")["score"] == pytest.approx(0.9)
+    assert fn(src, "blue", "red")["score"] == pytest.approx(0.1)
+    assert fn(src, "The shape is blue.", "red")["score"] == pytest.approx(0.0)
+    assert fn(src + "_blank", "red", "red")["score"] == pytest.approx(1.0)
+    assert fn("hiyouga/geometry3k", "<think>x</think> so \\boxed{12}", "12")["score"] == pytest.approx(1.0)
+    assert fn("hiyouga/geometry3k", "\\boxed{12}", "12")["score"] == pytest.approx(0.9)
+
+
+def test_the_config_validates():
+    cfg = load_run_config(RECIPE, "config")
+    assert cfg.actor.model == cfg.rollout.model == "outputs/models/smolvlm_shapes"
+    assert cfg.actor.temperature == cfg.algo.sampling.temperature
+
+
+def test_alignment_trains_on_the_caption_tokens_only(tmp_path):
+    from core.vision_models import load_processor, smolvlm_from_smollm2
+
+    data, align = recipe_module(RECIPE, "data"), recipe_module(RECIPE, "align")
+    processor = load_processor(smolvlm_from_smollm2(tmp_path / "vlm"))
+    rows = load_rl_parquet(data.write(tmp_path, train=4, test=8, align=3)["align"])
+    inputs = align.batch_inputs(processor, rows)
+    tok = processor.tokenizer
+    for b, row in enumerate(rows):
+        labelled = inputs["labels"][b][inputs["labels"][b] != -100]
+        assert tok.decode(labelled) == row["ground_truth"] + "<|im_end|>"

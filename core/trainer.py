@@ -188,6 +188,11 @@ def load_inputs(cfg: RunConfig, out: Path) -> tuple[Callable, list[dict], list[d
     check_data_sources(val_rows, f"data.val_files {cfg.data.val_files}", bool(cfg.reward.path))
     tokenizer = load_tokenizer(cfg.rollout.model)  # each prompt's length, once, before Ray
     processor = processor_for(cfg.rollout.model)  # image prompts: measured with their image-token runs
+    pictured = next((r for r in rows + val_rows if "images" in r), None)
+    if pictured is not None and (cfg.rollout.backend != "embedded" or cfg.rollout.agent.enable):
+        raise ConfigError(f"{pictured['where']}: image prompts run on the embedded engine without the agent loop "
+                          f"for now; this run has rollout.backend={cfg.rollout.backend}, "
+                          f"rollout.agent.enable={cfg.rollout.agent.enable}")
     for name, part in (("train", rows), ("val", val_rows)):
         if part:
             fitted, note = fit_prompt_lengths(part, tokenizer, cfg.rollout.max_prompt_length, cfg.data.truncation,

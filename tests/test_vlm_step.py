@@ -37,11 +37,12 @@ def vlm_dir(tmp_path_factory):
 def image_rows(tmp_path):
     rows = []
     for i, colour in enumerate(COLOURS):
-        images = [Image.new("RGB", (64 - 8 * i, 64), colour)] + ([Image.new("RGB", (32, 48), COLOURS[-1 - i])]
-                                                                  if i % 2 else [])
+        second = [Image.new("RGB", (32, 48), COLOURS[-1 - i])] if i % 2 else []
+        images = [Image.new("RGB", (64 - 8 * i, 64), colour)] + second
         content = "".join("<image>" for _ in images) + "What colours do you see?"
         rows.append({"data_source": "t", "prompt": [{"role": "user", "content": content}], "ability": "vision",
-                     "reward_model": {"style": "rule", "ground_truth": "x"}, "images": [png_bytes(im) for im in images]})
+                     "reward_model": {"style": "rule", "ground_truth": "x"},
+                     "images": [png_bytes(im) for im in images]})
     write_parquet(rows, tmp_path / "images.parquet")
     return load_rl_parquet(tmp_path / "images.parquet")
 

@@ -34,7 +34,8 @@ def batch_inputs(processor, rows: list[dict]) -> dict[str, torch.Tensor]:
     full = [p + r["ground_truth"] + "<|im_end|>" for p, r in zip(prompts, rows)]
     images = [r["images"] for r in rows]
     enc = processor(text=full, images=images, return_tensors="pt", padding=True)
-    starts = [len(processor(text=[p], images=[im], return_tensors="pt")["input_ids"][0]) for p, im in zip(prompts, images)]
+    starts = [len(processor(text=[p], images=[im], return_tensors="pt")["input_ids"][0])
+              for p, im in zip(prompts, images)]
     labels = enc["input_ids"].clone()
     labels[enc["attention_mask"] == 0] = -100
     for b, start in enumerate(starts):  # right-padded: the prompt is the first `start` tokens
@@ -70,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     torch.manual_seed(a.seed)
     out = Path(a.out)
-    base = smolvlm_from_smollm2(out.with_name(out.name + "_base")) if not (out.with_name(out.name + "_base") / "config.json").is_file() else out.with_name(out.name + "_base")
+    base = out.with_name(out.name + "_base")  # SmolLM2 + a fresh vision side, built once
+    if not (base / "config.json").is_file():
+        smolvlm_from_smollm2(base)
     model, processor = load_vlm(base), load_processor(base)
     rows = load_rl_parquet(Path(a.data) / "align.parquet")
     held = [r | {"prompt": [{"role": "user", "content": "<image>Describe the picture."}]}

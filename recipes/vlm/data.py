@@ -73,8 +73,8 @@ def row(key: tuple, split: str, index: int, blank: bool = False, caption: bool =
     colour, shape = key[0], key[1]
     image = draw(None if blank else colour, *key[1:])
     prompt = CAPTION_PROMPT if caption else QUESTION
-    return {"data_source": SOURCE + ("_blank" if blank else ""), "prompt": [{"role": "user", "content": prompt}], "ability": "vision",
-            "images": [png_bytes(image)],
+    return {"data_source": SOURCE + ("_blank" if blank else ""), "prompt": [{"role": "user", "content": prompt}],
+            "ability": "vision", "images": [png_bytes(image)],
             "reward_model": {"style": "rule", "ground_truth": f"A {colour} {shape}." if caption else colour},
             "extra_info": {"split": split, "index": index, "colour": colour, "shape": shape, "blank": blank}}
 

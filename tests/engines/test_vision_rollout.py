@@ -58,7 +58,8 @@ def test_prompts_with_the_same_text_are_prefilled_with_their_own_images(vlm):
 
 def test_vision_inputs_collate_with_image_count_padding_and_text_only_rows():
     a = {"pixel_values": torch.ones(1, 2, 3, 4, 4), "pixel_attention_mask": torch.ones(1, 2, 4, 4, dtype=torch.bool)}
-    b = {"pixel_values": torch.full((1, 1, 3, 4, 4), 2.0), "pixel_attention_mask": torch.ones(1, 1, 4, 4, dtype=torch.bool)}
+    b = {"pixel_values": torch.full((1, 1, 3, 4, 4), 2.0),
+         "pixel_attention_mask": torch.ones(1, 1, 4, 4, dtype=torch.bool)}
     out = collate([a, b])
     assert out["pixel_values"].shape == (2, 2, 3, 4, 4) and out["pixel_attention_mask"].dtype == torch.bool
     assert bool((out["pixel_values"][1, 0] == 2).all()) and bool((out["pixel_values"][1, 1] == 0).all())

@@ -62,3 +62,19 @@ def test_alignment_trains_on_the_caption_tokens_only(tmp_path):
     for b, row in enumerate(rows):
         labelled = inputs["labels"][b][inputs["labels"][b] != -100]
         assert tok.decode(labelled) == row["ground_truth"] + "<|im_end|>"
+
+
+def test_image_data_on_an_engine_without_image_support_fails_before_ray(tmp_path):
+    from core.checks import ConfigError
+    from core.trainer import load_inputs
+
+    paths = recipe_module(RECIPE, "data").write(tmp_path, train=16, test=8, align=1)
+    text_model = ["actor.model=SmolLM2-135M-Instruct", "rollout.model=SmolLM2-135M-Instruct"]
+    cfg = load_run_config(RECIPE, "config", [f"data.train_files=[{paths['train']}]",
+                                             f"data.val_files=[{paths['test']}]", *text_model, "rollout.backend=vllm"])
+    with pytest.raises(ConfigError, match=r"train.parquet: row 1: image prompts run on the embedded engine without "
+                                          r"the agent loop for now; this run has rollout.backend=vllm"):
+        load_inputs(cfg, tmp_path / "run")
+    cfg = load_run_config(RECIPE, "config", [f"data.train_files=[{paths['train']}]", *text_model])
+    with pytest.raises(ValueError, match=r"train.parquet: row 1: image prompts, but the rollout model has no image"):
+        load_inputs(cfg, tmp_path / "run2")  # a text-only model: no processor to expand the pictures

@@ -75,6 +75,6 @@ def test_image_data_on_an_engine_without_image_support_fails_before_ray(tmp_path
     with pytest.raises(ConfigError, match=r"train.parquet: row 1: image prompts run on the embedded engine without "
                                           r"the agent loop for now; this run has rollout.backend=vllm"):
         load_inputs(cfg, tmp_path / "run")
-    cfg = load_run_config(RECIPE, "config", [f"data.train_files=[{paths['train']}]", *text_model])
+    cfg = load_run_config(RECIPE, "config", [f"data.train_files=[{paths['train']}]", "data.val_files=[]", *text_model])
     with pytest.raises(ValueError, match=r"train.parquet: row 1: image prompts, but the rollout model has no image"):
         load_inputs(cfg, tmp_path / "run2")  # a text-only model: no processor to expand the pictures

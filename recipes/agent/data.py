@@ -23,8 +23,7 @@ import random
 from pathlib import Path
 
 from core.data.dapo_math import dapo_math_rows, read_dapo_math
-from core.data.dataset import load_rl_parquet
-from core.data.prepare import DEFAULT_SRC, prepare, write_parquet
+from core.data.prepare import DEFAULT_SRC, make_rows, read_records, write_parquet
 
 SOURCE = "hybridrl/agent_mult"
 FOLDER = "agent_mult"
@@ -107,11 +106,9 @@ def write_retool(dapo_src: str, aime_src: str | Path, out: str | Path) -> dict[s
     records, where = read_dapo_math(dapo_src)
     paths = {"train": Path(out) / "retool" / "train.parquet", "aime24": Path(out) / "retool" / "aime24.parquet"}
     write_parquet(retool_prompt(dapo_math_rows(records, where)), paths["train"])
-    aime = load_rl_parquet(prepare("aime24", aime_src, Path(out) / "retool" / "raw")["test"])
-    write_parquet(retool_prompt([{"data_source": r["data_source"], "prompt": r["prompt"], "ability": "math",
-                                  "reward_model": {"style": "rule", "ground_truth": r["ground_truth"]},
-                                  "extra_info": r["extra_info"]} for r in aime]), paths["aime24"])
-    print(f"retool: {paths['train']} ({where}), {paths['aime24']}")
+    aime_records, aime_where = read_records("aime24", "test", aime_src)
+    write_parquet(retool_prompt(make_rows("aime24", "test", aime_records, aime_where)[0]), paths["aime24"])
+    print(f"retool: {paths['train']} ({where}), {paths['aime24']} ({aime_where})")
     return paths
 
 

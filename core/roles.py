@@ -15,7 +15,7 @@ from core.config import ActorConfig, RolloutConfig, SamplingParams
 from core.engines.fsdp import FSDPActor
 from core.engines.rollout import RolloutEngine, replica_seed
 from core.engines.rollout_batch import decode_responses, merge_padded
-from core.engines.vision_inputs import vision_prompt_ids
+from core.engines.vision_inputs import image_prompt_problem, vision_prompt_ids
 from core.protocol import Batch
 from core.reshard import WeightSyncError, sync_weights
 from core.worker import WorkerContext
@@ -59,10 +59,11 @@ class RolloutWorker:
         # image prompts through the model's processor, with each prompt's vision inputs for its prefill
         vision = None
         if "images" in prompts:
-            if self.processor is None or self.cfg.agent.enable:
-                raise ValueError(f"image prompts need the embedded engine, no agent loop, and a vision-language "
-                                 f"rollout.model (a folder with a processor_config.json); {self.cfg.model} with "
-                                 f"rollout.backend={self.cfg.backend}, agent.enable={self.cfg.agent.enable}")
+            problem = image_prompt_problem(self.cfg)
+            if problem is None and self.processor is None:
+                problem = f"image prompts, but rollout.model {self.cfg.model} has no processor_config.json"
+            if problem:
+                raise ValueError(problem)
             ids, vision = vision_prompt_ids(self.processor, list(prompts["prompt"]), list(prompts["images"]))
         elif "prompt_ids" in prompts:
             ids = list(map(list, prompts["prompt_ids"]))

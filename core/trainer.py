@@ -175,6 +175,7 @@ def load_inputs(cfg: RunConfig, out: Path) -> tuple[Callable, list[dict], list[d
     from core.data.dataset import fit_prompt_lengths, load_rl_parquet
     from core.models import load_tokenizer, resolve_model
     from core.rewards import default_compute_score, load_reward_fn
+    from core.engines.vision_inputs import image_prompt_problem
     from core.vision_models import processor_for
 
     out.mkdir(parents=True, exist_ok=True)
@@ -189,10 +190,8 @@ def load_inputs(cfg: RunConfig, out: Path) -> tuple[Callable, list[dict], list[d
     tokenizer = load_tokenizer(cfg.rollout.model)  # each prompt's length, once, before Ray
     processor = processor_for(cfg.rollout.model)  # image prompts: measured with their image-token runs
     pictured = next((r for r in rows + val_rows if "images" in r), None)
-    if pictured is not None and (cfg.rollout.backend != "embedded" or cfg.rollout.agent.enable):
-        raise ConfigError(f"{pictured['where']}: image prompts run on the embedded engine without the agent loop "
-                          f"for now; this run has rollout.backend={cfg.rollout.backend}, "
-                          f"rollout.agent.enable={cfg.rollout.agent.enable}")
+    if pictured is not None and image_prompt_problem(cfg.rollout):
+        raise ConfigError(f"{pictured['where']}: {image_prompt_problem(cfg.rollout)}")
     for name, part in (("train", rows), ("val", val_rows)):
         if part:
             fitted, note = fit_prompt_lengths(part, tokenizer, cfg.rollout.max_prompt_length, cfg.data.truncation,

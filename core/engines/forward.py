@@ -81,9 +81,10 @@ def response_logprobs(model, batch: Batch, temperature: float = 1.0, with_entrop
     """log pi(response_t | context) under ``logits / temperature`` (B, Tr), and the per-token entropy (B, Tr).
 
     Keys: input_ids, attention_mask, position_ids, responses; with image prompts ``multi_modal_inputs`` (each
-    row's vision inputs, ``core.engines.vision_inputs``), given to the model with the rows. The logits at position Tp-1+t predict response
-    token t, so only the response span goes through the LM head where the model allows it (``logits_to_keep``:
-    the vocabulary projection of the prompt positions is skipped) and is normalised (the softmax is the memory peak).
+    row's vision inputs, ``core.engines.vision_inputs``), given to the model with the rows. The logits at position
+    Tp-1+t predict response token t, so only the response span goes through the LM head where the model allows it
+    (``logits_to_keep``: the vocabulary projection of the prompt positions is skipped) and is normalised (the
+    softmax is the memory peak).
     ``remove_padding``: run the model on ``trim_padding(batch)`` and pad the results back to (B, Tr) with zeros.
     ``share_prompt``: rows with the same prompt run as one packed row, the prompt encoded once
     (``core.engines.shared_prompt``; where the model takes a custom 4D mask and a ``logits_to_keep`` index)."""
@@ -117,7 +118,7 @@ def response_logprobs(model, batch: Batch, temperature: float = 1.0, with_entrop
     return logp, entropy
 
 
-def _fused_logprobs(model, head, batch: Batch, temperature: float, with_entropy: bool, vision: dict | None = None):
+def _fused_logprobs(model, head, batch: Batch, temperature: float, with_entropy: bool, vision: dict):
     """The standard layout with the LM head fused into the log-softmax (``core.engines.lm_head``): the Tr positions
     before each row's last one predict its Tr response tokens. ``vision``: the rows' collated vision inputs."""
     (B, T), Tr = batch["input_ids"].shape, batch["responses"].shape[1]
@@ -126,6 +127,5 @@ def _fused_logprobs(model, head, batch: Batch, temperature: float, with_entropy:
     with head_logprobs(head, pos, batch["responses"].reshape(-1).to(device), temperature, with_entropy):
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                     position_ids=batch["position_ids"], use_cache=False,
-                    logits_to_keep=torch.arange(T - Tr - 1, T - 1, device=device), **(vision or {})
-                    ).logits.view(B, Tr, 2)
+                    logits_to_keep=torch.arange(T - Tr - 1, T - 1, device=device), **vision).logits.view(B, Tr, 2)
     return out[..., 0], out[..., 1] if with_entropy else None

@@ -29,6 +29,15 @@ def vision_prompt_ids(processor, chats: list[list[dict]], images: list[list]) ->
     return ids, inputs
 
 
+def image_prompt_problem(rollout) -> str | None:
+    """Why a rollout config (``RolloutConfig``) cannot take image prompts, or None: for now they run on the embedded
+    engine without the agent loop. Checked before Ray (``core.trainer``) and by the rollout worker itself."""
+    if rollout.backend != "embedded" or rollout.agent.enable:
+        return (f"image prompts run on the embedded engine without the agent loop for now; this run has "
+                f"rollout.backend={rollout.backend}, rollout.agent.enable={rollout.agent.enable}")
+    return None
+
+
 def collate(items: list[dict]) -> dict[str, torch.Tensor]:
     """One batch of vision inputs from per-sample dicts (leading dimension 1): concatenated along the batch,
     each tensor's second dimension (images) zero-padded to the longest. A row without a key (a text-only row: {})

@@ -34,11 +34,12 @@ def batch_inputs(processor, rows: list[dict]) -> dict[str, torch.Tensor]:
     full = [p + r["ground_truth"] + "<|im_end|>" for p, r in zip(prompts, rows)]
     images = [r["images"] for r in rows]
     enc = processor(text=full, images=images, return_tensors="pt", padding=True)
-    starts = [len(processor(text=[p], images=[im], return_tensors="pt")["input_ids"][0])
-              for p, im in zip(prompts, images)]
+    # the caption starts after the last assistant header (found in the ids: no second pass through the processor)
+    header = tok.encode("<|im_start|>assistant\n", add_special_tokens=False)
     labels = enc["input_ids"].clone()
     labels[enc["attention_mask"] == 0] = -100
-    for b, start in enumerate(starts):  # right-padded: the prompt is the first `start` tokens
+    for b, ids in enumerate(enc["input_ids"].tolist()):
+        start = max(i for i in range(len(ids)) if ids[i:i + len(header)] == header) + len(header)
         labels[b, :start] = -100
     return dict(enc) | {"labels": labels}
 

@@ -33,7 +33,7 @@ class RolloutWorker:
         """``max_response_length``: the run's longest response (algo.sampling.max_new_tokens); vLLM sizes its
         context (max_model_len) as max_prompt_length + this (0: the model's own limit)."""
         from core.models import load_causal_lm, load_tokenizer, resolve_dtype
-        from core.vision_models import processor_for
+        from core.vision_processors import processor_for
 
         self.ctx, self.cfg = ctx, cfg
         # image prompts: placeholders expanded into image tokens, pixel values (a vision-language model's folder)

@@ -176,7 +176,7 @@ def load_inputs(cfg: RunConfig, out: Path) -> tuple[Callable, list[dict], list[d
     from core.models import load_tokenizer, resolve_model
     from core.rewards import default_compute_score, load_reward_fn
     from core.engines.vision_inputs import image_prompt_problem
-    from core.vision_models import processor_for
+    from core.vision_processors import processor_for
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=1, default=str))

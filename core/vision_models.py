@@ -1,4 +1,6 @@
-"""A small vision-language model that runs on CPU, built offline: SmolVLM's architecture (Idefics3: a SigLIP-style
+"""Vision-language models that run on CPU, built offline.
+
+``smolvlm_from_smollm2``: SmolVLM's architecture (Idefics3: a SigLIP-style
 vision encoder, a pixel-shuffle connector, a Llama text model) with SmolLM2-135M-Instruct's weights as the text
 model -- SmolVLM's own text backbone is SmolLM2 -- and a small, freshly initialised vision encoder and connector.
 No VLM weights are reachable offline, so the vision side starts random: a recipe aligns it first (a short supervised
@@ -6,11 +8,15 @@ stage) and then trains with RL.
 
     path = smolvlm_from_smollm2(out)           # an HF folder: model, tokenizer (+3 image tokens), processor
     model = load_vlm(path, torch.float32)       # Idefics3ForConditionalGeneration
-    processor = load_processor(path)            # Idefics3Processor on the PIL image processor (no torchvision)
+    processor = load_processor(path)            # core.vision_processors: on the PIL image processor
 
 Each image becomes ``<fake_token_around_image><global-img>`` + ``image_seq_len`` ``<image>`` tokens +
 ``<fake_token_around_image>``: with the defaults a 64 x 64 image is 8 x 8 patches of 8 pixels, pixel-shuffled by
 2 into 16 tokens. Images are resized to ``image_size`` and never split into tiles.
+
+``tiny_qwen_vl``: a random Qwen2-VL or Qwen2.5-VL model of a few million parameters with SmolLM2's tokenizer and
+Qwen's vision tokens: the inputs of the Qwen family (variable-size images as patches + ``image_grid_thw``, M-RoPE
+position ids) through our engine and trainer, in tests.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ def smolvlm_from_smollm2(out: str | Path, image_size: int = 64, patch_size: int 
     from transformers import AutoModelForCausalLM, Idefics3Config, Idefics3ForConditionalGeneration
 
     from core.models import load_tokenizer, resolve_model
+    from core.vision_processors import make_idefics3_processor
 
     if image_size % (patch_size * scale_factor):
         raise ValueError(f"image_size {image_size} must be a multiple of patch_size x scale_factor "
@@ -59,43 +66,54 @@ def smolvlm_from_smollm2(out: str | Path, image_size: int = 64, patch_size: int 
             model.lm_head.weight[: len(old)] = text.lm_head.weight
     out = Path(out)
     model.save_pretrained(out)
-    processor = make_processor(tok, image_size, (image_size // (patch_size * scale_factor)) ** 2)
-    processor.save_pretrained(out)
+    make_idefics3_processor(tok, image_size, (image_size // (patch_size * scale_factor)) ** 2).save_pretrained(out)
     return out
 
 
-def make_processor(tokenizer, image_size: int, image_seq_len: int):
-    """Idefics3's processor on its PIL image processor (transformers' default one needs torchvision): resize to
-    ``image_size``, no tiling, ``image_seq_len`` image tokens per image."""
-    from transformers import Idefics3Processor
-    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
-
-    image_processor = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": image_size},
-                                                max_image_size={"longest_edge": image_size})
-    return Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=image_seq_len)
-
-
 def load_vlm(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-    from transformers import Idefics3ForConditionalGeneration
+    from transformers import AutoModelForImageTextToText
 
-    return Idefics3ForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device).eval()
-
-
-def processor_for(name_or_path: str):
-    """The model's processor when it is a vision-language model with one saved (``processor_config.json``), else
-    None (a text-only model: prompts go through its chat template alone)."""
-    from core.models import resolve_model
-
-    path = Path(resolve_model(name_or_path))
-    return load_processor(path) if (path / "processor_config.json").is_file() else None
+    return AutoModelForImageTextToText.from_pretrained(path, dtype=dtype).to(device).eval()
 
 
-def load_processor(path: str | Path):
-    """The folder's processor (``processor_config.json``), rebuilt on the PIL image processor from its saved sizes."""
-    import json
+def tiny_qwen_vl(out: str | Path, family: str = "qwen2_vl", hidden: int = 64, layers: int = 2, patch_size: int = 8,
+                 max_pixels: int = 64 * 64, seed: int = 0) -> Path:
+    """Write a random ``family`` ("qwen2_vl" or "qwen2_5_vl") model with its tokenizer and processor to ``out``:
+    text model ``hidden`` wide, ``layers`` deep, 4 heads (M-RoPE: the rotary frequencies split 1/4, 3/8, 3/8 among
+    time, height and width), a 2-block vision encoder on ``patch_size`` patches merged 2 x 2, images resized within
+    [16 x 16, ``max_pixels``] (Qwen2.5-VL: window attention in block 0, full in block 1)."""
+    from transformers import AutoModelForImageTextToText, Qwen2_5_VLConfig, Qwen2VLConfig
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from core.models import load_tokenizer
+    from core.models import load_tokenizer, resolve_model
+    from core.vision_processors import QWEN_VISION_TOKENS, QwenVLProcessor
 
-    saved = json.loads((Path(path) / "processor_config.json").read_text())
-    return make_processor(load_tokenizer(str(path)), saved["image_processor"]["size"]["longest_edge"],
-                          saved["image_seq_len"])
+    tok = load_tokenizer(resolve_model("SmolLM2-135M-Instruct"))
+    tok.add_special_tokens({"additional_special_tokens": list(QWEN_VISION_TOKENS)})
+    text = dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=len(tok), tie_word_embeddings=True,
+                bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                 "mrope_section": [hidden // 32, 3 * hidden // 64, 3 * hidden // 64]})
+    common = dict(patch_size=patch_size, spatial_merge_size=2, temporal_patch_size=2, in_channels=3, num_heads=2)
+    if family == "qwen2_vl":
+        cfg_class, vision = Qwen2VLConfig, dict(depth=2, embed_dim=32, hidden_size=hidden, mlp_ratio=2, **common)
+    elif family == "qwen2_5_vl":
+        cfg_class, vision = Qwen2_5_VLConfig, dict(depth=2, hidden_size=32, intermediate_size=64,
+                                                   out_hidden_size=hidden, window_size=4 * patch_size,
+                                                   fullatt_block_indexes=[1], **common)
+    else:
+        raise ValueError(f"family {family!r}: qwen2_vl or qwen2_5_vl")
+    ids = {f"{name}_token_id": tok.convert_tokens_to_ids(t) for name, t in
+           (("vision_start", "<|vision_start|>"), ("image", "<|image_pad|>"), ("vision_end", "<|vision_end|>"),
+            ("video", "<|video_pad|>"))}
+    cfg = cfg_class(text_config=text, vision_config=vision, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+                    eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **ids)
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(cfg)
+    out = Path(out)
+    model.save_pretrained(out)
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=16 * 16, max_pixels=max_pixels, patch_size=patch_size,
+                                               merge_size=2, temporal_patch_size=2)
+    QwenVLProcessor(tok, image_processor).save_pretrained(out)
+    return out

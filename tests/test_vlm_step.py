@@ -1,5 +1,5 @@
-"""Image prompts end to end on 2 Ray ranks (actor + rollout colocated, FSDP2 world size 2) with the SmolVLM-class
-model built from SmolLM2-135M (fp32): rows with one or two images of different sizes split over the DP ranks with
+"""Image prompts end to end on 2 Ray ranks (actor + rollout colocated, FSDP2 world size 2), fp32, with the
+SmolVLM-class model built from SmolLM2-135M and a tiny Qwen2-VL (variable-size images as patches, M-RoPE): rows with one or two images of different sizes split over the DP ranks with
 their vision inputs, the rollout's log-probs equal the trainer's (mean |diff| <= 1e-4, the verl#2996 check) before
 and after an update -- which moves the vision tower and connector too, so the second check fails if the weight sync
 skips them -- and a vision-only weight change moves the engine's output."""
@@ -17,7 +17,7 @@ from core.engines.fsdp import FSDPActor
 from core.loop import Roles, prompts_from_rows, step
 from core.placement import place
 from core.roles import RolloutWorker
-from core.vision_models import smolvlm_from_smollm2
+from core.vision_models import smolvlm_from_smollm2, tiny_qwen_vl
 from core.worker import RoleSpec
 
 ALGO = AlgoConfig(sampling=SamplingParams(n=2, temperature=1.0, max_new_tokens=8, seed=0),
@@ -29,9 +29,24 @@ def length_reward(data_source, solution_str, ground_truth, extra_info=None):
     return len(solution_str) / 40.0
 
 
+# per family: how a sample's vision inputs count its images, and names in its vision tower and its connector
+FAMILIES = {"smolvlm": (lambda v: int(v["pixel_values"].shape[1]), "vision_model", "connector"),
+            "qwen2_vl": (lambda v: int(v["image_grid_thw"].shape[0]), "visual.blocks", "visual.merger")}
+
+
 @pytest.fixture(scope="module")
-def vlm_dir(tmp_path_factory):
-    return smolvlm_from_smollm2(tmp_path_factory.mktemp("vlm") / "smolvlm")
+def ray_session():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def vlm_dir(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param) / "model"
+    return request.param, smolvlm_from_smollm2(folder) if request.param == "smolvlm" else tiny_qwen_vl(folder)
 
 
 def image_rows(tmp_path):
@@ -48,16 +63,15 @@ def image_rows(tmp_path):
 
 
 @pytest.mark.ray
-def test_image_prompts_train_on_two_ray_ranks_with_rollout_and_trainer_in_agreement(vlm_dir, tmp_path):
-    import ray
-
+def test_image_prompts_train_on_two_ray_ranks_with_rollout_and_trainer_in_agreement(ray_session, vlm_dir, tmp_path):
+    family, vlm_dir = vlm_dir
+    images_of, tower, connector = FAMILIES[family]
     actor = ActorConfig(model=str(vlm_dir), dtype="float32", ppo_mini_batch_size=8, micro_batch_size=2,
                         optim=OptimConfig(lr=1e-3, warmup_steps=0))
     specs = {"actor": RoleSpec(FSDPActor, {"cfg": actor}),
              "rollout": RoleSpec(RolloutWorker, {"cfg": RolloutConfig(model=str(vlm_dir), dtype="float32",
                                                                       max_prompt_length=96)})}
     rows = image_rows(tmp_path)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     placement = place(PlacementConfig({"main": PoolConfig(slots_per_node=2)}, {"actor": "main", "rollout": "main"}),
                       specs)
     try:
@@ -68,11 +82,9 @@ def test_image_prompts_train_on_two_ray_ranks_with_rollout_and_trainer_in_agreem
         _, second = step(roles, prompts_from_rows(rows), ALGO, length_reward)
     finally:
         placement.shutdown()
-        ray.shutdown()
     # each sample kept its own prompt's images through the DP split: 1 or 2 images, in row order
-    counts = [int(v["pixel_values"].shape[1]) for v in batch["multi_modal_inputs"]]
-    assert counts == [1, 1, 2, 2, 1, 1, 2, 2]
+    assert [images_of(v) for v in batch["multi_modal_inputs"]] == [1, 1, 2, 2, 1, 1, 2, 2]
     for m in (first, second):
         assert m["rollout/logprob_diff_mean"] <= 1e-4, m["rollout/logprob_diff_mean"]
     moved = {k for k in before if not torch.equal(before[k], after[k])}
-    assert any("vision_model" in k for k in moved) and any("connector" in k for k in moved)
+    assert any(tower in k for k in moved) and any(connector in k for k in moved)

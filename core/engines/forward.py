@@ -10,7 +10,7 @@ from torch.utils.checkpoint import checkpoint
 
 from core.engines.lm_head import fused_head, head_logprobs
 from core.engines.shared_prompt import prompt_groups, shared_prompt_logits, shared_prompt_logprobs
-from core.engines.vision_inputs import collate
+from core.engines.vision_inputs import collate, mrope_positions
 from core.protocol import Batch
 
 
@@ -81,7 +81,8 @@ def response_logprobs(model, batch: Batch, temperature: float = 1.0, with_entrop
     """log pi(response_t | context) under ``logits / temperature`` (B, Tr), and the per-token entropy (B, Tr).
 
     Keys: input_ids, attention_mask, position_ids, responses; with image prompts ``multi_modal_inputs`` (each
-    row's vision inputs, ``core.engines.vision_inputs``), given to the model with the rows. The logits at position
+    row's vision inputs, ``core.engines.vision_inputs``), given to the model with the rows (and, for M-RoPE
+    models, the position ids they imply in place of ``position_ids``). The logits at position
     Tp-1+t predict response token t, so only the response span goes through the LM head where the model allows it
     (``logits_to_keep``: the vocabulary projection of the prompt positions is skipped) and is normalised (the
     softmax is the memory peak).
@@ -96,6 +97,8 @@ def response_logprobs(model, batch: Batch, temperature: float = 1.0, with_entrop
     if remove_padding:
         batch = trim_padding(batch)
     Tr = batch["responses"].shape[1]
+    mrope = mrope_positions(model, batch["input_ids"], batch["attention_mask"], vision) if vision else None
+    positions = batch["position_ids"] if mrope is None else mrope[0]
     # image prompts: every row runs with its own images (the packed shared-prompt layout does not carry them yet)
     groups = prompt_groups(batch) if share_prompt and keeps_logits(model) and not vision else None
     head = fused_head(model) if keeps_logits(model) else None
@@ -106,11 +109,11 @@ def response_logprobs(model, batch: Batch, temperature: float = 1.0, with_entrop
             logp, entropy = normalised_logprobs(shared_prompt_logits(model, batch, groups), batch["responses"],
                                                 temperature, with_entropy)
     elif head is not None:
-        logp, entropy = _fused_logprobs(model, head, batch, temperature, with_entropy, vision)
+        logp, entropy = _fused_logprobs(model, head, batch, positions, temperature, with_entropy, vision)
     else:
         keep = {"logits_to_keep": Tr + 1} if keeps_logits(model) else {}
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                       position_ids=batch["position_ids"], use_cache=False, **keep, **vision).logits[:, -Tr - 1:-1]
+                       position_ids=positions, use_cache=False, **keep, **vision).logits[:, -Tr - 1:-1]
         logp, entropy = normalised_logprobs(logits, batch["responses"], temperature, with_entropy)
     if Tr < full:  # trimmed response columns are padding: zero log-prob and entropy there
         logp = F.pad(logp, (0, full - Tr))
@@ -118,14 +121,16 @@ def response_logprobs(model, batch: Batch, temperature: float = 1.0, with_entrop
     return logp, entropy
 
 
-def _fused_logprobs(model, head, batch: Batch, temperature: float, with_entropy: bool, vision: dict):
+def _fused_logprobs(model, head, batch: Batch, positions: torch.Tensor, temperature: float, with_entropy: bool,
+                    vision: dict):
     """The standard layout with the LM head fused into the log-softmax (``core.engines.lm_head``): the Tr positions
-    before each row's last one predict its Tr response tokens. ``vision``: the rows' collated vision inputs."""
+    before each row's last one predict its Tr response tokens. ``positions``: (B, T), or M-RoPE's (3, B, T);
+    ``vision``: the rows' collated vision inputs."""
     (B, T), Tr = batch["input_ids"].shape, batch["responses"].shape[1]
     device = batch["input_ids"].device
     pos = torch.arange(B * Tr, device=device)                      # row b, response token t: kept position b Tr + t
     with head_logprobs(head, pos, batch["responses"].reshape(-1).to(device), temperature, with_entropy):
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    position_ids=batch["position_ids"], use_cache=False,
+                    position_ids=positions, use_cache=False,
                     logits_to_keep=torch.arange(T - Tr - 1, T - 1, device=device), **vision).logits.view(B, Tr, 2)
     return out[..., 0], out[..., 1] if with_entropy else None

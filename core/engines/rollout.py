@@ -25,7 +25,7 @@ from core.engines.kv_cache import SlotKVCache
 from core.engines.packed import PackedLinears, can_pack
 from core.engines.rollout_batch import assemble, chat_prompt_ids, decode_responses
 from core.engines.sampling import RowGenerators, filter_logits, sample_inverse_cdf, uniforms, unnormalised_probs_
-from core.engines.vision_inputs import collate
+from core.engines.vision_inputs import collate, mrope_positions, never_sampled
 from core.protocol import Batch
 
 
@@ -57,6 +57,9 @@ class RolloutEngine:
         self.cache: SlotKVCache | None = None
         self._fp32_logits: torch.Tensor | None = None
         self._keeps_logits = keeps_logits(model)
+        # a vision-language model's image tokens are never drawn (their log-probs stay under the full distribution)
+        banned = never_sampled(model)
+        self.never_sample = torch.tensor(banned, device=self.device) if banned else None
         self.packed: PackedLinears | None = None
         use_graphs = self.device.type == "cuda" if decode_graphs is None else decode_graphs
         self.graphs = DecodeGraphs(self) if use_graphs else None
@@ -202,11 +205,12 @@ class RolloutEngine:
         """Next tokens (B,) and their log-probs under logits / temperature (raw logits when greedy); ``logits``
         (B, V) in the model's dtype, left unmodified. Top-k / top-p restrict what is drawn, never the log-probs:
         those are under the full distribution, as the trainer recomputes them."""
+        banned = self.never_sample
         if params.temperature <= 0:
             x = self._fp32(logits)
-            tok = x.argmax(-1)
+            tok = (x if banned is None else x.index_fill(-1, banned, float("-inf"))).argmax(-1)
             return tok, x.gather(-1, tok[:, None]).squeeze(-1) - x.logsumexp(-1)
-        filtered = (0 < params.top_k < logits.shape[-1]) or params.top_p < 1.0
+        filtered = (0 < params.top_k < logits.shape[-1]) or params.top_p < 1.0 or banned is not None
         if not filtered and logits.device.type == "cpu" and cpu_kernels.available():
             # one fused pass per row over the logits as they are (no fp32 copy): max, exp-sum, inverse-CDF scan
             u = uniforms(gen, len(logits))
@@ -214,6 +218,8 @@ class RolloutEngine:
         x = self._fp32(logits)
         x = x.div_(params.temperature) if params.temperature != 1.0 else x
         keep = filter_logits(x, params.top_k, params.top_p).isfinite() if filtered else None
+        if banned is not None:
+            keep[:, banned] = False
         weights, total = unnormalised_probs_(x)  # x is gone from here on
         tok = sample_inverse_cdf(weights if keep is None else weights * keep, gen)
         return tok, (weights.gather(-1, tok[:, None]).squeeze(-1) / total).log()
@@ -240,6 +246,7 @@ class _Run:
         self.sample = [-1] * S                                       # output row of each slot
         self.start = torch.zeros(S, dtype=torch.long, device=dev)   # first real prompt position in the slot
         self.pos = torch.zeros(S, dtype=torch.long, device=dev)     # where the slot's next token is written
+        self.delta = torch.zeros(S, dtype=torch.long, device=dev)   # M-RoPE: text position - token index
         self.last = torch.zeros(S, dtype=torch.long, device=dev)    # the slot's last sampled token
         self.tokens: list[list[int]] = [[] for _ in range(len(self.prompts) * params.n)]
         self.logps: list[list[float]] = [[] for _ in range(len(self.prompts) * params.n)]
@@ -313,6 +320,9 @@ class _Run:
         self.e.cache.prefill_into(rows, offset=P)
         vision = ({k: v.to(dev) for k, v in collate([self.vision[i] for i in take]).items()}
                   if self.vision else {})
+        delta = torch.zeros(m, dtype=torch.long)
+        if mrope := mrope_positions(self.e.model, ids, col[None, P:] >= start[:, None], vision):  # P = 0 here
+            pos, delta = mrope
         logits = self.e._forward(ids.to(dev), pos.to(dev), _additive(allowed[:, None], self.e.dtype).to(dev),
                                  **vision)
         if n > 1:
@@ -321,6 +331,7 @@ class _Run:
         slots = slice(self.live, self.live + m * n)
         self.start[slots] = start.repeat_interleave(n).to(dev)
         self.pos[slots] = q
+        self.delta[slots] = delta.repeat_interleave(n).to(dev)
         self.sample[slots] = [i * n + j for i in take for j in range(n)]
         self.live += m * n
         self._draw_for(range(slots.start, slots.stop))
@@ -333,16 +344,17 @@ class _Run:
         if L == 0:
             return
         pos, start = self.pos[:L], self.start[:L]
+        rope = pos - start + self.P + self.delta[:L]                 # each token's position (M-RoPE: + delta)
         # fixed shapes (CUDA graphs) attend over the whole cache, masked; else up to the furthest position
         kv_len = self.e.cache.max_len if self.e.graphs is not None else int(pos.max()) + 1
         ar = torch.arange(kv_len, device=pos.device)
         allowed = ((ar[None, :] >= start[:, None]) | (ar[None, :] < self.P)) & (ar[None, :] <= pos[:, None])
         mask = _additive(allowed[:, None, None], self.e.dtype)
         if self.e.graphs is not None:
-            logits = self.e.graphs.decode(self.last[:L, None], pos, (pos - start + self.P)[:, None], mask)
+            logits = self.e.graphs.decode(self.last[:L, None], pos, rope[:, None], mask)
         else:
             self.e.cache.decode_at(pos, kv_len)
-            logits = self.e._forward(self.last[:L, None], (pos - start + self.P)[:, None], mask)
+            logits = self.e._forward(self.last[:L, None], rope[:, None], mask)
         self.pos[:L] += 1
         self._draw_for(range(L))
         tok, logp = self.e._sample(logits, self.p, self.gen)
@@ -365,7 +377,7 @@ class _Run:
             last = self.live - 1
             if s != last:
                 self.e.cache.copy(last, s, int(self.pos[last]))
-                for t in (self.start, self.pos, self.last):
+                for t in (self.start, self.pos, self.last, self.delta):
                     t[s] = t[last]
                 self.sample[s] = self.sample[last]
             self.live -= 1

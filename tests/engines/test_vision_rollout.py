@@ -11,7 +11,8 @@ from core.config import SamplingParams
 from core.engines.forward import response_logprobs
 from core.engines.rollout import RolloutEngine
 from core.engines.vision_inputs import collate, vision_prompt_ids
-from core.vision_models import load_processor, load_vlm, smolvlm_from_smollm2
+from core.vision_models import load_vlm, smolvlm_from_smollm2
+from core.vision_processors import load_processor
 
 QUESTION = [{"role": "user", "content": "<image>What colour is the square?"}]
 

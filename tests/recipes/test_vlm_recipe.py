@@ -52,7 +52,8 @@ def test_the_config_validates():
 
 
 def test_alignment_trains_on_the_caption_tokens_only(tmp_path):
-    from core.vision_models import load_processor, smolvlm_from_smollm2
+    from core.vision_models import smolvlm_from_smollm2
+    from core.vision_processors import load_processor
 
     data, align = recipe_module(RECIPE, "data"), recipe_module(RECIPE, "align")
     processor = load_processor(smolvlm_from_smollm2(tmp_path / "vlm"))

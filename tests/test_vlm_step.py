@@ -1,8 +1,8 @@
 """Image prompts end to end on 2 Ray ranks (actor + rollout colocated, FSDP2 world size 2), fp32, with the
 SmolVLM-class model built from SmolLM2-135M and a tiny Qwen2-VL (variable-size images as patches, M-RoPE): rows
-with one or two images of different sizes split over the DP ranks with their vision inputs, the rollout's log-probs equal the trainer's (mean |diff| <= 1e-4, the verl#2996 check) before
-and after an update -- which moves the vision tower and connector too, so the second check fails if the weight sync
-skips them -- and a vision-only weight change moves the engine's output."""
+with one or two images of different sizes split over the DP ranks with their vision inputs, the rollout's log-probs
+equal the trainer's (mean |diff| <= 1e-4, the verl#2996 check) before and after an update -- which moves the vision
+tower and connector too, so the second check fails if the weight sync skips them."""
 
 import pytest
 import torch

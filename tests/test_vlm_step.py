@@ -88,3 +88,38 @@ def test_image_prompts_train_on_two_ray_ranks_with_rollout_and_trainer_in_agreem
         assert m["rollout/logprob_diff_mean"] <= 1e-4, m["rollout/logprob_diff_mean"]
     moved = {k for k in before if not torch.equal(before[k], after[k])}
     assert any(tower in k for k in moved) and any(connector in k for k in moved)
+
+
+def test_a_change_of_the_vision_weights_alone_reaches_the_engine(vlm_dir, tmp_path):
+    """Only the vision tower and connector of the actor change; after the real sync (in-process placement) the
+    engine's greedy log-probs on an image prompt move, on a text-only prompt they stay bit-identical."""
+    from core.loop import sync_rollout
+
+    family, vlm_dir = vlm_dir
+    _, tower, connector = FAMILIES[family]
+    specs = {"actor": RoleSpec(FSDPActor, {"cfg": ActorConfig(model=str(vlm_dir), dtype="float32")}),
+             "rollout": RoleSpec(RolloutWorker, {"cfg": RolloutConfig(model=str(vlm_dir), dtype="float32",
+                                                                      max_prompt_length=96)})}
+    rows = image_rows(tmp_path)[:1]
+    rows.append(dict(rows[0], prompt=[{"role": "user", "content": "No picture: what colours?"}], images=[]))
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=4)
+    placement = place(PlacementConfig({"main": PoolConfig(slots_per_node=1)}, {"actor": "main", "rollout": "main"}),
+                      specs, "local")
+    try:
+        roles = Roles(actor=placement["actor"], rollout=placement["rollout"])
+
+        def logprobs():
+            out = roles.rollout.call_all(RolloutWorker.generate, prompts_from_rows(rows), greedy)[0]
+            return out["rollout_logprobs"]
+
+        before = logprobs()
+        actor_model = placement.groups[0]._host.roles["actor"].model
+        with torch.no_grad():
+            changed = [p.add_(0.05) for n, p in actor_model.named_parameters() if tower in n or connector in n]
+        assert changed
+        sync_rollout(roles, 60.0)
+        after = logprobs()
+    finally:
+        placement.shutdown()
+    assert float((before[0] - after[0]).abs().max()) > 1e-3   # the image prompt sees the new vision weights
+    assert torch.equal(before[1], after[1])                    # text alone: untouched

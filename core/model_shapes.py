@@ -1,5 +1,7 @@
 """Model shapes for the capacity planner (``core.planner``): from a config.json, a built-in table of the models
-our recipes name (planning needs no hub), or the folder a run would load."""
+our recipes name (planning needs no hub), or the folder a run would load. A vision-language config (one with a
+``vision_config``) adds its vision tower and connector: parameters counted exactly on the meta device with
+transformers' own class for it, blocks, width and how many patches make one image token."""
 
 from __future__ import annotations
 
@@ -18,6 +20,13 @@ class ModelShape:
     kv_heads: int
     vocab: int
     tied: bool = False
+    # a vision-language model's vision tower + connector (counted in ``params`` too), its blocks, width, MLP width,
+    # and patches per image token (Qwen2-VL: spatial_merge_size^2; Idefics3: scale_factor^2)
+    vision_params: float = 0.0
+    vision_layers: int = 0
+    vision_hidden: int = 0
+    vision_intermediate: int = 0
+    vision_merge: int = 1
 
     @property
     def head_dim(self) -> int:
@@ -31,14 +40,36 @@ class ModelShape:
 
     @staticmethod
     def from_config(c: dict) -> "ModelShape":
-        """From a transformers config.json (params counted from the shapes, embeddings included)."""
-        h, L, i, V = c["hidden_size"], c["num_hidden_layers"], c["intermediate_size"], c["vocab_size"]
-        heads = c["num_attention_heads"]
-        kv = c.get("num_key_value_heads") or heads
-        tied = bool(c.get("tie_word_embeddings", False))
+        """From a transformers config.json (params counted from the shapes, embeddings included; a vision-language
+        model's text part from its ``text_config`` or, in older files, its top level)."""
+        t = {**c, **(c.get("text_config") or {})}
+        h, L, i, V = t["hidden_size"], t["num_hidden_layers"], t["intermediate_size"], t["vocab_size"]
+        heads = t["num_attention_heads"]
+        kv = t.get("num_key_value_heads") or heads
+        tied = bool(c.get("tie_word_embeddings", t.get("tie_word_embeddings", False)))
         shape = ModelShape(0.0, L, h, i, heads, kv, V, tied)
-        params = L * shape.layer_params + V * h * (1 if tied else 2) + h
-        return ModelShape(float(params), L, h, i, heads, kv, V, tied)
+        params = float(L * shape.layer_params + V * h * (1 if tied else 2) + h)
+        vision = vision_shape(c) if "vision_config" in c else {}
+        return ModelShape(params + vision.get("vision_params", 0.0), L, h, i, heads, kv, V, tied, **vision)
+
+
+def vision_shape(c: dict) -> dict:
+    """The vision side of a vision-language config.json: the parameters outside the language model and its head,
+    counted on the meta device (no memory, no weights) with the architecture's own transformers class."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    cfg = AutoConfig.for_model(**c)
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(cfg)
+    text = ("language_model.", "text_model.", "lm_head.")
+    params = sum(p.numel() for n, p in model.named_parameters() if not any(k in n for k in text))
+    v = c["vision_config"]
+    hidden = v.get("embed_dim") or v["hidden_size"]   # Qwen2-VL: embed_dim is the width, hidden_size its output
+    return {"vision_params": float(params), "vision_layers": v.get("depth") or v["num_hidden_layers"],
+            "vision_hidden": hidden,
+            "vision_intermediate": v.get("intermediate_size") or int(v.get("mlp_ratio", 4) * hidden),
+            "vision_merge": v.get("spatial_merge_size", 0) ** 2 or c.get("scale_factor", 1) ** 2}
 
 
 # shapes of models our recipes name, for planning without the hub (config.json values)
@@ -53,6 +84,16 @@ KNOWN: dict[str, dict] = {
     "meta-llama/Meta-Llama-3-8B-Instruct": {"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336,
                                             "num_attention_heads": 32, "num_key_value_heads": 8,
                                             "vocab_size": 128256},
+    # verl's VLM baseline (geo3k); its config.json as published: text fields at the top level
+    "Qwen/Qwen2.5-VL-7B-Instruct": {"model_type": "qwen2_5_vl", "hidden_size": 3584, "num_hidden_layers": 28,
+                                    "intermediate_size": 18944, "num_attention_heads": 28, "num_key_value_heads": 4,
+                                    "vocab_size": 152064, "tie_word_embeddings": False,
+                                    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+                                    "vision_config": {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420,
+                                                      "num_heads": 16, "in_chans": 3, "out_hidden_size": 3584,
+                                                      "patch_size": 14, "spatial_merge_size": 2,
+                                                      "temporal_patch_size": 2, "window_size": 112,
+                                                      "fullatt_block_indexes": [7, 15, 23, 31]}},
     "Qwen/Qwen2.5-0.5B-Instruct": {"hidden_size": 896, "num_hidden_layers": 24, "intermediate_size": 4864,
                                    "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
                                    "tie_word_embeddings": True},

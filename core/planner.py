@@ -22,6 +22,10 @@ training phase, per GPU (``offload``: none | idle | full, ``core.config.OFFLOAD_
                                T (14 h + 4 kvd + 8 i) (bf16: 7 h-wide tensors -- norm in/out, q, attention out,
                                ... -- 2 kv-wide (k, v) and 4 i-wide (gate, up, act, product); flash attention: no
                                T^2 term). Without checkpointing: L times the layer term.
+    vision encoder             (vision-language models) checkpointed: 2 Tv hv Lv + Tv (18 hv + 8 iv), else Lv times
+    activations                the second term; Tv = patches of a micro-batch, at most m x its prompt tokens (m patches
+                               per image token; every prompt token an image token: an upper bound). The tower's
+                               parameters are in P (``core.model_shapes.vision_shape``)
     logits                     6 T V + 3 GiB     (bf16 logits, their bf16 gradient and its concatenation; fp32
                                                  normalisation in 2^28-value chunks: ``forward.normalised_logprobs``)
     reference policy           4P / W            (frozen fp32 shards, when the run has one; full: on the host)
@@ -54,7 +58,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from core.config import check_offload_mode
-from core.model_shapes import ModelShape, model_shape
+from core.model_shapes import ModelShape
 
 GB = 1e9
 
@@ -72,8 +76,9 @@ class RunShape:
     tokens_per_micro: int = 16384
     rollout_tp: int = 1
     gpu_memory_utilization: float = 0.5
-    # the longest sequence the rollout must hold (prompt + response)
+    # the longest sequence the rollout must hold (prompt + response), and its prompt part (0: all of it)
     max_seq_len: int = 4096
+    max_prompt_len: int = 0
     # GB per GPU kept free for the CUDA context, NCCL buffers and fragmentation
     reserve_gb: float = 4.0
     # embedded (weights stay on the GPU through training, no TP), vllm or sglang (they sleep while training)
@@ -209,6 +214,13 @@ def _policy_terms(m: ModelShape, r: RunShape, W: int, p: Plan) -> tuple[float, f
         layer = T * (14 * m.hidden + 4 * m.kv_heads * m.head_dim + 8 * m.intermediate)
         act = (2 * T * m.hidden * m.layers + layer) if r.gradient_checkpointing else layer * m.layers
         p.lines.append(("activations" + (" (checkpointed)" if r.gradient_checkpointing else ""), act, "train"))
+        if m.vision_params:
+            Tv = m.vision_merge * T * (r.max_prompt_len or r.max_seq_len) / r.max_seq_len
+            v_layer = Tv * (18 * m.vision_hidden + 8 * m.vision_intermediate)
+            v_act = (2 * Tv * m.vision_hidden * m.vision_layers + v_layer if r.gradient_checkpointing
+                     else v_layer * m.vision_layers)
+            p.lines.append((f"vision encoder activations (<= {m.vision_merge} patches per prompt token)", v_act,
+                            "train"))
         p.lines.append(("logits (6 T V + chunk work)", 6 * T * m.vocab + CHUNK_WORK, "train"))
     return host, parked, (sum(sharded.values()) + copies if r.offload == "none" else 0.0)
 
@@ -302,114 +314,3 @@ def _rollout_terms(m: ModelShape, r: RunShape, resident: float, p: Plan) -> floa
     elif p.kv_tokens < r.max_seq_len:
         p.problems.append(f"the KV cache holds {p.kv_tokens:.0f} tokens, less than one {r.max_seq_len}-token sequence")
     return weights
-
-
-def importable() -> dict[str, str]:
-    """Which optional backends this Python can import (the run's machines may differ: the plan says so)."""
-    import importlib.util
-
-    import torch
-
-    def has(module: str) -> bool:
-        try:
-            return importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:  # a missing parent package
-            return False
-
-    found = {name: ("yes" if has(mod) else "no") for name, mod in (
-        ("ray", "ray"), ("vllm", "vllm"), ("sglang", "sglang"), ("megatron", "megatron.core"), ("flash_attn", "flash_attn"))}
-    found["cuda"] = f"{torch.cuda.device_count()} GPU(s)" if torch.cuda.is_available() else "no GPU here"
-    return found
-
-
-def _machine_memory_gb() -> tuple[float, float]:
-    import os
-
-    import torch
-
-    gpu = torch.cuda.get_device_properties(0).total_memory / GB if torch.cuda.is_available() else 0.0
-    return gpu, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GB
-
-
-def run_shape(cfg, pool_name: str | None = None) -> RunShape:
-    """The RunShape of one pool of a validated run config (default: the actor's), with the roles placed on it."""
-    pool_name = pool_name or cfg.placement.roles["actor"]
-    pool = cfg.placement.pools[pool_name]
-    here = {role for role, p in cfg.placed_roles().items() if p == pool_name}
-    gpu_here, host_here = _machine_memory_gb()
-    max_seq = cfg.rollout.max_prompt_length + cfg.algo.sampling.max_new_tokens
-    tokens = cfg.actor.max_tokens_per_micro if cfg.actor.max_tokens_per_micro > 0 else cfg.actor.micro_batch_size * max_seq
-    return RunShape(nnodes=pool.nnodes, gpus_per_node=pool.slots_per_node,
-                    gpu_memory_gb=pool.gpu_memory_gb or gpu_here, host_memory_gb=pool.host_memory_gb or host_here,
-                    offload=cfg.actor.offload,
-                    gradient_checkpointing=cfg.actor.gradient_checkpointing, tokens_per_micro=tokens,
-                    rollout_tp=cfg.rollout.tensor_parallel_size,
-                    gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, max_seq_len=max_seq,
-                    rollout_backend=cfg.rollout.backend, reference=cfg.has_reference() and "ref" in here,
-                    rollout_batch=cfg.rollout.max_batch_size, actor="actor" in here, rollout="rollout" in here,
-                    rollout_sleeps=cfg.rollout.sleep_after_generate, **_critic_shape(cfg, max_seq, "critic" in here),
-                    **({"reward_model": model_shape(cfg.reward_model.model), "rm_offload": cfg.reward_model.offload,
-                        "rm_tokens_per_micro": cfg.reward_model.max_tokens_per_micro,
-                        "rm_dtype_bytes": 4 if cfg.reward_model.dtype == "float32" else 2}
-                       if cfg.use_reward_model and "reward_model" in here else {}))
-
-
-def _critic_shape(cfg, max_seq: int, here: bool) -> dict:
-    """The critic's part of a RunShape: none without ``use_critic`` or on a pool without it."""
-    if not (cfg.use_critic and here):
-        return {}
-    c = cfg.critic
-    tokens = c.max_tokens_per_micro if c.max_tokens_per_micro > 0 else c.micro_batch_size * max_seq
-    return {"critic": model_shape(c.model), "critic_offload": c.offload,
-            "critic_checkpointing": c.gradient_checkpointing, "critic_tokens_per_micro": tokens}
-
-
-def plan_run(cfg) -> tuple[str, bool]:
-    """The dry-run report of a validated run config: backends, placement, and per pool that holds roles its
-    per-GPU memory plan and verdict (colocated: one pool; split placement: each pool on its own GPUs)."""
-    found = importable()
-    out = ["backends importable here: " + ", ".join(f"{k} {v}" for k, v in found.items())]
-    if cfg.rollout.backend != "embedded" and found.get(cfg.rollout.backend) != "yes":
-        out.append(f"  note: rollout.backend={cfg.rollout.backend} is not importable on this machine; the plan is "
-                   f"for the cluster's (pip install -e '.[{cfg.rollout.backend}]' there)")
-    placed = cfg.placed_roles()
-    used = [name for name in cfg.placement.pools if name in placed.values()]
-    roles = ", ".join(f"{role} -> {p}" for role, p in placed.items())
-    out.append(f"placement: {roles}; " + "; ".join(
-        f"pool {name!r}: {cfg.placement.pools[name].nnodes} node(s) x {cfg.placement.pools[name].slots_per_node} "
-        f"{cfg.placement.pools[name].device} rank(s)" for name in used))
-    m = model_shape(cfg.actor.model)
-    out.append(f"model {cfg.actor.model}: {m.params / 1e9:.2f}B parameters, {m.layers} layers, hidden {m.hidden}, "
-               f"vocab {m.vocab}")
-    fits = True
-    for name in used:
-        pool = cfg.placement.pools[name]
-        if pool.device != "cuda":
-            out.append(f"memory plan of pool {name!r}: only for GPU pools (device cuda); a CPU run keeps everything "
-                       "in host memory")
-            continue
-        r = run_shape(cfg, name)
-        here = [role for role, p in placed.items() if p == name]
-        if len(used) > 1:
-            out.append(f"pool {name!r} ({', '.join(here)}):")
-        W = r.nnodes * r.gpus_per_node
-        parts = [f"FSDP2 world size {W}, offload {r.offload}, {r.tokens_per_micro} tokens per micro-batch"
-                 ] if r.actor or r.reference else []
-        if r.critic is not None:
-            parts.append(f"critic FSDP2 world size {W}, offload {r.critic_offload}, {r.critic_tokens_per_micro} "
-                         "tokens per micro-batch")
-        if r.reward_model is not None:
-            parts.append(f"reward model FSDP2 world size {W}, offload {r.rm_offload}, {r.rm_tokens_per_micro} "
-                         "tokens per forward")
-        if r.rollout:
-            parts.append(f"rollout {r.rollout_backend} TP {r.engine_tp} x {W // r.engine_tp} replicas at "
-                         f"{r.gpu_memory_utilization:g} of {r.gpu_memory_gb:g} GB")
-        out.append(", ".join(parts) + f"; host {r.host_memory_gb:g} GB per node")
-        p = plan(m, r)
-        out.append("per-GPU memory plan (GB):")
-        known = r.gpu_memory_gb > 0 and r.host_memory_gb > 0   # else nothing to check against: the needs, no verdict
-        out.append(p.text(verdict=known))
-        if not known:
-            out.append(f"no verdict: state placement.pools.{name}.gpu_memory_gb and host_memory_gb (no GPU here)")
-        fits = fits and (p.fits or not known)
-    return "\n".join(out), fits

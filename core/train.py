@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from core.checks import check_run
 from core.config import RunConfig, validate
-from core.planner import plan_run
+from core.plan_report import plan_run
 from core.trainer import dp_size, effective_sizes, fit
 
 

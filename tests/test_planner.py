@@ -312,3 +312,21 @@ def test_one_rank_without_checkpointing_plans_whole_bf16_copies_instead_of_gathe
     assert "gathered bf16 layers (2 x 2 P_layer)" in fsdp and "bf16 compute copies, one rank (2P per policy model)" not in fsdp
     two = lines(plan(m, replace(r, gpus_per_node=2)))
     assert "bf16 compute copies, one rank (2P per policy model)" not in two
+
+
+def test_a_vision_language_model_counts_its_vision_tower_and_its_activations_by_hand():
+    m = model_shape("Qwen/Qwen2.5-VL-7B-Instruct")
+    # vision tower by hand: patch embedding 3 x 2 x 14 x 14 x 1280 = 1,505,280; per block 2 norms 2,560 + qkv
+    # 1280 x 3840 + 3840 + proj 1280^2 + 1280 + gate/up 2 x (1280 x 3420 + 3420) + down 3420 x 1280 + 1280
+    # = 19,702,200, x 32 = 630,470,400; merger: norm 1,280 + 5120^2 + 5120 + 5120 x 3584 + 3584 = 44,574,464
+    assert m.vision_params == 1_505_280 + 630_470_400 + 44_574_464 == 676_550_144
+    # + the text model as Qwen2.5-7B's: 8,292,037,632 (Qwen reports 8.29B)
+    assert m.params == 7_615_487_488 + 676_550_144
+    assert (m.vision_layers, m.vision_hidden, m.vision_intermediate, m.vision_merge) == (32, 1280, 3420, 4)
+    r = RunShape(nnodes=1, gpus_per_node=8, gpu_memory_gb=80, tokens_per_micro=1000, max_seq_len=3072,
+                 max_prompt_len=1024)
+    # patches: at most 4 per prompt token, a third of the micro-batch's tokens: Tv = 4 x 1000 / 3 = 1333.3;
+    # checkpointed 2 Tv hv Lv = 109,226,667 + one block Tv (18 x 1280 + 8 x 3420) = 67,200,000
+    got = lines(plan(m, r))["vision encoder activations (<= 4 patches per prompt token)"]
+    assert got == pytest.approx(2 * 4000 / 3 * 1280 * 32 + 4000 / 3 * 50_400)
+    assert not [k for k in lines(plan(model_shape("Qwen/Qwen2.5-7B"), r)) if k.startswith("vision")]

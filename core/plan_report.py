@@ -1,0 +1,121 @@
+"""The dry-run report of a run config (``hybridrl plan <recipe>``, every run script's ``--dry-run``): which backends
+import here, the placement, the model's shape and, per pool holding roles, the per-GPU memory plan of
+``core.planner`` with its verdict."""
+
+from __future__ import annotations
+
+from core.model_shapes import model_shape
+from core.planner import GB, RunShape, plan
+
+
+def importable() -> dict[str, str]:
+    """Which optional backends this Python can import (the run's machines may differ: the plan says so)."""
+    import importlib.util
+
+    import torch
+
+    def has(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # a missing parent package
+            return False
+
+    found = {name: ("yes" if has(mod) else "no") for name, mod in (
+        ("ray", "ray"), ("vllm", "vllm"), ("sglang", "sglang"), ("megatron", "megatron.core"), ("flash_attn", "flash_attn"))}
+    found["cuda"] = f"{torch.cuda.device_count()} GPU(s)" if torch.cuda.is_available() else "no GPU here"
+    return found
+
+
+def _machine_memory_gb() -> tuple[float, float]:
+    import os
+
+    import torch
+
+    gpu = torch.cuda.get_device_properties(0).total_memory / GB if torch.cuda.is_available() else 0.0
+    return gpu, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GB
+
+
+def run_shape(cfg, pool_name: str | None = None) -> RunShape:
+    """The RunShape of one pool of a validated run config (default: the actor's), with the roles placed on it."""
+    pool_name = pool_name or cfg.placement.roles["actor"]
+    pool = cfg.placement.pools[pool_name]
+    here = {role for role, p in cfg.placed_roles().items() if p == pool_name}
+    gpu_here, host_here = _machine_memory_gb()
+    max_seq = cfg.rollout.max_prompt_length + cfg.algo.sampling.max_new_tokens
+    tokens = cfg.actor.max_tokens_per_micro if cfg.actor.max_tokens_per_micro > 0 else cfg.actor.micro_batch_size * max_seq
+    return RunShape(nnodes=pool.nnodes, gpus_per_node=pool.slots_per_node,
+                    gpu_memory_gb=pool.gpu_memory_gb or gpu_here, host_memory_gb=pool.host_memory_gb or host_here,
+                    offload=cfg.actor.offload,
+                    gradient_checkpointing=cfg.actor.gradient_checkpointing, tokens_per_micro=tokens,
+                    rollout_tp=cfg.rollout.tensor_parallel_size,
+                    gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, max_seq_len=max_seq,
+                    max_prompt_len=cfg.rollout.max_prompt_length,
+                    rollout_backend=cfg.rollout.backend, reference=cfg.has_reference() and "ref" in here,
+                    rollout_batch=cfg.rollout.max_batch_size, actor="actor" in here, rollout="rollout" in here,
+                    rollout_sleeps=cfg.rollout.sleep_after_generate, **_critic_shape(cfg, max_seq, "critic" in here),
+                    **({"reward_model": model_shape(cfg.reward_model.model), "rm_offload": cfg.reward_model.offload,
+                        "rm_tokens_per_micro": cfg.reward_model.max_tokens_per_micro,
+                        "rm_dtype_bytes": 4 if cfg.reward_model.dtype == "float32" else 2}
+                       if cfg.use_reward_model and "reward_model" in here else {}))
+
+
+def _critic_shape(cfg, max_seq: int, here: bool) -> dict:
+    """The critic's part of a RunShape: none without ``use_critic`` or on a pool without it."""
+    if not (cfg.use_critic and here):
+        return {}
+    c = cfg.critic
+    tokens = c.max_tokens_per_micro if c.max_tokens_per_micro > 0 else c.micro_batch_size * max_seq
+    return {"critic": model_shape(c.model), "critic_offload": c.offload,
+            "critic_checkpointing": c.gradient_checkpointing, "critic_tokens_per_micro": tokens}
+
+
+def plan_run(cfg) -> tuple[str, bool]:
+    """The dry-run report of a validated run config: backends, placement, and per pool that holds roles its
+    per-GPU memory plan and verdict (colocated: one pool; split placement: each pool on its own GPUs)."""
+    found = importable()
+    out = ["backends importable here: " + ", ".join(f"{k} {v}" for k, v in found.items())]
+    if cfg.rollout.backend != "embedded" and found.get(cfg.rollout.backend) != "yes":
+        out.append(f"  note: rollout.backend={cfg.rollout.backend} is not importable on this machine; the plan is "
+                   f"for the cluster's (pip install -e '.[{cfg.rollout.backend}]' there)")
+    placed = cfg.placed_roles()
+    used = [name for name in cfg.placement.pools if name in placed.values()]
+    roles = ", ".join(f"{role} -> {p}" for role, p in placed.items())
+    out.append(f"placement: {roles}; " + "; ".join(
+        f"pool {name!r}: {cfg.placement.pools[name].nnodes} node(s) x {cfg.placement.pools[name].slots_per_node} "
+        f"{cfg.placement.pools[name].device} rank(s)" for name in used))
+    m = model_shape(cfg.actor.model)
+    out.append(f"model {cfg.actor.model}: {m.params / 1e9:.2f}B parameters, {m.layers} layers, hidden {m.hidden}, "
+               f"vocab {m.vocab}" + (f"; vision tower + connector {m.vision_params / 1e9:.2f}B ({m.vision_layers} "
+                                     f"blocks, width {m.vision_hidden})" if m.vision_params else ""))
+    fits = True
+    for name in used:
+        pool = cfg.placement.pools[name]
+        if pool.device != "cuda":
+            out.append(f"memory plan of pool {name!r}: only for GPU pools (device cuda); a CPU run keeps everything "
+                       "in host memory")
+            continue
+        r = run_shape(cfg, name)
+        here = [role for role, p in placed.items() if p == name]
+        if len(used) > 1:
+            out.append(f"pool {name!r} ({', '.join(here)}):")
+        W = r.nnodes * r.gpus_per_node
+        parts = [f"FSDP2 world size {W}, offload {r.offload}, {r.tokens_per_micro} tokens per micro-batch"
+                 ] if r.actor or r.reference else []
+        if r.critic is not None:
+            parts.append(f"critic FSDP2 world size {W}, offload {r.critic_offload}, {r.critic_tokens_per_micro} "
+                         "tokens per micro-batch")
+        if r.reward_model is not None:
+            parts.append(f"reward model FSDP2 world size {W}, offload {r.rm_offload}, {r.rm_tokens_per_micro} "
+                         "tokens per forward")
+        if r.rollout:
+            parts.append(f"rollout {r.rollout_backend} TP {r.engine_tp} x {W // r.engine_tp} replicas at "
+                         f"{r.gpu_memory_utilization:g} of {r.gpu_memory_gb:g} GB")
+        out.append(", ".join(parts) + f"; host {r.host_memory_gb:g} GB per node")
+        p = plan(m, r)
+        out.append("per-GPU memory plan (GB):")
+        known = r.gpu_memory_gb > 0 and r.host_memory_gb > 0   # else nothing to check against: the needs, no verdict
+        out.append(p.text(verdict=known))
+        if not known:
+            out.append(f"no verdict: state placement.pools.{name}.gpu_memory_gb and host_memory_gb (no GPU here)")
+        fits = fits and (p.fits or not known)
+    return "\n".join(out), fits

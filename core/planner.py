@@ -219,8 +219,8 @@ def _policy_terms(m: ModelShape, r: RunShape, W: int, p: Plan) -> tuple[float, f
             v_layer = Tv * (18 * m.vision_hidden + 8 * m.vision_intermediate)
             v_act = (2 * Tv * m.vision_hidden * m.vision_layers + v_layer if r.gradient_checkpointing
                      else v_layer * m.vision_layers)
-            p.lines.append((f"vision encoder activations (<= {m.vision_merge} patches per prompt token)", v_act,
-                            "train"))
+            p.lines.append(("vision encoder activations" + (" (checkpointed)" if r.gradient_checkpointing else ""),
+                            v_act, "train"))
         p.lines.append(("logits (6 T V + chunk work)", 6 * T * m.vocab + CHUNK_WORK, "train"))
     return host, parked, (sum(sharded.values()) + copies if r.offload == "none" else 0.0)
 

@@ -10,7 +10,15 @@
                  background (data source hybridrl/vlm_shapes_blank): the policy must be at chance there (the proof
                  that it reads the image).
 
-Usage: python recipes/vlm/data.py [--out outputs/data] [--seed 0]
+  --task geo3k   the full-scale script's data: Geometry3K (hiyouga/geometry3k: 2,101 train / 601 test problems, one
+                 diagram each, the problem text starting with <image>) as verl's examples/data_preprocess/geo3k.py
+                 writes it: the problem + verl's instruction (think in <think> </think>, answer in \\boxed{}), the
+                 answer as ground truth. --src hub (needs `datasets` and a network) or a folder holding the hub's
+                 parquet files (data/{train,test}-00000-of-00001.parquet, or {train,test}.parquet). The test split
+                 is held out by content too: a train row whose problem text and image bytes equal a test row's is
+                 dropped (the count is printed).  -> geo3k/
+
+Usage: python recipes/vlm/data.py [--task shapes|geo3k] [--src hub|DIR] [--out outputs/data] [--seed 0]
 """
 
 from __future__ import annotations
@@ -24,6 +32,12 @@ from PIL import Image, ImageDraw
 
 from core.data.multimodal import png_bytes
 from core.data.prepare import write_parquet
+
+GEO3K = "hiyouga/geometry3k"
+# verl's examples/data_preprocess/geo3k.py instruction, appended to every problem
+GEO3K_INSTRUCTION = (r"You FIRST think about the reasoning process as an internal monologue and then provide the final "
+                     r"answer. The reasoning process MUST BE enclosed within <think> </think> tags. The final answer "
+                     r"MUST BE put in \boxed{}.")
 
 SOURCE = "hybridrl/vlm_shapes"
 FOLDER = "vlm_shapes"
@@ -94,9 +108,71 @@ def write(out: str | Path, train: int = 2000, test: int = 96, align: int = 2000,
     return paths
 
 
+def geo3k_records(split: str, src: str) -> tuple[list[dict], str]:
+    """Geometry3K's raw rows of ``split`` and where they came from: the hub, or a folder of its parquet files."""
+    if src == "hub":
+        try:
+            import datasets
+        except ImportError:
+            raise RuntimeError("--src hub needs `datasets` (pip install -e '.[hub]') and a network; or pass the "
+                               "folder of a downloaded copy") from None
+        rows = [dict(r) for r in datasets.load_dataset(GEO3K, split=split)]
+        return [dict(r, images=[png_bytes(im) for im in r["images"]]) for r in rows], f"hub:{GEO3K}[{split}]"
+    import pyarrow.parquet as pq
+
+    for path in (Path(src) / "data" / f"{split}-00000-of-00001.parquet", Path(src) / f"{split}.parquet"):
+        if path.is_file():
+            return pq.read_table(path).to_pylist(), str(path)
+    raise FileNotFoundError(f"geo3k {split}: no {split}-00000-of-00001.parquet under {Path(src) / 'data'} nor "
+                            f"{split}.parquet in {src} (--src DIR of the hub's files, or --src hub)")
+
+
+def geo3k_rows(records: list[dict], split: str, where: str) -> list[dict]:
+    """verl-schema rows; a record without problem / answer / images names ``where`` and its row (1-based)."""
+    rows = []
+    for i, r in enumerate(records):
+        missing = [k for k in ("problem", "answer", "images") if r.get(k) in (None, "", [])]
+        if missing:
+            raise ValueError(f"{where}: row {i + 1}: no {', '.join(missing)}")
+        rows.append({"data_source": GEO3K, "ability": "math", "images": list(r["images"]),
+                     "prompt": [{"role": "user", "content": f"{r['problem']} {GEO3K_INSTRUCTION}"}],
+                     "reward_model": {"style": "rule", "ground_truth": str(r["answer"])},
+                     "extra_info": {"split": split, "index": i, "answer": str(r["answer"]), "question": r["problem"]}})
+    return rows
+
+
+def content_key(row: dict) -> str:
+    """A row's content: its problem text and its images' bytes."""
+    digest = hashlib.sha256(row["extra_info"]["question"].encode())
+    for image in row["images"]:
+        digest.update(image["bytes"] if isinstance(image, dict) else bytes(image))
+    return digest.hexdigest()
+
+
+def write_geo3k(out: str | Path, src: str) -> dict[str, Path]:
+    """``<out>/geo3k/{train,test}.parquet``; train rows whose content is a test row's are dropped."""
+    records, where = geo3k_records("test", src)
+    test = geo3k_rows(records, "test", where)
+    records, where = geo3k_records("train", src)
+    train = geo3k_rows(records, "train", where)
+    held = {content_key(r) for r in test}
+    kept = [r for r in train if content_key(r) not in held]
+    paths = {"train": Path(out) / "geo3k" / "train.parquet", "test": Path(out) / "geo3k" / "test.parquet"}
+    for name, rows in (("train", kept), ("test", test)):
+        write_parquet(rows, paths[name])
+        print(f"geo3k {name}: {len(rows)} rows -> {paths[name]}")
+    print(f"geo3k train: {len(train) - len(kept)} row(s) dropped, their problem and image equal a test row's")
+    return paths
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
+    p.add_argument("--task", choices=("shapes", "geo3k"), default="shapes")
+    p.add_argument("--src", default="hub", help="geo3k: hub, or a folder with the hub's parquet files")
     p.add_argument("--out", default="outputs/data")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
-    write(a.out, seed=a.seed)
+    if a.task == "geo3k":
+        write_geo3k(a.out, a.src)
+    else:
+        write(a.out, seed=a.seed)

@@ -79,3 +79,39 @@ def test_image_data_on_an_engine_without_image_support_fails_before_ray(tmp_path
     cfg = load_run_config(RECIPE, "config", [f"data.train_files=[{paths['train']}]", "data.val_files=[]", *text_model])
     with pytest.raises(ValueError, match=r"train.parquet: row 1: image prompts, but the rollout model has no image"):
         load_inputs(cfg, tmp_path / "run2")  # a text-only model: no processor to expand the pictures
+
+
+def geo3k_folder(tmp_path, train, test):
+    """A copy of hiyouga/geometry3k as the hub stores it: data/{split}-00000-of-00001.parquet."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from core.data.multimodal import png_bytes
+
+    (tmp_path / "data").mkdir(parents=True)
+    for split, rows in (("train", train), ("test", test)):
+        table = pa.Table.from_pylist([{"images": [png_bytes(Image.new("RGB", (40, 30), colour))], "problem": problem,
+                                       "answer": answer} for problem, answer, colour in rows])
+        pq.write_table(table, tmp_path / "data" / f"{split}-00000-of-00001.parquet")
+    return tmp_path
+
+
+def test_geo3k_is_verls_prompt_and_its_test_problems_are_held_out_by_content(tmp_path):
+    data = recipe_module(RECIPE, "data")
+    src = geo3k_folder(tmp_path / "geo3k_src", train=[("<image>Find x.", "12", (1, 2, 3)),
+                                                      ("<image>Find y.", "3", (9, 9, 9)),      # = a test row
+                                                      ("<image>Find y.", "3", (8, 8, 8))],     # its picture differs
+                       test=[("<image>Find y.", "3", (9, 9, 9))])
+    paths = data.write_geo3k(tmp_path / "out", str(src))
+    train, test = load_rl_parquet(paths["train"]), load_rl_parquet(paths["test"])
+    assert [r["ground_truth"] for r in train] == ["12", "3"] and len(test) == 1
+    assert train[0]["prompt"] == [{"role": "user", "content": "<image>Find x. You FIRST think about the reasoning "
+                                   "process as an internal monologue and then provide the final answer. The reasoning "
+                                   "process MUST BE enclosed within <think> </think> tags. The final answer MUST BE "
+                                   "put in \\boxed{}."}]
+    assert train[0]["data_source"] == "hiyouga/geometry3k" and train[0]["images"][0].size == (40, 30)
+    bad = geo3k_folder(tmp_path / "bad", train=[("<image>Find x.", "12", (1, 2, 3)), ("<image>Find z.", "", (0, 0, 0))],
+                       test=[("<image>Find y.", "3", (9, 9, 9))])
+    with pytest.raises(ValueError, match=r"train-00000-of-00001.parquet: row 2: no answer"):
+        data.write_geo3k(tmp_path / "out2", str(bad))

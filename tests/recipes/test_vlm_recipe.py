@@ -1,16 +1,24 @@
 """recipes/vlm: the shapes task is held out by content with balanced colours, the blank control is blank, the
-reward is right by hand, and the config validates."""
+reward is right by hand, the configs validate, geo3k is prepared as verl does, the full-scale script plans and fits,
+and (slow) the CPU tier reproduces recipes/vlm/expected.yaml."""
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from core.cli import recipe_module
 from core.data.dataset import load_rl_parquet
+from core.expected import check, load_expected, metric_figures, run_figures
+from core.report import read_metrics
 from core.rewards import load_reward_fn
 from core.train import load_run_config
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "vlm"
+EXPECTED = load_expected(RECIPE)
 
 
 def test_the_test_pictures_are_held_out_by_content_and_balanced(tmp_path):
@@ -115,3 +123,32 @@ def test_geo3k_is_verls_prompt_and_its_test_problems_are_held_out_by_content(tmp
                        test=[("<image>Find y.", "3", (9, 9, 9))])
     with pytest.raises(ValueError, match=r"train-00000-of-00001.parquet: row 2: no answer"):
         data.write_geo3k(tmp_path / "out2", str(bad))
+
+
+def test_full_scale_script_plans_and_fits():
+    """The Qwen2.5-VL-7B geo3k script, dry: verl's settings compose and validate, the planner counts the vision tower,
+    and the plan fits one node of 8 x 80 GB."""
+    out = subprocess.run(["bash", str(RECIPE / EXPECTED["full_scale"]["run"]), "--dry-run"], cwd=RECIPE.parents[1],
+                         env=dict(os.environ, PY=sys.executable), capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "Qwen/Qwen2.5-VL-7B-Instruct on 8 cuda rank(s)" in out.stdout
+    assert "samples per step           2560" in out.stdout and "4 x 640 samples" in out.stdout
+    assert "vision tower + connector 0.68B (32 blocks, width 1280)" in out.stdout
+    assert "vision encoder activations (checkpointed)" in out.stdout
+    assert out.stdout.rstrip().endswith("fits")
+    cfg = load_run_config(RECIPE, "geo3k_qwen7b")
+    assert (cfg.algo.sampling.n, cfg.actor.kl_loss_coef, cfg.data.prompts_per_step) == (5, 0.01, 512)
+    assert (cfg.rollout.max_prompt_length, cfg.algo.sampling.max_new_tokens) == (1024, 2048)
+
+
+@pytest.mark.slow
+def test_cpu_tier_reproduces_expected_yaml(tmp_path):
+    """The real CPU tier (about 7 minutes on 2 cores with bf16): caption alignment, then GRPO on the shapes task."""
+    env = dict(os.environ, PY=sys.executable, MODEL_DIR=str(tmp_path / "aligned"))
+    subprocess.run(["bash", str(RECIPE / EXPECTED["cpu"]["run"]), f"trainer.output_dir={tmp_path / 'run'}"],
+                   cwd=RECIPE.parents[1], env=env, check=True)
+    history = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    figures = run_figures(history) | metric_figures(history, EXPECTED["cpu"]["bounds"])
+    print(json.dumps(figures))
+    assert check(figures, EXPECTED["cpu"], "recipes/vlm cpu tier") == []
+    assert (tmp_path / "run" / "curves.png").is_file()

@@ -49,34 +49,3 @@ def test_each_image_becomes_its_token_run_and_the_output_depends_on_it(vlm):
             logits.append(model(**enc).logits[0, -1])
     assert float((logits[0] - logits[1]).abs().max()) > 1e-3
 
-
-def _wrapped_classes(path: str, port: int) -> set[str]:
-    import os
-
-    import torch.distributed as dist
-    from torch.distributed.fsdp import FSDPModule
-
-    from core.engines.sharding import fsdp_wrap
-    from core.vision_models import load_vlm
-    from core.worker import WorkerContext
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        model = fsdp_wrap(load_vlm(path), WorkerContext(0, 1, 0, torch.device("cpu")), torch.float32, "none")
-        return {type(m).__name__.removeprefix("FSDP") for m in model.modules() if isinstance(m, FSDPModule)}
-    finally:
-        dist.destroy_process_group()
-
-
-def test_fsdp2_shards_the_text_decoder_layers_of_a_vision_language_model(tmp_path):
-    """Idefics3 declares only its vision attention as a unit; its Llama text model declares its decoder layers:
-    both are sharded as units (the text layers used to stay in the root, gathered whole)."""
-    import multiprocessing
-
-    from core.worker import free_port
-
-    path = smolvlm_from_smollm2(tmp_path / "smolvlm")
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        wrapped = pool.apply(_wrapped_classes, (str(path), free_port()))
-    assert {"LlamaDecoderLayer", "Idefics3VisionAttention", "Idefics3ForConditionalGeneration"} <= wrapped

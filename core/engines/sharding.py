@@ -57,9 +57,7 @@ def fsdp_wrap(model: torch.nn.Module, ctx: WorkerContext, compute: torch.dtype, 
     mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
     policy = CPUOffloadPolicy(pin_memory=True) if offload == "full" else OffloadPolicy()
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
-    # the classes every sub-model declares: a vision-language model's own list may leave out its text model's
-    # decoder layers (Idefics3 names only its vision attention; its Llama text model names LlamaDecoderLayer)
-    layer_classes = {name for m in model.modules() for name in (getattr(m, "_no_split_modules", None) or [])}
+    layer_classes = set(getattr(model, "_no_split_modules", None) or [])  # transformers 5 unions its sub-models'
     # Idefics3's vision attention returns a view; its encoder layer adds the residual out of place (checked), so
     # FSDP2's per-forward warning that an in-place op would skip a hook does not apply
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .*VisionAttention\) returned a view")

@@ -1,0 +1,204 @@
+"""HF <-> Megatron-core weights for the Llama and Qwen2 families, in pure torch: the Megatron adapter loads HF
+checkpoints through ``hf_to_megatron`` + ``tp_shard`` / ``pp_stage``, and its weight sync gathers shards back into
+HF names (``tp_merge`` + ``megatron_to_hf``) for the rollout engine.
+
+Names of Megatron-core's ``GPTModel`` (the "full" layout below is one TP rank, one PP stage):
+
+  embedding.word_embeddings.weight                         model.embed_tokens.weight      vocab rows split over TP
+  decoder.layers.{i}.self_attention.linear_qkv.weight      q, k, v interleaved per query group (below); rows split
+  decoder.layers.{i}.self_attention.linear_qkv.bias        the same interleave (Qwen2's q/k/v biases)
+  decoder.layers.{i}.self_attention.linear_proj.weight     o_proj                         columns split over TP
+  decoder.layers.{i}.mlp.linear_fc1.weight                 [gate; up]: rank r holds [gate_r; up_r]
+  decoder.layers.{i}.mlp.linear_fc2.weight                 down_proj                      columns split over TP
+  decoder.layers.{i}.input_layernorm.weight                input_layernorm (local spec; Transformer Engine's spec
+  decoder.layers.{i}.pre_mlp_layernorm.weight              post_attention_layernorm  fuses them: linear_qkv. /
+                                                                                     linear_fc1.layer_norm_weight)
+  decoder.final_layernorm.weight                           model.norm.weight
+  output_layer.weight                                      lm_head.weight (none when embeddings are tied)
+
+q/k/v interleave: query group g (g < kv_heads) holds its heads_per_group query heads, then its key head, then its
+value head: rows [q_g0 .. q_g(m-1), k_g, v_g] x head_dim. Example, 4 query heads, 2 KV heads, head_dim 1: rows
+q0 q1 k0 v0 q2 q3 k1 v1. Column-parallel weights are cut into TP equal row blocks of this tensor -- with fewer KV
+heads than TP ranks a group's rows span several ranks, which Megatron-core handles by gathering (attention.py,
+``get_query_key_value_tensors``). The vocabulary is padded with zero rows to a multiple of
+``make_vocab_size_divisible_by`` x TP, as Megatron pads it; the padding is dropped on the way back.
+
+Pipeline stages number their layers from 0 (``pp_stage``): stage s of p holds layers [s L / p, (s + 1) L / p), the
+embedding on the first stage, the final norm and output layer on the last (tied embeddings over several stages: the
+last stage holds its own copy of the embedding as ``output_layer.weight``, kept equal by Megatron).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+Weights = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Layout:
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool
+    # "local" (Megatron-core's own modules) or "te" (Transformer Engine: norms fused into the next linear)
+    spec: str = "local"
+    make_vocab_size_divisible_by: int = 128
+
+    @staticmethod
+    def from_hf_config(cfg, spec: str = "local") -> "Layout":
+        heads = cfg.num_attention_heads
+        return Layout(cfg.num_hidden_layers, heads, cfg.num_key_value_heads or heads,
+                      getattr(cfg, "head_dim", None) or cfg.hidden_size // heads, cfg.vocab_size,
+                      bool(cfg.tie_word_embeddings), spec)
+
+    def padded_vocab(self, tp: int) -> int:
+        step = self.make_vocab_size_divisible_by * tp
+        return -(-self.vocab // step) * step
+
+    def norm_names(self, i: int) -> tuple[str, str]:
+        p = f"decoder.layers.{i}."
+        if self.spec == "te":
+            return p + "self_attention.linear_qkv.layer_norm_weight", p + "mlp.linear_fc1.layer_norm_weight"
+        return p + "input_layernorm.weight", p + "pre_mlp_layernorm.weight"
+
+
+def interleave_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, L: Layout) -> torch.Tensor:
+    """HF's q (heads d, ...), k and v (kv_heads d, ...) -> Megatron's linear_qkv rows (weights or biases)."""
+    g, d, rest = L.kv_heads, L.head_dim, q.shape[1:]
+    parts = (q.reshape(g, -1, *rest), k.reshape(g, d, *rest), v.reshape(g, d, *rest))
+    return torch.cat(parts, dim=1).reshape(-1, *rest)
+
+
+def split_qkv(qkv: torch.Tensor, L: Layout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g, d, rest = L.kv_heads, L.head_dim, qkv.shape[1:]
+    m = L.heads // L.kv_heads
+    q, k, v = qkv.reshape(g, (m + 2) * d, *rest).split([m * d, d, d], dim=1)
+    return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
+
+
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.cat([t, t.new_zeros(rows - len(t), *t.shape[1:])]) if rows > len(t) else t
+
+
+def hf_to_megatron(hf: Weights, L: Layout, tp: int = 1) -> Weights:
+    """A full HF state dict (Llama / Qwen2 names) -> the full Megatron-core one, vocabulary padded for ``tp``."""
+    V = L.padded_vocab(tp)
+    out = {"embedding.word_embeddings.weight": _pad_rows(hf["model.embed_tokens.weight"], V),
+           "decoder.final_layernorm.weight": hf["model.norm.weight"]}
+    if not L.tied:
+        out["output_layer.weight"] = _pad_rows(hf["lm_head.weight"], V)
+    for i in range(L.layers):
+        a, p = f"model.layers.{i}.", f"decoder.layers.{i}."
+        for kind in ("weight", "bias"):
+            if a + f"self_attn.q_proj.{kind}" in hf:
+                out[p + f"self_attention.linear_qkv.{kind}"] = interleave_qkv(
+                    *(hf[a + f"self_attn.{x}_proj.{kind}"] for x in "qkv"), L)
+        out[p + "self_attention.linear_proj.weight"] = hf[a + "self_attn.o_proj.weight"]
+        out[p + "mlp.linear_fc1.weight"] = torch.cat([hf[a + "mlp.gate_proj.weight"], hf[a + "mlp.up_proj.weight"]])
+        out[p + "mlp.linear_fc2.weight"] = hf[a + "mlp.down_proj.weight"]
+        pre_attn, pre_mlp = L.norm_names(i)
+        out[pre_attn], out[pre_mlp] = hf[a + "input_layernorm.weight"], hf[a + "post_attention_layernorm.weight"]
+    return out
+
+
+def megatron_to_hf(mg: Weights, L: Layout) -> Weights:
+    """The inverse of ``hf_to_megatron``: HF names, the vocabulary padding dropped."""
+    out = {"model.embed_tokens.weight": mg["embedding.word_embeddings.weight"][:L.vocab],
+           "model.norm.weight": mg["decoder.final_layernorm.weight"]}
+    if not L.tied:
+        out["lm_head.weight"] = mg["output_layer.weight"][:L.vocab]
+    for i in range(L.layers):
+        a, p = f"model.layers.{i}.", f"decoder.layers.{i}."
+        for kind in ("weight", "bias"):
+            if p + f"self_attention.linear_qkv.{kind}" in mg:
+                q, k, v = split_qkv(mg[p + f"self_attention.linear_qkv.{kind}"], L)
+                out.update({a + f"self_attn.q_proj.{kind}": q, a + f"self_attn.k_proj.{kind}": k,
+                            a + f"self_attn.v_proj.{kind}": v})
+        out[a + "self_attn.o_proj.weight"] = mg[p + "self_attention.linear_proj.weight"]
+        out[a + "mlp.gate_proj.weight"], out[a + "mlp.up_proj.weight"] = mg[p + "mlp.linear_fc1.weight"].chunk(2)
+        out[a + "mlp.down_proj.weight"] = mg[p + "mlp.linear_fc2.weight"]
+        pre_attn, pre_mlp = L.norm_names(i)
+        out[a + "input_layernorm.weight"], out[a + "post_attention_layernorm.weight"] = mg[pre_attn], mg[pre_mlp]
+    return out
+
+
+def tp_dim(name: str) -> int | None:
+    """The dimension a Megatron weight is split along over TP ranks (None: replicated)."""
+    if name.endswith(("linear_qkv.weight", "linear_qkv.bias", "word_embeddings.weight", "output_layer.weight",
+                      "linear_fc1.weight")):
+        return 0
+    if name.endswith(("linear_proj.weight", "linear_fc2.weight")):
+        return 1
+    return None
+
+
+def tp_shard(mg: Weights, tp: int, rank: int) -> Weights:
+    """What TP rank ``rank`` of ``tp`` holds of a full Megatron state dict."""
+    out = {}
+    for name, t in mg.items():
+        dim = tp_dim(name)
+        if dim is None:
+            out[name] = t
+        elif name.endswith("linear_fc1.weight"):  # [gate; up] -> [gate_r; up_r]
+            gate, up = t.chunk(2)
+            out[name] = torch.cat([gate.chunk(tp)[rank], up.chunk(tp)[rank]])
+        else:
+            if t.shape[dim] % tp:
+                raise ValueError(f"{name}: {t.shape[dim]} along dim {dim} is not divisible by TP {tp}")
+            out[name] = t.chunk(tp, dim)[rank]
+    return out
+
+
+def tp_merge(shards: list[Weights]) -> Weights:
+    """The full Megatron state dict from every TP rank's shard (rank order); replicated weights must agree."""
+    out = {}
+    for name, first in shards[0].items():
+        dim = tp_dim(name)
+        if dim is None:
+            if any(not torch.equal(first, s[name]) for s in shards[1:]):
+                raise ValueError(f"{name}: replicated over TP but the ranks' copies differ")
+            out[name] = first
+        elif name.endswith("linear_fc1.weight"):
+            halves = [s[name].chunk(2) for s in shards]
+            out[name] = torch.cat([torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])])
+        else:
+            out[name] = torch.cat([s[name] for s in shards], dim)
+    return out
+
+
+def pp_stage(mg: Weights, L: Layout, pp: int, stage: int) -> Weights:
+    """What pipeline stage ``stage`` of ``pp`` holds, its layers renumbered from 0."""
+    if L.layers % pp:
+        raise ValueError(f"{L.layers} layers do not split evenly over {pp} pipeline stages")
+    per, out = L.layers // pp, {}
+    for name, t in mg.items():
+        if name.startswith("decoder.layers."):
+            i, rest = name.removeprefix("decoder.layers.").split(".", 1)
+            if stage * per <= int(i) < (stage + 1) * per:
+                out[f"decoder.layers.{int(i) - stage * per}.{rest}"] = t
+        elif name.startswith("embedding.") and stage == 0 or not name.startswith("embedding.") and stage == pp - 1:
+            out[name] = t
+    if L.tied and pp > 1 and stage == pp - 1:
+        out["output_layer.weight"] = mg["embedding.word_embeddings.weight"]
+    return out
+
+
+def pp_merge(stages: list[Weights], L: Layout) -> Weights:
+    """The full state dict from every pipeline stage's (stage order), layers numbered globally again."""
+    out, offset = {}, 0
+    for st in stages:
+        count = len({n.split(".")[2] for n in st if n.startswith("decoder.layers.")})
+        for name, t in st.items():
+            if name.startswith("decoder.layers."):
+                i, rest = name.removeprefix("decoder.layers.").split(".", 1)
+                name = f"decoder.layers.{int(i) + offset}.{rest}"
+            out[name] = t
+        offset += count
+    if L.tied:
+        out.pop("output_layer.weight", None)
+    return out

@@ -27,5 +27,6 @@ if [ "$dry" = 1 ]; then
 fi
 # the plan first: a run that cannot fit stops here with the numbers
 "${run[@]}" --dry-run "${args[@]}"
-[ -f outputs/data/geo3k/train.parquet ] || "$PY" "$here/data.py" --task geo3k --src "${GEO3K_SRC:-hub}" --out outputs/data
+[ -f outputs/data/geo3k/train.parquet ] || "$PY" "$here/data.py" --task geo3k --src "${GEO3K_SRC:-hub}" \
+  --out outputs/data
 exec "${run[@]}" "${args[@]}"

@@ -24,6 +24,7 @@ from core.algos.ops import masked_mean
 from core.checkpoint import answer_probe
 from core.config import ActorConfig
 from core.engines.forward import response_logprobs
+from core.engines.moe import RouterStats
 from core.engines.sharding import (IdleOffload, adamw_with_warmup, clipped_step, equalise_passes,
                                    global_counts, load_sharded_causal_lm, load_state, reshuffle_seed, save_state)
 from core.protocol import Batch
@@ -85,6 +86,7 @@ class FSDPActor:
             self.optim, self.sched = adamw_with_warmup(self.model, cfg.optim)
         self.idle = IdleOffload(self.model, self.optim, ctx.device, cfg.offload == "idle")
         self._filled_old: torch.Tensor | None = None  # old log-probs as the last update used them
+        self.routers = RouterStats(self.model)  # an MoE model's router loads while it updates
 
     # ------------------------------------------------------------------------------------ inference
     @torch.no_grad()
@@ -175,6 +177,7 @@ class FSDPActor:
             batch = batch.union(Batch({"row": torch.arange(len(batch))}))
             self._filled_old = batch["old_logprobs"].clone()
         shuffle_seed = reshuffle_seed(cfg.ppo_epochs)
+        self.routers.reset()
         for epoch in range(cfg.ppo_epochs):
             for mini in batch.minibatches(cfg.ppo_mini_batch_size // dp, seed=shuffle_seed + epoch, shuffle=epoch > 0):
                 tokens, seqs = global_counts(mini["response_mask"], self.ctx.device)
@@ -215,7 +218,7 @@ class FSDPActor:
                 norm = self._step()
                 add("actor/grad_norm", norm)
                 add("actor/nonfinite_grad_frac", float(not math.isfinite(norm)))  # optimizer steps skipped
-        out = {k: sums[k] / counts[k] for k in sums if not k.endswith("_loss")}
+        out = {k: sums[k] / counts[k] for k in sums if not k.endswith("_loss")} | self.routers.metrics("actor/")
         # loss values are sums over micro-batches of parts of one mini-batch's loss: average per mini-batch
         n_mini = counts.get("actor/grad_norm", 1)
         out |= {k: sums[k] / n_mini for k in sums if k.endswith("_loss")}

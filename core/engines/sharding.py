@@ -170,6 +170,7 @@ def _meta_model(files: list, who: str, value_head: bool = False) -> tuple:
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForTokenClassification
 
+    from core.engines.moe import checkpoint_parts
     from core.models import lm_class
 
     config = AutoConfig.from_pretrained(files[0].parent, **({"num_labels": 1} if value_head else {}))
@@ -182,9 +183,12 @@ def _meta_model(files: list, who: str, value_head: bool = False) -> tuple:
         build = AutoModelForTokenClassification if value_head else lm_class(config)
         model = build.from_config(config, dtype=torch.float32)
     model.tie_weights()  # on meta, from_config leaves tied embeddings as two parameters
-    where = _tensor_files(files)
+    stored = _tensor_files(files)
     params = dict(model.named_parameters())
     fresh = {k: v for k, v in fresh.items() if k in params}
+    # each parameter's tensors in the files (MoE experts stored one by one, transformers fuses them: core.engines.moe)
+    where = {k: (parts, stored) for k, p in params.items() if k not in fresh
+             and (parts := checkpoint_parts(k, p.shape[0], stored)) is not None}
     missing = sorted(set(params) - set(where) - set(fresh))
     if missing:
         print(f"{who}: {len(missing)} parameter(s) (e.g. {missing[0]}) are not under their names in "
@@ -226,12 +230,21 @@ def _fill_shards(model: torch.nn.Module, where: dict, fresh: dict | None = None)
     fresh = fresh or {}
     for name, param in model.named_parameters():
         local = param.to_local() if hasattr(param, "to_local") else param
-        stored = fresh[name] if name in fresh else where[name].get_slice(name)
-        rows = stored.shape[0] if name in fresh else stored.get_shape()[0]
+        rows = param.shape[0]
         start = (param.device_mesh.get_local_rank() * -(-rows // param.device_mesh.size())
                  if hasattr(param, "device_mesh") else 0)
-        if local.shape[0]:
-            local.copy_(stored[start:start + local.shape[0]])
+        if not local.shape[0]:
+            continue
+        stop = start + local.shape[0]
+        if name in fresh:
+            local.copy_(fresh[name][start:stop])
+            continue
+        parts, stored = where[name]
+        if isinstance(parts, str):
+            local.copy_(stored[parts].get_slice(parts)[start:stop])
+        else:  # fused experts: read only this rank's experts
+            local.copy_(torch.stack([torch.cat([stored[n].get_tensor(n) for n in parts[e]])
+                                     for e in range(start, stop)]))
 
 
 def enable_checkpointing(model: torch.nn.Module) -> None:

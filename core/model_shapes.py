@@ -27,6 +27,12 @@ class ModelShape:
     vision_hidden: int = 0
     vision_intermediate: int = 0
     vision_merge: int = 1
+    # a mixture-of-experts model: parameters one token uses (its top-k of the experts), experts, experts per token,
+    # and one layer's parameters, all experts included (0: a dense model)
+    active_params: float = 0.0
+    experts: int = 0
+    experts_per_token: int = 0
+    moe_layer_params: float = 0.0
 
     @property
     def head_dim(self) -> int:
@@ -34,7 +40,10 @@ class ModelShape:
 
     @property
     def layer_params(self) -> float:
-        """One decoder layer: q, o (h x h), k, v (h x kv_heads x head_dim), gate/up/down (3 h i), 2 norms."""
+        """One decoder layer: q, o (h x h), k, v (h x kv_heads x head_dim), gate/up/down (3 h i), 2 norms (an MoE
+        layer: counted on the meta device, every expert included)."""
+        if self.moe_layer_params:
+            return self.moe_layer_params
         kv = self.kv_heads * self.head_dim
         return 2 * self.hidden * self.hidden + 2 * self.hidden * kv + 3 * self.hidden * self.intermediate + 2 * self.hidden
 
@@ -50,7 +59,36 @@ class ModelShape:
         shape = ModelShape(0.0, L, h, i, heads, kv, V, tied)
         params = float(L * shape.layer_params + V * h * (1 if tied else 2) + h)
         vision = vision_shape(c) if "vision_config" in c else {}
+        if any(t.get(k) for k in MOE_KEYS):
+            moe = moe_shape(c)
+            # activations: a token goes through k experts (and the shared ones): that MLP width
+            return ModelShape(moe.pop("params"), L, h, moe.pop("active_width"), heads, kv, V, tied, **moe)
         return ModelShape(params + vision.get("vision_params", 0.0), L, h, i, heads, kv, V, tied, **vision)
+
+
+MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def moe_shape(c: dict) -> dict:
+    """A mixture-of-experts config.json, counted on the meta device with its transformers class: all parameters,
+    the ones a token uses (the others' experts excluded: total - expert parameters x (1 - k / E)), per layer, and
+    the MLP width a token goes through (k x the expert width + the shared experts')."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(**c)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    total = sum(p.numel() for p in model.parameters())
+    expert = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    E = next(c[k] for k in MOE_KEYS if c.get(k))
+    k = c["num_experts_per_tok"]
+    width = c.get("moe_intermediate_size") or c["intermediate_size"]
+    shared = c.get("shared_expert_intermediate_size") or c.get("n_shared_experts", 0) * width
+    outside = sum(p.numel() for n, p in model.named_parameters() if ".layers." not in n)
+    return {"params": float(total), "active_params": float(total - expert * (1 - k / E)), "experts": E,
+            "experts_per_token": k, "moe_layer_params": float(total - outside) / c["num_hidden_layers"],
+            "active_width": k * width + shared}
 
 
 def vision_shape(c: dict) -> dict:
@@ -94,6 +132,19 @@ KNOWN: dict[str, dict] = {
                                                       "patch_size": 14, "spatial_merge_size": 2,
                                                       "temporal_patch_size": 2, "window_size": 112,
                                                       "fullatt_block_indexes": [7, 15, 23, 31]}},
+    # mixture-of-experts shapes (issue 29): Mixtral 46.7B / 12.9B active, DeepSeek-V3 671B / 37B (its multi-token
+    # prediction module is not in transformers' model)
+    "mistralai/Mixtral-8x7B-Instruct-v0.1": {"model_type": "mixtral", "hidden_size": 4096, "num_hidden_layers": 32,
+                                             "intermediate_size": 14336, "num_attention_heads": 32,
+                                             "num_key_value_heads": 8, "vocab_size": 32000, "num_local_experts": 8,
+                                             "num_experts_per_tok": 2, "tie_word_embeddings": False},
+    "deepseek-ai/DeepSeek-V3": {"model_type": "deepseek_v3", "hidden_size": 7168, "num_hidden_layers": 61,
+                                "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_attention_heads": 128,
+                                "num_key_value_heads": 128, "vocab_size": 129280, "n_shared_experts": 1,
+                                "n_routed_experts": 256, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+                                "n_group": 8, "topk_group": 4, "kv_lora_rank": 512, "q_lora_rank": 1536,
+                                "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
+                                "tie_word_embeddings": False},
     "Qwen/Qwen2.5-0.5B-Instruct": {"hidden_size": 896, "num_hidden_layers": 24, "intermediate_size": 4864,
                                    "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
                                    "tie_word_embeddings": True},

@@ -85,7 +85,8 @@ def plan_run(cfg) -> tuple[str, bool]:
         f"{cfg.placement.pools[name].device} rank(s)" for name in used))
     m = model_shape(cfg.actor.model)
     out.append(f"model {cfg.actor.model}: {m.params / 1e9:.2f}B parameters, {m.layers} layers, hidden {m.hidden}, "
-               f"vocab {m.vocab}" + (f"; vision tower + connector {m.vision_params / 1e9:.2f}B ({m.vision_layers} "
+               f"vocab {m.vocab}" + (f"; {m.active_params / 1e9:.2f}B active per token ({m.experts_per_token} of "
+                                     f"{m.experts} experts)" if m.experts else "") + (f"; vision tower + connector {m.vision_params / 1e9:.2f}B ({m.vision_layers} "
                                      f"blocks, width {m.vision_hidden})" if m.vision_params else ""))
     fits = True
     for name in used:

@@ -330,3 +330,17 @@ def test_a_vision_language_model_counts_its_vision_tower_and_its_activations_by_
     got = lines(plan(m, r))["vision encoder activations (checkpointed)"]
     assert got == pytest.approx(2 * 4000 / 3 * 1280 * 32 + 4000 / 3 * 50_400)
     assert not [k for k in lines(plan(model_shape("Qwen/Qwen2.5-7B"), r)) if k.startswith("vision")]
+
+
+def test_mixture_of_experts_total_and_active_parameters_by_hand():
+    m = model_shape("mistralai/Mixtral-8x7B-Instruct-v0.1")
+    # per layer: attention 2 x 4096^2 + 2 x 4096 x 1024 = 41,943,040; 8 experts x 3 x 4096 x 14336 = 1,409,286,144;
+    # router 8 x 4096 = 32,768; 2 norms 8,192 -> 1,451,270,144; x 32 + untied embeddings 2 x 32000 x 4096 + the
+    # final norm = 46,702,792,704 (Mistral: 46.7B)
+    assert m.layer_params == 1_451_270_144 and m.params == 46_702_792_704
+    # a token uses 2 of the 8 experts: minus 32 x 1,409,286,144 x 6/8 = 12,879,925,248 (Mistral: 12.9B)
+    assert m.active_params == 46_702_792_704 - 32 * 1_409_286_144 * 6 // 8 == 12_879_925_248
+    assert (m.experts, m.experts_per_token, m.intermediate) == (8, 2, 2 * 14336)
+    ds = model_shape("deepseek-ai/DeepSeek-V3")  # DeepSeek: 671B total, 37B activated per token
+    assert round(ds.params / 1e9) == 671 and round(ds.active_params / 1e9, 1) == 37.6
+    assert (ds.experts, ds.experts_per_token, ds.intermediate) == (256, 8, 8 * 2048 + 2048)

@@ -84,10 +84,14 @@ def plan_run(cfg) -> tuple[str, bool]:
         f"pool {name!r}: {cfg.placement.pools[name].nnodes} node(s) x {cfg.placement.pools[name].slots_per_node} "
         f"{cfg.placement.pools[name].device} rank(s)" for name in used))
     m = model_shape(cfg.actor.model)
-    out.append(f"model {cfg.actor.model}: {m.params / 1e9:.2f}B parameters, {m.layers} layers, hidden {m.hidden}, "
-               f"vocab {m.vocab}" + (f"; {m.active_params / 1e9:.2f}B active per token ({m.experts_per_token} of "
-                                     f"{m.experts} experts)" if m.experts else "") + (f"; vision tower + connector {m.vision_params / 1e9:.2f}B ({m.vision_layers} "
-                                     f"blocks, width {m.vision_hidden})" if m.vision_params else ""))
+    about = [f"model {cfg.actor.model}: {m.params / 1e9:.2f}B parameters, {m.layers} layers, hidden {m.hidden}, "
+             f"vocab {m.vocab}"]
+    if m.experts:
+        about.append(f"{m.active_params / 1e9:.2f}B active per token ({m.experts_per_token} of {m.experts} experts)")
+    if m.vision_params:
+        about.append(f"vision tower + connector {m.vision_params / 1e9:.2f}B ({m.vision_layers} blocks, width "
+                     f"{m.vision_hidden})")
+    out.append("; ".join(about))
     fits = True
     for name in used:
         pool = cfg.placement.pools[name]

@@ -47,8 +47,8 @@ def test_megatron_actor_at_tp2_equals_the_fsdp_actor(tiny_model_dir, tmp_path):
     from core.engines.fsdp import FSDPActor
     from core.engines.rollout import RolloutEngine
     from core.models import load_causal_lm, load_tokenizer
-    from core.placement import place
     from core.config import PlacementConfig, PoolConfig
+    from core.placement import place
     from core.worker import RoleSpec
 
     tok = load_tokenizer(str(tiny_model_dir))
@@ -56,7 +56,8 @@ def test_megatron_actor_at_tp2_equals_the_fsdp_actor(tiny_model_dir, tmp_path):
     ids = [tok(f"q{i} " + "ab" * i, add_special_tokens=False)["input_ids"] for i in range(4)]
     batch = engine.generate(ids, SamplingParams(n=2, temperature=1.0, max_new_tokens=8, seed=0))
     batch["old_logprobs"] = batch["rollout_logprobs"]
-    batch["advantages"] = torch.randn(len(batch), 1, generator=torch.Generator().manual_seed(0)) * batch["response_mask"]
+    g = torch.Generator().manual_seed(0)
+    batch["advantages"] = torch.randn(len(batch), 1, generator=g) * batch["response_mask"]
     torch.save(dict(batch.tensors), tmp_path / "batch.pt")
     mp.spawn(_megatron, args=(free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2)
     theirs = torch.load(tmp_path / "megatron.pt")

@@ -16,8 +16,8 @@ output, and a last line naming the error, timeout or truncation. It never raises
 
 from __future__ import annotations
 
+import json
 import os
-import resource
 import select
 import shutil
 import signal
@@ -64,18 +64,14 @@ ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1
        "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-def _limit(limits: SandboxLimits, use_seccomp: bool):
-    """The child's set-up between fork and exec (async-signal-safe enough: rlimits and two prctls)."""
-    def setup():
-        cpu = max(1, int(limits.timeout_s) + 1)
-        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.max_file_bytes, limits.max_file_bytes))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limits.max_open_files, limits.max_open_files))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if use_seccomp:
-            seccomp.install()
-    return setup
+LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_launch.py")
+
+
+def _limits_arg(limits: SandboxLimits, use_seccomp: bool) -> str:
+    """The launcher's settings (``core/tools/sandbox_launch.py``, which applies them before exec'ing the tool)."""
+    return json.dumps({"memory_bytes": limits.memory_bytes, "cpu_s": max(1, int(limits.timeout_s) + 1),
+                       "file_bytes": limits.max_file_bytes, "open_files": limits.max_open_files,
+                       "seccomp": use_seccomp})
 
 
 def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> ToolResult:
@@ -87,9 +83,10 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> ToolResult
     try:
         with open(os.path.join(scratch, "main.py"), "w") as f:
             f.write(code)
-        proc = subprocess.Popen([sys.executable, "-I", "main.py"], cwd=scratch, env=dict(ENV, HOME=scratch),
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=_limit(limits, use_seccomp))
+        # no preexec_fn: Python between fork and exec in a threaded caller can deadlock (sandbox_launch.py)
+        proc = subprocess.Popen([sys.executable, "-I", LAUNCHER, _limits_arg(limits, use_seccomp), "main.py"],
+                                cwd=scratch, env=dict(ENV, HOME=scratch), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         out, status = _collect(proc, limits, start)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -66,6 +66,15 @@ class ModelShape:
         return ModelShape(params + vision.get("vision_params", 0.0), L, h, i, heads, kv, V, tied, **vision)
 
 
+def meta_model(c: dict, auto_class: str):
+    """The model of config.json ``c`` on the meta device (no memory, no weights), by transformers' ``auto_class``."""
+    import torch
+    import transformers
+
+    with torch.device("meta"):
+        return getattr(transformers, auto_class).from_config(transformers.AutoConfig.for_model(**c))
+
+
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 
@@ -73,12 +82,7 @@ def moe_shape(c: dict) -> dict:
     """A mixture-of-experts config.json, counted on the meta device with its transformers class: all parameters,
     the ones a token uses (the others' experts excluded: total - expert parameters x (1 - k / E)), per layer, and
     the MLP width a token goes through (k x the expert width + the shared experts')."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = AutoConfig.for_model(**c)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg)
+    model = meta_model(c, "AutoModelForCausalLM")
     total = sum(p.numel() for p in model.parameters())
     expert = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
     E = next(c[k] for k in MOE_KEYS if c.get(k))
@@ -94,12 +98,7 @@ def moe_shape(c: dict) -> dict:
 def vision_shape(c: dict) -> dict:
     """The vision side of a vision-language config.json: the parameters outside the language model and its head,
     counted on the meta device (no memory, no weights) with the architecture's own transformers class."""
-    import torch
-    from transformers import AutoConfig, AutoModelForImageTextToText
-
-    cfg = AutoConfig.for_model(**c)
-    with torch.device("meta"):
-        model = AutoModelForImageTextToText.from_config(cfg)
+    model = meta_model(c, "AutoModelForImageTextToText")
     text = ("language_model.", "text_model.", "lm_head.")
     params = sum(p.numel() for n, p in model.named_parameters() if not any(k in n for k in text))
     v = c["vision_config"]

@@ -58,11 +58,11 @@ class ModelShape:
         tied = bool(c.get("tie_word_embeddings", t.get("tie_word_embeddings", False)))
         shape = ModelShape(0.0, L, h, i, heads, kv, V, tied)
         params = float(L * shape.layer_params + V * h * (1 if tied else 2) + h)
-        vision = vision_shape(c) if "vision_config" in c else {}
         if any(t.get(k) for k in MOE_KEYS):
             moe = moe_shape(c)
             # activations: a token goes through k experts (and the shared ones): that MLP width
             return ModelShape(moe.pop("params"), L, h, moe.pop("active_width"), heads, kv, V, tied, **moe)
+        vision = vision_shape(c) if "vision_config" in c else {}
         return ModelShape(params + vision.get("vision_params", 0.0), L, h, i, heads, kv, V, tied, **vision)
 
 

@@ -190,8 +190,8 @@ def load_inputs(cfg: RunConfig, out: Path) -> tuple[Callable, list[dict], list[d
     tokenizer = load_tokenizer(cfg.rollout.model)  # each prompt's length, once, before Ray
     processor = processor_for(cfg.rollout.model)  # image prompts: measured with their image-token runs
     pictured = next((r for r in rows + val_rows if "images" in r), None)
-    if pictured is not None and image_prompt_problem(cfg.rollout):
-        raise ConfigError(f"{pictured['where']}: {image_prompt_problem(cfg.rollout)}")
+    if pictured is not None and (problem := image_prompt_problem(cfg.rollout)):
+        raise ConfigError(f"{pictured['where']}: {problem}")
     for name, part in (("train", rows), ("val", val_rows)):
         if part:
             fitted, note = fit_prompt_lengths(part, tokenizer, cfg.rollout.max_prompt_length, cfg.data.truncation,

@@ -16,7 +16,9 @@ are reported at once:
   its values; ``data.truncation`` is one of ``error``, ``left``, ``right``;
 - a reward model has a model and a pool, and the reward weights are not set without one;
 - with the built-in rewards (no ``reward.path``), every ``data_source`` of the data files has a reward
-  (``check_data_sources``, once the rows are loaded).
+  (``check_data_sources``, once the rows are loaded);
+- ``actor.strategy: megatron``: tp x pp divides the actor pool's ranks (what this version can run of the layout is
+  ``core.engines.megatron_actor.run_problem``, checked once the model is located).
 """
 
 from __future__ import annotations
@@ -77,8 +79,22 @@ def problems(cfg: "RunConfig") -> list[str]:
     if not cfg.use_reward_model and (algo.reward_model_sources or algo.reward_function_weight != 1.0):
         out.append("algo.reward_model_sources / reward_function_weight weigh a reward model's scores, but "
                    "use_reward_model is false; drop them or set use_reward_model: true")
-    out += _agent_problems(cfg)
+    out += _agent_problems(cfg) + _megatron_problems(cfg)
     return out
+
+
+def _megatron_problems(cfg: "RunConfig") -> list[str]:
+    """The Megatron layout fits the actor's pool: tp x pp divides its ranks (each DP replica is one TP x PP grid)."""
+    a = cfg.actor
+    if a.strategy != "megatron":
+        return []
+    pool = cfg.placement.pools[cfg.placement.roles["actor"]]
+    ranks, grid = pool.nnodes * pool.slots_per_node, a.megatron.tp * a.megatron.pp
+    if ranks % grid:
+        return [f"actor.megatron tp={a.megatron.tp} x pp={a.megatron.pp} = {grid} ranks per model replica does not "
+                f"divide the actor pool's {ranks} ranks ({pool.nnodes} x {pool.slots_per_node}); change tp / pp or "
+                "the pool"]
+    return []
 
 
 def _agent_problems(cfg: "RunConfig") -> list[str]:

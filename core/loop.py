@@ -20,7 +20,7 @@ from core.algos import (AdaptiveKLController, FixedKLController, apply_kl_reward
                         scores_to_token_rewards, truncated_is_weights, value_targets_explained_variance)
 from core.config import AlgoConfig, SamplingParams
 from core.engines.critic import FSDPCritic
-from core.engines.fsdp import FSDPActor
+from core.engines.policy import PolicyWorker
 from core.engines.reward_model import RewardModelWorker
 from core.protocol import Batch
 from core.rewards import ScoredBatch, default_compute_score, sample_names, score_batch
@@ -125,12 +125,12 @@ def logprobs(roles: Roles, batch: Batch, timer: Timer, leave_to_update: bool = F
     """``old_logprobs`` under the actor before its update (the PPO ratio's denominator), and ``ref_logprobs``
     under the frozen reference when the run has one. ``leave_to_update``: the rows the actor's update reaches
     before its first optimizer step get theirs from that update's forward (the same policy, one forward fewer;
-    ``FSDPActor.compute_logprobs``): only when no phase before ``update`` reads ``old_logprobs``."""
+    ``PolicyWorker.compute_logprobs``): only when no phase before ``update`` reads ``old_logprobs``."""
     with timer("old_logprob"):
-        batch = batch.union(roles.actor.dp_split(FSDPActor.compute_logprobs, batch, leave_to_update=leave_to_update))
+        batch = batch.union(roles.actor.dp_split(PolicyWorker.compute_logprobs, batch, leave_to_update=leave_to_update))
     if roles.ref is not None:
         with timer("ref"):
-            batch["ref_logprobs"] = roles.ref.dp_split(FSDPActor.compute_logprobs, batch)["old_logprobs"]
+            batch["ref_logprobs"] = roles.ref.dp_split(PolicyWorker.compute_logprobs, batch)["old_logprobs"]
     return batch
 
 
@@ -169,10 +169,10 @@ def update(roles: Roles, batch: Batch, cfg: AlgoConfig, timer: Timer, update_act
             out |= reduce_over_ranks(roles.critic.dp_split(FSDPCritic.update, batch))
     if update_actor:
         with timer("update_actor"):
-            out |= reduce_over_ranks(roles.actor.dp_split(FSDPActor.update, batch))
+            out |= reduce_over_ranks(roles.actor.dp_split(PolicyWorker.update, batch))
             if "old_from_update" in batch:  # the old log-probs the update filled in, for the step's metrics
                 rows = Batch({"old_from_update": batch["old_from_update"]})
-                batch["old_logprobs"] = roles.actor.dp_split(FSDPActor.update_old_logprobs, rows)["old_logprobs"]
+                batch["old_logprobs"] = roles.actor.dp_split(PolicyWorker.update_old_logprobs, rows)["old_logprobs"]
         with timer("sync_weights"):
             out |= sync_rollout(roles, cfg.sync_timeout_s)
     return out

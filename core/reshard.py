@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 
-from core.engines.fsdp import FSDPActor
+from core.engines.policy import PolicyWorker
 from core.engines.rollout import RolloutEngine
 from core.memory import peak_memory
 
@@ -28,7 +28,7 @@ class WeightSyncError(RuntimeError):
     pass
 
 
-def sync_weights(actor: FSDPActor, engine: RolloutEngine, bucket_bytes: int = 64 << 20, debug: bool = False) -> dict:
+def sync_weights(actor: PolicyWorker, engine: RolloutEngine, bucket_bytes: int = 64 << 20, debug: bool = False) -> dict:
     """Copy the actor's current weights into ``engine``; returns timing, size and peak-bucket metrics."""
     with peak_memory(engine.device) as mem:
         metrics = _sync(actor, engine, bucket_bytes, debug)
@@ -36,7 +36,7 @@ def sync_weights(actor: FSDPActor, engine: RolloutEngine, bucket_bytes: int = 64
                       "sync/retained_memory_megabytes": mem.end_bytes / 2**20}
 
 
-def _sync(actor: FSDPActor, engine: RolloutEngine, bucket_bytes: int, debug: bool) -> dict:
+def _sync(actor: PolicyWorker, engine: RolloutEngine, bucket_bytes: int, debug: bool) -> dict:
     t0 = time.perf_counter()
     # None: the engine maps names itself (vLLM fuses q/k/v and gate/up; its load_weights rejects unknown names)
     targets = engine.weight_names()

@@ -13,6 +13,7 @@ import torch
 from core.agent_loop import agent_generate
 from core.config import ActorConfig, RolloutConfig, SamplingParams
 from core.engines.fsdp import FSDPActor
+from core.engines.policy import PolicyWorker
 from core.engines.rollout import RolloutEngine, replica_seed
 from core.engines.rollout_batch import decode_responses, merge_padded
 from core.engines.vision_inputs import image_prompt_problem, vision_prompt_ids
@@ -21,7 +22,7 @@ from core.reshard import WeightSyncError, sync_weights
 from core.worker import WorkerContext
 from core.worker_group import RoleGroup
 
-__all__ = ["ActorConfig", "FSDPActor", "RolloutConfig", "RolloutWorker"]
+__all__ = ["ActorConfig", "FSDPActor", "PolicyWorker", "RolloutConfig", "RolloutWorker"]
 
 
 class RolloutWorker:
@@ -130,13 +131,13 @@ def sync_across_pools(actor: RoleGroup, rollout: RoleGroup, timeout_s: float | N
     ``sync_bucket_megabytes``); returns the colocated sync's metrics keys but memory, which is per process."""
     t0 = time.perf_counter()
     names, dtype, bucket_bytes = rollout.call_rank0(RolloutWorker.sync_spec, timeout_s=timeout_s)
-    plan = actor.call_rank0(FSDPActor.bucket_plan, bucket_bytes, timeout_s=timeout_s)
+    plan = actor.call_rank0(PolicyWorker.bucket_plan, bucket_bytes, timeout_s=timeout_s)
     missing = sorted(set(names) - {n for bucket in plan for n in bucket}) if names is not None else []
     if missing:
         raise WeightSyncError(f"rollout weights the actor does not have: {missing[:5]}{'...' if len(missing) > 5 else ''}")
     sent, peak = 0, 0
     for bucket_names in plan:
-        bucket = actor.call_all(FSDPActor.gather_bucket, bucket_names, dtype, timeout_s=timeout_s)[0]
+        bucket = actor.call_all(PolicyWorker.gather_bucket, bucket_names, dtype, timeout_s=timeout_s)[0]
         size = rollout.call_all(RolloutWorker.load_weights, bucket, timeout_s=timeout_s)[0]
         sent, peak = sent + size, max(peak, size)
         del bucket

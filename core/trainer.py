@@ -21,6 +21,7 @@ from core.checks import ConfigError, check_data_sources, check_run
 from core.config import ActorConfig, RunConfig
 from core.engines.critic import FSDPCritic
 from core.engines.fsdp import FSDPActor
+from core.engines.policy import PolicyWorker
 from core.engines.reward_model import RewardModelWorker
 from core.loop import Roles, kl_controller, prompts_from_rows, step, sync_rollout, validate
 from core.report import report
@@ -31,9 +32,10 @@ from core.worker_group import init_ray
 
 
 def dp_size(cfg: RunConfig) -> int:
-    """The actor's data-parallel ranks: its pool's, or 1 with the local backend."""
+    """The actor's data-parallel ranks: its pool's (over Megatron's tp x pp grid), or 1 with the local backend."""
     pool = cfg.placement.pools[cfg.placement.roles["actor"]]
-    return 1 if cfg.trainer.backend == "local" else pool.nnodes * pool.slots_per_node
+    grid = cfg.actor.megatron.tp * cfg.actor.megatron.pp
+    return 1 if cfg.trainer.backend == "local" else pool.nnodes * pool.slots_per_node // grid
 
 
 def effective_sizes(cfg: RunConfig, dp_size: int) -> str:
@@ -58,8 +60,18 @@ def effective_sizes(cfg: RunConfig, dp_size: int) -> str:
         f"  response tokens per sample <= {cfg.algo.sampling.max_new_tokens}"])
 
 
+def policy_spec(actor: ActorConfig) -> RoleSpec:
+    """The actor's (or the reference's) role on its training engine; a Megatron model replica's TP ranks share
+    one chunk of rows."""
+    if actor.strategy == "megatron":
+        from core.engines.megatron_actor import MegatronActor
+
+        return RoleSpec(MegatronActor, {"cfg": actor}, mp_size=actor.megatron.tp)
+    return RoleSpec(FSDPActor, {"cfg": actor})
+
+
 def role_specs(cfg: RunConfig) -> dict[str, RoleSpec]:
-    specs = {"actor": RoleSpec(FSDPActor, {"cfg": cfg.actor}),
+    specs = {"actor": policy_spec(cfg.actor),
              # a tensor-parallel engine's replica spans tensor_parallel_size ranks: they share one chunk of prompts
              "rollout": RoleSpec(RolloutWorker, {"cfg": cfg.rollout,
                                                  "max_response_length": max(cfg.algo.sampling.max_new_tokens,
@@ -70,8 +82,9 @@ def role_specs(cfg: RunConfig) -> dict[str, RoleSpec]:
     if cfg.has_reference():
         ref = ActorConfig(model=cfg.actor.model, dtype=cfg.actor.dtype, trainable=False,
                           micro_batch_size=cfg.actor.micro_batch_size, max_tokens_per_micro=cfg.actor.max_tokens_per_micro,
-                          temperature=cfg.actor.temperature, offload=cfg.actor.offload)
-        specs["ref"] = RoleSpec(FSDPActor, {"cfg": ref})
+                          temperature=cfg.actor.temperature, offload=cfg.actor.offload, strategy=cfg.actor.strategy,
+                          megatron=cfg.actor.megatron)
+        specs["ref"] = policy_spec(ref)
     if cfg.use_critic:
         specs["critic"] = RoleSpec(FSDPCritic, {"cfg": cfg.critic})
     if cfg.use_reward_model:
@@ -192,6 +205,15 @@ def load_inputs(cfg: RunConfig, out: Path) -> tuple[Callable, list[dict], list[d
     pictured = next((r for r in rows + val_rows if "images" in r), None)
     if pictured is not None and (problem := image_prompt_problem(cfg.rollout)):
         raise ConfigError(f"{pictured['where']}: {problem}")
+    if cfg.actor.strategy == "megatron":
+        from transformers import AutoConfig
+
+        from core.engines.megatron_actor import run_problem
+
+        c = AutoConfig.from_pretrained(resolve_model(cfg.actor.model))
+        problem = run_problem(cfg.actor, c.model_type, c.num_attention_heads, pictured is not None)
+        if problem:
+            raise ConfigError(problem)
     for name, part in (("train", rows), ("val", val_rows)):
         if part:
             fitted, note = fit_prompt_lengths(part, tokenizer, cfg.rollout.max_prompt_length, cfg.data.truncation,
@@ -239,7 +261,7 @@ def resume(cfg: RunConfig, out: Path, roles: Roles, rows: list[dict], kl_ctrl) -
         set_aside_metrics(out / "metrics.jsonl")
         return 0, stream, []
     state = checkpoint.driver_state(resumed)
-    roles.actor.call_all(FSDPActor.load_checkpoint, str(resumed / "actor"))
+    roles.actor.call_all(PolicyWorker.load_checkpoint, str(resumed / "actor"))
     if roles.critic is not None:
         roles.critic.call_all(FSDPCritic.load_checkpoint, str(resumed / "critic"))
     sync_rollout(roles, cfg.algo.sync_timeout_s)
@@ -270,7 +292,7 @@ def count_nonfinite(metrics: dict, count: int, limit: int, out: Path) -> int:
 def save(out: Path, step_no: int, roles: Roles, stream: "PromptStream", kl_ctrl, cfg: RunConfig) -> None:
     """A checkpoint after ``step_no``: every saving rank's shards, then the driver's state, committed atomically."""
     tmp = checkpoint.begin(out, step_no)
-    roles.actor.call_all(FSDPActor.save_checkpoint, str(tmp / "actor"))
+    roles.actor.call_all(PolicyWorker.save_checkpoint, str(tmp / "actor"))
     if roles.critic is not None:
         roles.critic.call_all(FSDPCritic.save_checkpoint, str(tmp / "critic"))
     state = {"step": step_no, "stream": stream.state(), "model": cfg.actor.model}
@@ -288,7 +310,7 @@ def check_shared_output(out: Path, roles: Roles) -> None:
     """Every rank that saves reads a file the driver wrote under ``out`` and writes one back that the driver must
     see (``core.checkpoint.write_probe``): on a node-local ``output_dir`` the run stops here, naming the rank."""
     folder, token = checkpoint.write_probe(out)
-    answers = roles.actor.call_all(FSDPActor.answer_probe, str(folder), token)
+    answers = roles.actor.call_all(PolicyWorker.answer_probe, str(folder), token)
     if roles.critic is not None:
         answers += roles.critic.call_all(FSDPCritic.answer_probe, str(folder), token)
     names = [f"{role}_rank{r}" for role, n in saved_ranks(roles).items() for r in range(n)]

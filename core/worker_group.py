@@ -8,7 +8,9 @@
     cfg   = actor.call_rank0(FSDPActor.state_summary)                # rank 0 only
 
 Dispatch takes the worker *method itself* (``FSDPActor.compute_logprobs``), so jump-to-definition from the
-controller lands on the code that runs; the group checks that the method belongs to the role's class.
+controller lands on the code that runs; the group checks that the method belongs to the role's class. A role with
+several engines is called through its interface (``PolicyWorker.compute_logprobs``, core/engines/policy.py, whose
+docstring names the engines); the method of the role's class that overrides it runs.
 ``LocalWorkerGroup`` has the same API and runs everything in the driver process (world size 1, no Ray).
 
 Failures: a role raising on any rank surfaces at once as ``WorkerError`` naming role, rank, method and the
@@ -68,9 +70,10 @@ class ResourcePool:
 
 
 def _method_name(role: str, role_cls: type, method: Callable) -> str:
-    """The name to call remotely, after checking that ``method`` really is ``role_cls``'s method."""
+    """The name to call remotely, after checking that ``method`` is ``role_cls``'s method or that of one of its
+    bases (an interface such as ``core.engines.policy.PolicyWorker``: the role's own override runs)."""
     name = getattr(method, "__name__", None)
-    if name is None or getattr(role_cls, name, None) is not method:
+    if name is None or not any(vars(k).get(name) is method for k in role_cls.__mro__):
         raise TypeError(f"{method!r} is not a method of role {role!r} (class {role_cls.__qualname__}); "
                         f"pass the function itself, e.g. {role_cls.__qualname__}.<method>")
     return name

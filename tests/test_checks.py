@@ -117,3 +117,25 @@ def test_overrides_of_keys_the_yaml_leaves_out_take_effect_and_typos_are_named()
     assert cfg.placement.roles["rollout"] == "gen"
     with pytest.raises(ValueError, match=r"config.yaml.actor: unknown key\(s\) \['micro_batch_sise'\]; ActorConfig has"):
         load_run_config(ppo, "config", ["actor.micro_batch_sise=3"])
+
+
+def test_megatron_layout_must_fit_the_actor_pool_and_what_cannot_run_is_named_before_ray():
+    from core.config import ActorConfig, MegatronConfig
+    from core.engines.megatron_actor import run_problem
+
+    assert problems(run_config(actor__strategy="megatron", actor__megatron={"tp": 2})) == []  # default pool: 2 ranks
+    found = problems(run_config(actor__strategy="megatron", actor__megatron={"tp": 2, "pp": 2}))
+    assert found == ["actor.megatron tp=2 x pp=2 = 4 ranks per model replica does not divide the actor pool's 2 ranks "
+                     "(1 x 2); change tp / pp or the pool"]
+    with pytest.raises(ValueError, match="actor.megatron is set but actor.strategy='fsdp': set strategy: megatron"):
+        run_config(actor__megatron={"tp": 2})
+    with pytest.raises(ValueError, match=r"actor.strategy must be one of \('fsdp', 'megatron'\), got 'deepspeed'"):
+        run_config(actor__strategy="deepspeed")
+    mg = ActorConfig(model="m", strategy="megatron", megatron=MegatronConfig(tp=2))
+    assert run_problem(mg, "llama", 4, images=False) is None
+    assert "pipeline and expert parallelism are planned by --dry-run but not run" in run_problem(
+        ActorConfig(model="m", strategy="megatron", megatron=MegatronConfig(pp=2)), "llama", 4, images=False)
+    assert run_problem(mg, "mixtral", 4, images=False) == ("actor.strategy=megatron converts llama and qwen2 models; "
+                                                          "m is 'mixtral'")
+    assert run_problem(mg, "llama", 3, images=False) == "actor.megatron.tp=2 does not divide m's 3 attention heads"
+    assert "no vision tower path" in run_problem(mg, "qwen2", 4, images=True)

@@ -265,3 +265,35 @@ def test_a_reward_pool_in_the_ray_driver_scores_right_and_is_no_fork_of_it(ray_s
     out = score_batch(load_reward_fn(f), ["d"] * n, [str(i % 3) for i in range(n)], ["1"] * n, num_workers=4)
     assert out.scores.tolist() == [float(i % 3 == 1) for i in range(n)]
     assert os.getpid() not in out.extras["parent"] and len(set(out.extras["pid"])) >= 2
+
+
+class Interface:
+    def who(self) -> str:
+        raise NotImplementedError
+
+
+class Engine(Interface):
+    def __init__(self, ctx):
+        pass
+
+    def who(self) -> str:
+        return "engine"
+
+
+class Stranger:
+    def who(self) -> str:
+        return "stranger"
+
+
+def test_dispatch_through_an_interface_runs_the_roles_own_method():
+    """The controller names ``PolicyWorker.compute_logprobs`` whatever engine holds the policy: a method of a base
+    class of the role's class dispatches to the role's override; a same-named method of an unrelated class does not."""
+    from core.worker_group import LocalWorkerGroup
+
+    group = LocalWorkerGroup({"actor": RoleSpec(Engine)})
+    try:
+        assert group.role("actor").call_all(Interface.who) == ["engine"]
+        with pytest.raises(TypeError, match="not a method of role 'actor'"):
+            group.role("actor").call_all(Stranger.who)
+    finally:
+        group.shutdown()

@@ -31,10 +31,35 @@ class OptimConfig:
     grad_clip: float = 1.0
 
 
+# training engines of the policy (core.engines.policy): FSDP2, or Megatron-core
+STRATEGIES = ("fsdp", "megatron")
+
+
+@dataclass(frozen=True)
+class MegatronConfig:
+    # tensor-parallel ranks: each holds 1/tp of every attention / MLP matrix and of the vocabulary; the tp ranks
+    # of a group see the same rows (data parallel over world / (tp x pp))
+    tp: int = 1
+    # pipeline stages: each holds num_layers / pp consecutive layers (planned by --dry-run; not run yet)
+    pp: int = 1
+    # expert-parallel ranks of an MoE model: each holds num_experts / ep experts (planned; not run yet)
+    ep: int = 1
+
+    def __post_init__(self):
+        for name in ("tp", "pp", "ep"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"megatron.{name} must be >= 1, got {getattr(self, name)}")
+
+
 @dataclass(frozen=True)
 class ActorConfig:
     # HF id or local folder
     model: str = "SmolLM2-135M-Instruct"
+    # training engine: fsdp (core/engines/fsdp.py) or megatron (core/engines/megatron_actor.py; pip install -e
+    # '.[megatron]'); the reference policy uses the actor's
+    strategy: str = "fsdp"
+    # the Megatron engine's parallel layout (strategy: megatron only)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
     # compute dtype: auto (bf16 where the hardware has it), float32, bfloat16
     dtype: str = "auto"
     # optimizer (ignored when trainable is false)
@@ -78,6 +103,10 @@ class ActorConfig:
 
     def __post_init__(self):
         check_offload_mode(self.offload, "actor")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"actor.strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.strategy != "megatron" and self.megatron != MegatronConfig():
+            raise ValueError(f"actor.megatron is set but actor.strategy={self.strategy!r}: set strategy: megatron")
         if self.positive_nll_coef < 0:
             raise ValueError(f"actor.positive_nll_coef must be >= 0, got {self.positive_nll_coef}")
 

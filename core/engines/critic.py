@@ -18,7 +18,7 @@ from core.algos import LossNorm, masked_mean, value_loss
 from core.checkpoint import answer_probe
 from core.config import CriticConfig
 from core.engines.forward import trim_padding
-from core.engines.fsdp import length_order, micro_batches, restore_order
+from core.engines.policy import length_order, micro_batches, restore_order
 from core.engines.shared_prompt import prompt_groups, shared_prompt_values
 from core.engines.sharding import (IdleOffload, adamw_with_warmup, clipped_step, equalise_passes,
                                    global_counts, load_sharded_causal_lm, load_state, reshuffle_seed, save_state)

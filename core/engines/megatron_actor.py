@@ -1,43 +1,81 @@
-"""The actor on Megatron-core: a ``GPTModel`` with tensor parallelism over ``tp`` ranks (data parallel over the
-rest), behind the FSDP actor's role methods -- ``compute_logprobs``,
-``update``, ``weight_buckets`` / ``full_state_dict`` (HF names, for the rollout engine's sync), checkpoints.
+"""The actor (or the frozen reference) on Megatron-core, ``actor.strategy: megatron``: a ``GPTModel`` with tensor
+parallelism over ``actor.megatron.tp`` ranks (data parallel over the rest), behind the policy role's methods
+(``core.engines.policy.PolicyWorker``: the log-prob pass and the PPO update with its loss contract are shared with
+the FSDP actor; this file holds the model, the forward, the optimizer step, weight export and checkpoints).
 
 - Weights: the HF checkpoint converted and cut by ``core.engines.megatron_convert`` (each rank keeps its TP shard).
 - Log-probs: the model's logits gathered over TP (``parallel_output=False``, Megatron's own differentiable gather),
   the vocabulary's padding rows dropped, then log-softmax / temperature as the FSDP actor; the attention mask is
   causal and hides padding keys.
-- The loss contract is the FSDP actor's: the policy-loss registry over micro-batches, normalised by the mini-batch's
-  token / sequence counts over the DP ranks (``LossNorm``); TP peers see the same rows, so counts summed over the
-  world are divided by TP; gradients are averaged over DP (as FSDP2's reduce-scatter), the global norm counts each
-  TP-split weight's shards once and replicated weights once, then AdamW (fp32 weights; bf16 compute by autocast).
-- Not yet: the trainer's wiring (an ``actor.strategy`` key; the controller's calls name FSDPActor's methods),
-  pipeline parallelism, the vocab-parallel cross-entropy (no gathered logits), expert parallelism, a split-placement
-  sync (``gather_bucket``), shard-by-shard loading. Megatron-core needs CUDA: tests/engines/test_megatron_actor.py
-  runs this class on CPU with the three shims named in tests/engines/test_megatron_core.py.
+- Loss normalisation: TP peers see the same rows (the role's ``mp_size`` is TP), so the mini-batch's counts are
+  summed over the DP group only; gradients are averaged over DP (as FSDP2's reduce-scatter), the global norm counts
+  each TP-split weight's shards once and replicated weights once, then AdamW (fp32 weights; bf16 compute by autocast).
+- Weight sync: buckets of HF names, each gathered over TP from the whole layers it touches (``weight_buckets``
+  colocated, ``gather_bucket`` for a rollout on another pool).
+- On a CPU rank, ``megatron_on_cpu`` points Megatron-core's three CUDA assumptions on this path at the CPU.
+- Not yet (refused before Ray by ``run_problem``; ``--dry-run`` plans them): pipeline and expert parallelism, MoE
+  models, image prompts, offload, the critic on Megatron; the vocab-parallel cross-entropy (no gathered logits) and
+  shard-by-shard loading (every rank reads the whole HF checkpoint once) are not written either.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from contextlib import nullcontext
 from typing import Iterator
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
-from core.algos import POLICY_LOSSES, LossNorm
-from core.algos.kl import kl_loss
 from core.config import ActorConfig
-from core.engines.fsdp import micro_batches
+from core.engines.forward import normalised_logprobs, trim_padding
 from core.engines.megatron_convert import Layout, hf_to_megatron, megatron_to_hf, tp_dim, tp_merge, tp_shard
-from core.engines.sharding import adamw_with_warmup, equalise_passes
+from core.engines.moe import RouterStats
+from core.engines.policy import PolicyWorker
+from core.engines.sharding import adamw_with_warmup
 from core.protocol import Batch
 from core.worker import WorkerContext
+
+FAMILIES = ("llama", "qwen2")  # model_type values the converter knows
+
+
+def megatron_on_cpu() -> None:
+    """Megatron-core assumes CUDA in three places on our path (megatron-core 0.16.1): its RoPE moves the frequencies
+    to ``torch.cuda.current_device()`` (rotary_pos_embedding.py, ``get_emb``: pointed at "cpu"), a missing attention
+    mask becomes a causal mask built on "cuda" (transformer/utils.py: we always pass ours), and attention dropout
+    forks the CUDA RNG tracker even at p = 0 (dot_product_attention.py: the fork yields without switching RNG
+    states). Process-wide: only for a rank whose device is the CPU (where ``torch.cuda`` has nothing to give)."""
+    from megatron.core.tensor_parallel import random as mrandom
+
+    torch.cuda.current_device = lambda: "cpu"
+    mrandom.CudaRNGStatesTracker.fork = contextlib.contextmanager(lambda self, name="model-parallel-rng": (yield))
+
+
+def run_problem(actor: ActorConfig, model_type: str, heads: int, images: bool) -> str | None:
+    """Why this version cannot run ``actor`` on Megatron (None: it can), checked before Ray."""
+    import importlib.util
+
+    m = actor.megatron
+    if importlib.util.find_spec("megatron.core") is None:
+        return "actor.strategy=megatron needs megatron-core: pip install -e '.[megatron]'"
+    if m.pp > 1 or m.ep > 1:
+        return (f"actor.megatron.pp={m.pp}, ep={m.ep}: pipeline and expert parallelism are planned by --dry-run but "
+                "not run by this version's Megatron actor; use pp: 1, ep: 1 (tensor parallelism runs)")
+    if model_type not in FAMILIES:
+        return f"actor.strategy=megatron converts {' and '.join(FAMILIES)} models; {actor.model} is {model_type!r}"
+    if heads % m.tp:
+        return f"actor.megatron.tp={m.tp} does not divide {actor.model}'s {heads} attention heads"
+    if images:
+        return "actor.strategy=megatron has no vision tower path; image prompts need actor.strategy=fsdp"
+    if actor.offload != "none":
+        return f"actor.offload={actor.offload!r} is FSDP2's; the Megatron actor keeps its state on the device"
+    return None
 
 
 def gpt_model(hf_config, tp: int, params_dtype: torch.dtype = torch.float32):
     """Megatron-core's GPTModel (local layer spec) of a Llama / Qwen2-family HF config."""
-    import torch.nn.functional as F
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -57,16 +95,40 @@ def gpt_model(hf_config, tp: int, params_dtype: torch.dtype = torch.float32):
                     parallel_output=False, position_embedding_type="rope", rotary_base=int(rope["rope_theta"]))
 
 
-class MegatronActor:
-    def __init__(self, ctx: WorkerContext, cfg: ActorConfig, tp: int = 1):
+def quiet_cpu_notes() -> None:
+    """Megatron-core's notes that do not apply to a CPU rank: Transformer Engine / Apex (GPU-only packages) absent,
+    CUDA_DEVICE_MAX_CONNECTIONS, and torch's deprecation of the all-gather it calls."""
+    import warnings
+
+    for note in ("Transformer Engine and Apex are not installed", "Apex is not installed", "full scope is deprecated",
+                 "When using async grad allreduce", "`torch.distributed.all_gather_into_tensor` is deprecated"):
+        warnings.filterwarnings("ignore", message=note)
+
+
+def _no_gradient_through(token: int):
+    """A forward hook on Megatron's word embedding giving HF's ``padding_idx`` semantics: the embedding row of
+    ``token`` learns nothing from its lookups (tied, it still learns as an output row). HF builds Llama / Qwen2
+    embeddings with ``padding_idx = pad_token_id``, often a real token (EOS); without this the Megatron actor's
+    gradient differs from the FSDP actor's in that one row."""
+    def hook(module, args, out):
+        return torch.where((args[0] == token)[..., None], out.detach(), out)
+    return hook
+
+
+class MegatronActor(PolicyWorker):
+    def __init__(self, ctx: WorkerContext, cfg: ActorConfig):
+        if ctx.device.type == "cpu":
+            quiet_cpu_notes()
         from megatron.core import parallel_state
         from transformers import AutoConfig
 
         from core.models import load_causal_lm, resolve_dtype, resolve_model
 
-        self.ctx, self.cfg, self.tp = ctx, cfg, tp
-        if ctx.world_size % tp:
-            raise ValueError(f"TP {tp} does not divide the actor's {ctx.world_size} ranks")
+        self.ctx, self.cfg, self.tp = ctx, cfg, cfg.megatron.tp
+        if ctx.world_size % self.tp:
+            raise ValueError(f"actor.megatron.tp={self.tp} does not divide the actor's {ctx.world_size} ranks")
+        if ctx.device.type == "cpu":
+            megatron_on_cpu()
         if not parallel_state.model_parallel_is_initialized():
             parallel_state.initialize_model_parallel(self.tp, 1)
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
@@ -75,78 +137,58 @@ class MegatronActor:
         self.compute_dtype = resolve_dtype(cfg.dtype, ctx.device)
         hf_config = AutoConfig.from_pretrained(resolve_model(cfg.model))
         self.layout = Layout.from_hf_config(hf_config)
-        torch.manual_seed(cfg.seed)
         self.model = gpt_model(hf_config, self.tp).to(ctx.device)
         # the whole HF model on every rank, then its shard (shard-by-shard reading, as core.engines.sharding's: not yet)
-        hf = load_causal_lm(cfg.model, dtype=torch.float32).state_dict()
+        hf_model = load_causal_lm(cfg.model, dtype=torch.float32)
+        pad = hf_model.get_input_embeddings().padding_idx
+        if pad is not None:  # transformers' nn.Embedding(padding_idx): that token's lookups get no gradient
+            self.model.embedding.word_embeddings.register_forward_hook(_no_gradient_through(pad))
+        hf = hf_model.state_dict()
+        del hf_model
         if self.layout.tied:
             hf.pop("lm_head.weight", None)
+        self._hf_bytes = {n: t.numel() * t.element_size() for n, t in hf.items()}   # the sync's bucket plan
         shard = tp_shard(hf_to_megatron(hf, self.layout, self.tp), self.tp, self.tp_rank)
+        del hf
         missing, unexpected = self.model.load_state_dict(shard, strict=False)
         if unexpected or [k for k in missing if not k.endswith("_extra_state")]:
             raise RuntimeError(f"Megatron actor: missing {missing[:4]}, unexpected {unexpected[:4]}")
+        torch.manual_seed(cfg.seed)  # after the build: every rank draws the same shuffles
         self.optim = self.sched = None
         if cfg.trainable:
             self.optim, self.sched = adamw_with_warmup(self.model, cfg.optim)
+        self._filled_old: torch.Tensor | None = None
+        self.routers = RouterStats(self.model)  # dense models only here: no routers, no metrics
 
-    # ------------------------------------------------------------------------------------ forward
+    # ------------------------------------------------------------------------------------ engine hooks
     def _autocast(self):
         if self.compute_dtype == torch.float32:
             return nullcontext()
         return torch.autocast(self.ctx.device.type, dtype=self.compute_dtype)
 
-    def _logprobs(self, mb: Batch) -> torch.Tensor:
-        """log pi(response_t | context) under logits / temperature, (B, Tr); padding positions hold junk."""
+    def _forward(self, mb: Batch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """log pi(response_t | context) under logits / temperature (B, Tr), zero-padded where the padding-free run
+        trimmed response columns; the entropy when asked."""
+        full = mb["responses"].shape[1]
+        if self.cfg.remove_padding:
+            mb = trim_padding(mb)
         ids, real, Tr = mb["input_ids"], mb["attention_mask"].bool(), mb["responses"].shape[1]
         T = ids.shape[1]
         causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
         hidden = ~(causal[None, None] & real[:, None, None, :])          # True: this query may not see this key
         with self._autocast():
             logits = self.model(ids, mb["position_ids"], attention_mask=hidden)
-        x = logits[:, T - Tr - 1:T - 1, :self.layout.vocab].float() / self.cfg.temperature
-        return x.log_softmax(-1).gather(-1, mb["responses"][..., None]).squeeze(-1)
+        logp, ent = normalised_logprobs(logits[:, T - Tr - 1:T - 1, :self.layout.vocab], mb["responses"],
+                                        self.cfg.temperature, with_entropy)
+        if Tr < full:
+            logp = F.pad(logp, (0, full - Tr))
+            ent = F.pad(ent, (0, full - Tr)) if ent is not None else None
+        return logp, ent
 
-    @torch.no_grad()
-    def compute_logprobs(self, batch: Batch, with_entropy: bool = False, leave_to_update: bool = False) -> Batch:
-        """``old_logprobs`` of the responses, zero on padding (the FSDP actor's contract)."""
-        if with_entropy or leave_to_update:
-            raise NotImplementedError("the Megatron actor computes log-probs only (no entropy, no old-from-update)")
-        self.model.eval()
-        out = [self._logprobs(mb.to(self.ctx.device)) * mb["response_mask"].to(self.ctx.device)
-               for mb in batch.split(self.cfg.micro_batch_size)]
-        return Batch({"old_logprobs": torch.cat(out).cpu()})
-
-    # ------------------------------------------------------------------------------------ update
-    def update(self, batch: Batch) -> dict[str, float]:
-        """PPO epochs over this DP rank's rows (its TP peers have the same); one optimizer step per mini-batch."""
-        cfg = self.cfg
-        if self.optim is None:
-            raise RuntimeError("update() on a frozen policy (trainable=false)")
-        if cfg.ppo_mini_batch_size % self.dp:
-            raise ValueError(f"ppo_mini_batch_size {cfg.ppo_mini_batch_size} is not divisible by {self.dp} DP ranks")
-        self.model.train()
-        loss_fn, sums, n_mini = POLICY_LOSSES[cfg.loss.name], {}, 0
-        for epoch in range(cfg.ppo_epochs):
-            for mini in batch.minibatches(cfg.ppo_mini_batch_size // self.dp, seed=epoch, shuffle=epoch > 0):
-                counts = torch.tensor([float(mini["response_mask"].sum()), float(len(mini))], device=self.ctx.device)
-                dist.all_reduce(counts)                                      # over the world: each row tp times
-                tokens, seqs = (counts / self.tp).tolist()
-                norm = LossNorm(cfg.loss_agg_mode, tokens, seqs, self.dp, float(mini["response_mask"].shape[-1]))
-                for mb in equalise_passes(micro_batches(mini, cfg.micro_batch_size, cfg.max_tokens_per_micro),
-                                          self.ctx.device):
-                    dummy = mb is None
-                    mb = (mini.index(slice(0, 1)) if dummy else mb).to(self.ctx.device)
-                    logp = self._logprobs(mb)
-                    pg, m = loss_fn(logp, mb, cfg.loss, norm)
-                    loss = pg + (cfg.kl_loss_coef * kl_loss(logp, mb, cfg.kl_loss_type, norm)
-                                 if cfg.kl_loss_coef > 0 else 0.0)
-                    (loss * 0.0 if dummy else loss).backward()
-                    if not dummy:
-                        for k, v in ({"pg_loss": pg.item() / self.dp} | {k: v.item() for k, v in m.items()}).items():
-                            sums[f"actor/{k}"] = sums.get(f"actor/{k}", 0.0) + v
-                sums["actor/grad_norm"] = sums.get("actor/grad_norm", 0.0) + self._step()
-                n_mini += 1
-        return {k: v / n_mini for k, v in sums.items()} | {"actor/lr": self.optim.param_groups[0]["lr"]}
+    def _counts(self, mask: torch.Tensor) -> tuple[float, float]:
+        t = torch.tensor([float(mask.sum()), float(mask.shape[0])], device=self.ctx.device)
+        dist.all_reduce(t, group=self.dp_group)
+        return float(t[0]), float(t[1])
 
     def _step(self) -> float:
         """Average gradients over DP, clip by the global norm (TP shards summed over the TP group, replicated weights
@@ -171,50 +213,77 @@ class MegatronActor:
         return norm
 
     # ------------------------------------------------------------------------------------ weight export
+    def _piece(self, hf_name: str) -> int:
+        """The whole part of the model an HF weight comes from: layer i, or -1 (embedding) / layers (the rest)."""
+        if hf_name.startswith("model.layers."):
+            return int(hf_name.split(".")[2])
+        return -1 if hf_name.startswith("model.embed_tokens") else self.layout.layers
+
+    def bucket_plan(self, bucket_bytes: int = 64 << 20) -> list[list[str]]:
+        plan, bucket, size = [], [], 0
+        for name in sorted(self._hf_bytes, key=self._piece):
+            bucket.append(name)
+            size += self._hf_bytes[name]
+            if size >= bucket_bytes:
+                plan.append(bucket)
+                bucket, size = [], 0
+        return plan + [bucket] if bucket else plan
+
     @torch.no_grad()
-    def _full_hf(self) -> dict[str, torch.Tensor]:
-        """Collective over the TP group: every TP rank's shards gathered, merged, in HF names."""
+    def _gather(self, names: list[str]) -> list[tuple[str, torch.Tensor]]:
+        """Collective over the TP group: the whole pieces ``names`` come from gathered and merged, in HF names."""
+        pieces = {self._piece(n) for n in names}
         shards = [dict() for _ in range(self.tp)]
         for name, p in self.model.named_parameters():
+            i = (int(name.split(".")[2]) if name.startswith("decoder.layers.")
+                 else -1 if name.startswith("embedding.") else self.layout.layers)
+            if i not in pieces:
+                continue
             parts = [p.detach()] * self.tp
             if self.tp > 1 and tp_dim(name) is not None:
                 parts = [torch.empty_like(p) for _ in range(self.tp)]
                 dist.all_gather(parts, p.detach().contiguous(), group=self.tp_group)
             for r in range(self.tp):
                 shards[r][name] = parts[r]
-        return megatron_to_hf(tp_merge(shards), self.layout)
+        hf = megatron_to_hf(tp_merge(shards), self.layout, partial=True)
+        return [(n, hf[n]) for n in names]
 
     def weight_buckets(self, bucket_bytes: int = 64 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """Full parameters in HF names, in buckets of about ``bucket_bytes``. Collective over the TP group."""
-        bucket, size = [], 0
-        for name, t in self._full_hf().items():
-            bucket.append((name, t))
-            size += t.numel() * t.element_size()
-            if size >= bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-        if bucket:
-            yield bucket
+        for names in self.bucket_plan(bucket_bytes):
+            yield self._gather(names)
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return {n: t.cpu().clone() for n, t in self._full_hf().items()}
+    def gather_bucket(self, names: list[str], dtype: str | None = None) -> list[tuple[str, torch.Tensor]] | None:
+        bucket = self._gather(names)
+        if self.ctx.rank:
+            return None
+        return [(n, t.to("cpu", getattr(torch, dtype) if dtype else t.dtype)) for n, t in bucket]
 
     # ------------------------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str) -> None:
-        """Each rank's shard, optimizer and scheduler under ``path`` (one file per rank)."""
+        """Each rank's shard, optimizer, scheduler and RNG states under ``path`` (one file per rank)."""
         from pathlib import Path
+
+        from core.checkpoint import rng_state
 
         Path(path).mkdir(parents=True, exist_ok=True)
         torch.save({"model": self.model.state_dict(), "optim": self.optim.state_dict() if self.optim else None,
                     "sched": self.sched.state_dict() if self.sched else None},
                    Path(path) / f"megatron_rank{self.ctx.rank}.pt")
+        torch.save(rng_state(), Path(path) / f"rng_rank{self.ctx.rank}.pt")  # last: the commit looks for it
         dist.barrier()
 
     def load_checkpoint(self, path: str) -> None:
         from pathlib import Path
 
-        state = torch.load(Path(path) / f"megatron_rank{self.ctx.rank}.pt", map_location=self.ctx.device)
+        from core.checkpoint import set_rng_state
+
+        file = Path(path) / f"megatron_rank{self.ctx.rank}.pt"
+        if not file.is_file():
+            raise FileNotFoundError(f"rank {self.ctx.rank}: {file} missing -- the checkpoint was written by fewer "
+                                    "ranks or by another actor.strategy")
+        state = torch.load(file, map_location=self.ctx.device, weights_only=False)
         self.model.load_state_dict(state["model"])
         if self.optim is not None:
             self.optim.load_state_dict(state["optim"])
             self.sched.load_state_dict(state["sched"])
+        set_rng_state(torch.load(Path(path) / f"rng_rank{self.ctx.rank}.pt", weights_only=False))

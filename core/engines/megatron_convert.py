@@ -106,13 +106,17 @@ def hf_to_megatron(hf: Weights, L: Layout, tp: int = 1) -> Weights:
     return out
 
 
-def megatron_to_hf(mg: Weights, L: Layout) -> Weights:
-    """The inverse of ``hf_to_megatron``: HF names, the vocabulary padding dropped."""
-    out = {"model.embed_tokens.weight": mg["embedding.word_embeddings.weight"][:L.vocab],
-           "model.norm.weight": mg["decoder.final_layernorm.weight"]}
-    if not L.tied:
-        out["lm_head.weight"] = mg["output_layer.weight"][:L.vocab]
-    for i in range(L.layers):
+def megatron_to_hf(mg: Weights, L: Layout, partial: bool = False) -> Weights:
+    """The inverse of ``hf_to_megatron``: HF names, the vocabulary padding dropped. ``partial``: ``mg`` holds some
+    whole layers and / or the embedding, final norm and output layer (a sync bucket's part), converted as they are."""
+    out = {}
+    for name, hf_name in (("embedding.word_embeddings.weight", "model.embed_tokens.weight"),
+                          ("decoder.final_layernorm.weight", "model.norm.weight"),
+                          ("output_layer.weight", "lm_head.weight")):
+        if (not partial or name in mg) and not (L.tied and name == "output_layer.weight"):
+            out[hf_name] = mg[name][:L.vocab] if name != "decoder.final_layernorm.weight" else mg[name]
+    layers = sorted({int(n.split(".")[2]) for n in mg if n.startswith("decoder.layers.")}) if partial else range(L.layers)
+    for i in layers:
         a, p = f"model.layers.{i}.", f"decoder.layers.{i}."
         for kind in ("weight", "bias"):
             if p + f"self_attention.linear_qkv.{kind}" in mg:

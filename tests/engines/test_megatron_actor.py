@@ -1,7 +1,7 @@
-"""core/engines/megatron_actor.py on CPU (Megatron-core 0.16.1, the local spec, 2 gloo ranks at TP 2, with the three
-CUDA shims of tests/engines/test_megatron_core.py) against the FSDP actor on one rank, same weights, same batch,
-fp32: the log-probs, one PPO update (its loss, gradient norm and the weights after it) and the weights the sync
-would send (gathered over TP, HF names) agree."""
+"""core/engines/megatron_actor.py on CPU (Megatron-core 0.16.1, the local spec, 2 gloo ranks at TP 2, with its three
+CUDA shims, ``megatron_on_cpu``) against the FSDP actor on one rank, same weights, same batch, fp32: the log-probs,
+one PPO update with an entropy bonus (every metric, and the weights after it) and the weights the sync would send
+(gathered over TP, HF names; bucket by bucket for a rollout on another pool) agree."""
 
 import os
 
@@ -15,30 +15,33 @@ from core.config import ActorConfig, OptimConfig, SamplingParams  # noqa: E402
 from core.worker import free_port  # noqa: E402
 
 
-def actor_config(model_dir):
+def actor_config(model_dir, **kw):
     return ActorConfig(model=str(model_dir), dtype="float32", ppo_mini_batch_size=8, micro_batch_size=2,
-                       optim=OptimConfig(lr=1e-2, warmup_steps=0, grad_clip=1.0))
+                       optim=OptimConfig(lr=1e-2, warmup_steps=0, grad_clip=1.0), **kw)
 
 
 def _megatron(rank: int, port: int, model_dir: str, folder: str) -> None:
     import torch.distributed as dist
 
+    from core.config import MegatronConfig
     from core.engines.megatron_actor import MegatronActor
     from core.protocol import Batch
     from core.worker import WorkerContext
-    from tests.engines.test_megatron_core import megatron_on_cpu
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    megatron_on_cpu()
     batch = Batch(torch.load(f"{folder}/batch.pt"))
-    actor = MegatronActor(WorkerContext(rank, 2, rank, torch.device("cpu")), actor_config(model_dir), tp=2)
+    cfg = actor_config(model_dir, strategy="megatron", megatron=MegatronConfig(tp=2), entropy_coef=0.01)
+    actor = MegatronActor(WorkerContext(rank, 2, rank, torch.device("cpu")), cfg)
     before = actor.full_state_dict()
+    plan = actor.bucket_plan(1 << 14)         # small buckets: several per layer, layers split across buckets
+    pieces = [actor.gather_bucket(names, "bfloat16") for names in plan]
     logp = actor.compute_logprobs(batch)["old_logprobs"]
     metrics = actor.update(batch)
     after = actor.full_state_dict()
     if rank == 0:
-        torch.save({"before": before, "logp": logp, "metrics": metrics, "after": after}, f"{folder}/megatron.pt")
+        torch.save({"before": before, "logp": logp, "metrics": metrics, "after": after, "plan": plan,
+                    "pieces": pieces}, f"{folder}/megatron.pt")
     dist.barrier()
     dist.destroy_process_group()
 
@@ -54,6 +57,7 @@ def test_megatron_actor_at_tp2_equals_the_fsdp_actor(tiny_model_dir, tmp_path):
     tok = load_tokenizer(str(tiny_model_dir))
     engine = RolloutEngine(load_causal_lm(str(tiny_model_dir), dtype=torch.float32), tok, max_batch_size=8)
     ids = [tok(f"q{i} " + "ab" * i, add_special_tokens=False)["input_ids"] for i in range(4)]
+    ids[1] = [tok.pad_token_id] + ids[1]  # the pad id as a real token: HF's padding_idx row learns no lookup gradient
     batch = engine.generate(ids, SamplingParams(n=2, temperature=1.0, max_new_tokens=8, seed=0))
     batch["old_logprobs"] = batch["rollout_logprobs"]
     g = torch.Generator().manual_seed(0)
@@ -63,7 +67,7 @@ def test_megatron_actor_at_tp2_equals_the_fsdp_actor(tiny_model_dir, tmp_path):
     theirs = torch.load(tmp_path / "megatron.pt")
 
     placement = place(PlacementConfig({"main": PoolConfig(slots_per_node=1)}, {"actor": "main"}),
-                      {"actor": RoleSpec(FSDPActor, {"cfg": actor_config(tiny_model_dir)})}, "local")
+                      {"actor": RoleSpec(FSDPActor, {"cfg": actor_config(tiny_model_dir, entropy_coef=0.01)})}, "local")
     try:
         actor = placement["actor"]
         before = actor.call_all(FSDPActor.full_state_dict)[0]
@@ -76,8 +80,15 @@ def test_megatron_actor_at_tp2_equals_the_fsdp_actor(tiny_model_dir, tmp_path):
     assert all(torch.equal(theirs["before"][k], before[k]) for k in before)       # loaded, cut, gathered: exact
     m = batch["response_mask"]
     assert float(((theirs["logp"] - logp).abs() * m).max()) <= 1e-5
-    for key in ("actor/pg_loss", "actor/grad_norm"):
+    assert sorted(theirs["metrics"]) == sorted(metrics)                          # one update, one set of metrics
+    for key in metrics:
         assert theirs["metrics"][key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-6), key
+    # the split-placement sync: buckets of HF names from whole layers, rank 0 returns them in the engine's dtype
+    assert len(theirs["plan"]) > 4 and sorted(n for b in theirs["plan"] for n in b) == sorted(before)
+    for names, piece in zip(theirs["plan"], theirs["pieces"]):
+        assert [n for n, _ in piece] == names
+        for n, t in piece:
+            assert t.dtype == torch.bfloat16 and torch.equal(t, before[n].to(torch.bfloat16)), n
     assert any(not torch.equal(before[k], after[k]) for k in after)
     # AdamW's first step moves each weight by about lr x g / (|g| + eps): for a gradient element near eps, fp32
     # rounding of g in another summation order shows (seen: one element of 4096 off by 1e-4 = 1% of lr)

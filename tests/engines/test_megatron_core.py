@@ -4,13 +4,9 @@ CPU, 1 and 2 TP ranks): a ``GPTModel`` loaded with ``tp_shard(hf_to_megatron(hf)
 Megatron holds merge back (``tp_merge`` + ``megatron_to_hf``) into HF's weights exactly -- the weight-sync path.
 
 Megatron-core assumes CUDA in three places on this path, so a CPU run needs three shims (the rest is its own code):
-its RoPE moves the frequencies to ``torch.cuda.current_device()`` (rotary_pos_embedding.py, ``get_emb``: pointed at
-"cpu"), a missing attention mask becomes a causal mask built on "cuda" (transformer/utils.py: we pass the causal
-mask), and attention dropout forks the CUDA RNG tracker even at p = 0 (dot_product_attention.py: the fork yields
-without switching RNG states). A CPU-only training run with Megatron stays out of reach (the issue: GPU-only TE
-spec, CUDA RNG for initialisation); these tests check the layouts, which is what the adapter's load and sync use."""
+``core.engines.megatron_actor.megatron_on_cpu`` says which. With them the local spec runs on CPU (the Transformer
+Engine spec stays GPU-only); these tests check the layouts, which is what the adapter's load and sync use."""
 
-import contextlib
 import os
 
 import pytest
@@ -19,6 +15,7 @@ import torch.multiprocessing as mp
 
 pytest.importorskip("megatron.core")
 
+from core.engines.megatron_actor import megatron_on_cpu  # noqa: E402
 from core.worker import free_port  # noqa: E402
 
 SHAPES = {"llama": dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
@@ -32,13 +29,6 @@ def hf_model(name):
                                                            vocab_size=300, rms_norm_eps=1e-6, **SHAPES[name])
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(cfg).eval()
-
-
-def megatron_on_cpu() -> None:
-    from megatron.core.tensor_parallel import random as mrandom
-
-    torch.cuda.current_device = lambda: "cpu"
-    mrandom.CudaRNGStatesTracker.fork = contextlib.contextmanager(lambda self, name="model-parallel-rng": (yield))
 
 
 def _run(rank: int, tp: int, port: int, name: str, out: str) -> None:

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from core.config import ActorConfig, OptimConfig, PolicyLossConfig
-from core.engines.fsdp import FSDPActor, micro_batches
+from core.engines.fsdp import FSDPActor
+from core.engines.policy import micro_batches
 from core.engines.forward import response_logprobs, trim_padding
 from core.models import load_causal_lm
 from core.protocol import Batch

@@ -52,7 +52,9 @@ def run_shape(cfg, pool_name: str | None = None) -> RunShape:
                     max_prompt_len=cfg.rollout.max_prompt_length,
                     rollout_backend=cfg.rollout.backend, reference=cfg.has_reference() and "ref" in here,
                     rollout_batch=cfg.rollout.max_batch_size, actor="actor" in here, rollout="rollout" in here,
-                    rollout_sleeps=cfg.rollout.sleep_after_generate, **_critic_shape(cfg, max_seq, "critic" in here),
+                    rollout_sleeps=cfg.rollout.sleep_after_generate, strategy=cfg.actor.strategy,
+                    tp=cfg.actor.megatron.tp, pp=cfg.actor.megatron.pp, ep=cfg.actor.megatron.ep,
+                    **_critic_shape(cfg, max_seq, "critic" in here),
                     **({"reward_model": model_shape(cfg.reward_model.model), "rm_offload": cfg.reward_model.offload,
                         "rm_tokens_per_micro": cfg.reward_model.max_tokens_per_micro,
                         "rm_dtype_bytes": 4 if cfg.reward_model.dtype == "float32" else 2}
@@ -104,7 +106,9 @@ def plan_run(cfg) -> tuple[str, bool]:
         if len(used) > 1:
             out.append(f"pool {name!r} ({', '.join(here)}):")
         W = r.nnodes * r.gpus_per_node
-        parts = [f"FSDP2 world size {W}, offload {r.offload}, {r.tokens_per_micro} tokens per micro-batch"
+        engine = (f"Megatron TP {r.tp} x PP {r.pp}{f' x EP {r.ep}' if r.ep > 1 else ''} x DP {W // (r.tp * r.pp)}"
+                  if r.strategy == "megatron" else f"FSDP2 world size {W}")
+        parts = [f"{engine}, offload {r.offload}, {r.tokens_per_micro} tokens per micro-batch"
                  ] if r.actor or r.reference else []
         if r.critic is not None:
             parts.append(f"critic FSDP2 world size {W}, offload {r.critic_offload}, {r.critic_tokens_per_micro} "

@@ -1,4 +1,4 @@
-"""Capacity planner: per-GPU and per-node memory of an RL run (FSDP2 training + a rollout engine), before it
+"""Capacity planner: per-GPU and per-node memory of an RL run (FSDP2 or Megatron training + a rollout engine), before it
 starts, one plan per resource pool (colocated roles: one pool; split placement: each pool counts its roles).
 ``hybridrl plan <recipe>`` (and every recipe's run script with ``--dry-run``) prints it for the resolved config and
 exits non-zero when the run does not fit.
@@ -32,6 +32,10 @@ training phase, per GPU (``offload``: none | idle | full, ``core.config.OFFLOAD_
     critic (use_critic)        4Pc/W + 4Pc/W + 8Pc/W  (its fp32 weights, gradients and moments, by critic.offload as
                                above) + its update's gathered layers, embeddings (4 V h) and activations where they
                                exceed the actor's (the updates take turns); kept during rollout with offload none
+Megatron (actor.strategy megatron; G = tp x pp GPUs per model replica): fp32 weights, gradients and AdamW moments
+    of 1/G of the model each (4 + 4 + 8) P / G, a bf16 autocast copy 2P / G, the reference 4P / G; activations with
+    the TP split and pp micro-batches in flight; vocab-parallel logits; one layer gathered for the weight sync
+    (``_megatron_policy_terms``)
 rollout phase, per GPU
     the engine's share         gpu_memory_utilization x GPU memory (weights 2P / t, the rest its KV cache)
     what training keeps        offload none: the sharded states above (colocated: phases alternate); idle: none
@@ -103,6 +107,11 @@ class RunShape:
     rollout: bool = True
     # vLLM / SGLang sleep after each generate (rollout.sleep_after_generate): their weights wait on the host
     rollout_sleeps: bool = True
+    # the policy's training engine (actor.strategy): fsdp, or megatron with its tensor / pipeline / expert layout
+    strategy: str = "fsdp"
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
 
     @property
     def engine_tp(self) -> int:
@@ -175,7 +184,7 @@ def plan(m: ModelShape, r: RunShape) -> Plan:
         p.problems.append(f"host memory: {node / GB:.0f} GB per node ({r.gpus_per_node} GPUs x ({state / GB:.1f} GB "
                           f"{kind} training state + {asleep / GB:.1f} GB sleeping engine weights)) exceeds the "
                           f"node's {r.host_memory_gb:g} GB")
-    if not p.fits and r.offload != "full" and (r.actor or r.reference):
+    if not p.fits and r.offload != "full" and (r.actor or r.reference) and r.strategy == "fsdp":
         full = plan(m, replace(r, offload="full"))
         p.hints.append(f"with offload=full (every shard on the host, the optimizer stepping on the CPU: slower) "
                        f"the plan needs {full.total('train') / GB:.1f} GB per GPU training, "
@@ -187,6 +196,8 @@ def plan(m: ModelShape, r: RunShape) -> Plan:
 def _policy_terms(m: ModelShape, r: RunShape, W: int, p: Plan) -> tuple[float, float, float]:
     """The actor's and the reference's lines; returns bytes per GPU (on the host for good, parked while idle,
     kept on the GPU through the rollout)."""
+    if r.strategy == "megatron":
+        return _megatron_policy_terms(m, r, W, p)
     host = parked = 0.0
     sharded = {"fp32 master weights (4P/W)": 4 * m.params / W, "fp32 gradients (4P/W)": 4 * m.params / W,
                "AdamW moments (8P/W)": 8 * m.params / W} if r.actor else {}
@@ -223,6 +234,44 @@ def _policy_terms(m: ModelShape, r: RunShape, W: int, p: Plan) -> tuple[float, f
                             v_act, "train"))
         p.lines.append(("logits (6 T V + chunk work)", 6 * T * m.vocab + CHUNK_WORK, "train"))
     return host, parked, (sum(sharded.values()) + copies if r.offload == "none" else 0.0)
+
+
+def _megatron_policy_terms(m: ModelShape, r: RunShape, W: int, p: Plan) -> tuple[float, float, float]:
+    """The actor's and the reference's lines on Megatron-core (``core.engines.megatron_actor``): each rank holds
+    1/G of the model, G = tp x pp (an MoE model's experts also split over ep), in fp32 with fp32 gradients and a
+    plain AdamW (moments not sharded over DP: no distributed optimizer), on the host between calls with offload
+    idle; autocast keeps a bf16 copy of the weights it casts during a forward. Activations: the h-wide residual-stream tensors (4 of the 7) stay whole on a TP rank,
+    q, attention out, k, v and the MLP's i-wide tensors are split over TP; a pipeline's first stage holds pp
+    micro-batches in flight (1F1B), each of L / pp layers. Logits: the last stage's, each TP rank its vocabulary
+    slice (``megatron_actor.vocab_parallel_logprobs``)."""
+    if r.offload == "full":
+        p.problems.append("actor.offload=full is FSDP2's; the Megatron actor offers none or idle")
+    G = r.tp * r.pp
+    if W % G:
+        p.problems.append(f"Megatron tp {r.tp} x pp {r.pp} = {G} GPUs per model replica does not divide the pool's {W}")
+    expert = (m.params - m.active_params) * m.experts / (m.experts - m.experts_per_token) if m.experts else 0.0
+    share = (m.params - expert) / G + expert / (G * r.ep)        # parameters one rank holds
+    states = {"fp32 master weights (4P/G)": 4 * share, "fp32 gradients (4P/G)": 4 * share,
+              "AdamW moments (8P/G, not sharded over DP)": 8 * share} if r.actor else {}
+    if r.reference:
+        states["reference fp32 weights (4P/G)"] = 4 * share
+    parked = 0.0
+    for item, b in states.items():
+        p.lines.append((item, b, "train"))
+        if r.offload == "idle" and not item.startswith("fp32 gradients"):
+            parked += b   # on the host between calls (sharding.IdleOffload); gradients are freed after each step
+    if not (r.actor or r.reference):
+        return 0.0, parked, 0.0
+    T, Ls, h = r.tokens_per_micro, m.layers / r.pp, m.hidden
+    p.lines.append(("bf16 autocast weight copies (2P/G)", 2 * share, "train"))
+    layer = T * (8 * h + (6 * h + 4 * m.kv_heads * m.head_dim + 8 * m.intermediate) / r.tp)
+    act = r.pp * (2 * T * h * Ls if r.gradient_checkpointing else layer * Ls) + (layer if r.gradient_checkpointing else 0)
+    p.lines.append((f"activations, {r.pp} micro-batch(es) in flight" + (" (recomputed)" if r.gradient_checkpointing
+                                                                        else ""), act, "train"))
+    # the output layer's bf16 slice and its gradient, the fp32 scaled copy, exp and their gradients (4 x 4 bytes)
+    p.lines.append(("vocab-parallel logits (16 T V / tp)", 16 * T * m.vocab / r.tp, "train"))
+    p.lines.append(("weight sync: one layer gathered in fp32, HF layout (8 P_layer)", 8 * m.layer_params, "train"))
+    return 0.0, parked, sum(states.values()) if r.offload == "none" else 0.0
 
 
 def one_rank(W: int, offload: str, checkpointing: bool) -> bool:

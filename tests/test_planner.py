@@ -344,3 +344,38 @@ def test_mixture_of_experts_total_and_active_parameters_by_hand():
     ds = model_shape("deepseek-ai/DeepSeek-V3")  # DeepSeek: 671B total, 37B activated per token
     assert round(ds.params / 1e9) == 671 and round(ds.active_params / 1e9, 1) == 37.6
     assert (ds.experts, ds.experts_per_token, ds.intermediate) == (256, 8, 8 * 2048 + 2048)
+
+
+def test_megatron_layout_by_hand_and_the_dapo_32b_dry_run_at_tp8_pp2():
+    """actor.strategy megatron: each rank holds 1/(tp pp) of the model in fp32 with fp32 gradients and unsharded
+    AdamW moments; activations split over TP with pp micro-batches in flight; vocab-parallel logits."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    # 8e9 params on 2 nodes x 8 GPUs at TP 4 x PP 2 (G = 8, DP 2): fp32 weights 4 x 8e9 / 8 = 4 GB, gradients 4 GB,
+    # moments 8 GB (not divided by DP), bf16 autocast copy 2 GB
+    m = ModelShape(params=8e9, layers=32, hidden=4096, intermediate=14336, heads=32, kv_heads=8, vocab=128256)
+    r = RunShape(nnodes=2, gpus_per_node=8, gpu_memory_gb=80, strategy="megatron", tp=4, pp=2, tokens_per_micro=8192)
+    got = lines(plan(m, r))
+    assert got["fp32 master weights (4P/G)"] == pytest.approx(4 * GB)
+    assert got["AdamW moments (8P/G, not sharded over DP)"] == pytest.approx(8 * GB)
+    assert got["bf16 autocast weight copies (2P/G)"] == pytest.approx(2 * GB)
+    # recomputed: pp x 2 T h L/pp (each layer's bf16 input, 2 in flight) + one layer, T (8h + (6h + 4 kvd + 8i) / tp)
+    T, h = 8192, 4096
+    layer = T * (8 * h + (6 * h + 4 * 8 * 128 + 8 * 14336) / 4)
+    assert got["activations, 2 micro-batch(es) in flight (recomputed)"] == pytest.approx(2 * 2 * T * h * 16 + layer)
+    assert got["vocab-parallel logits (16 T V / tp)"] == pytest.approx(16 * T * 128256 / 4)
+    # a grid that does not divide the pool is named
+    bad = plan(m, replace(r, tp=3))
+    assert "Megatron tp 3 x pp 2 = 6 GPUs per model replica does not divide the pool's 16" in bad.problems[0]
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(["bash", "recipes/dapo/run_qwen32b.sh", "--dry-run", "actor.strategy=megatron",
+                          "actor.megatron.tp=8", "actor.megatron.pp=2"], cwd=root, capture_output=True, text=True,
+                         env=dict(os.environ, PY=sys.executable))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "Megatron TP 8 x PP 2 x DP 8, offload idle" in out.stdout and "\nfits" in out.stdout
+    # 32.76B / 16 = 2.05B parameters per GPU: 8.19 GB of fp32 weights
+    assert "fp32 master weights (4P/G)                              8.19 GB" in out.stdout

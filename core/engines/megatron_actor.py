@@ -4,18 +4,20 @@ parallelism over ``actor.megatron.tp`` ranks (data parallel over the rest), behi
 the FSDP actor; this file holds the model, the forward, the optimizer step, weight export and checkpoints).
 
 - Weights: the HF checkpoint converted and cut by ``core.engines.megatron_convert`` (each rank keeps its TP shard).
-- Log-probs: the model's logits gathered over TP (``parallel_output=False``, Megatron's own differentiable gather),
-  the vocabulary's padding rows dropped, then log-softmax / temperature as the FSDP actor; the attention mask is
-  causal and hides padding keys.
+- Log-probs: vocab-parallel (``vocab_parallel_logprobs``): each TP rank normalises its slice of the vocabulary's
+  logits and the max, the sum of exponentials and the target's logit are all-reduced over TP -- no rank holds a
+  whole (tokens x vocabulary) tensor; the vocabulary's padding columns are masked. The attention mask is causal and
+  hides padding keys.
 - Loss normalisation: TP peers see the same rows (the role's ``mp_size`` is TP), so the mini-batch's counts are
   summed over the DP group only; gradients are averaged over DP (as FSDP2's reduce-scatter), the global norm counts
   each TP-split weight's shards once and replicated weights once, then AdamW (fp32 weights; bf16 compute by autocast).
 - Weight sync: buckets of HF names, each gathered over TP from the whole layers it touches (``weight_buckets``
   colocated, ``gather_bucket`` for a rollout on another pool).
 - On a CPU rank, ``megatron_on_cpu`` points Megatron-core's three CUDA assumptions on this path at the CPU.
+- ``offload: idle``: weights and AdamW moments in host memory between calls (``sharding.IdleOffload``, as FSDP's).
 - Not yet (refused before Ray by ``run_problem``; ``--dry-run`` plans them): pipeline and expert parallelism, MoE
-  models, image prompts, offload, the critic on Megatron; the vocab-parallel cross-entropy (no gathered logits) and
-  shard-by-shard loading (every rank reads the whole HF checkpoint once) are not written either.
+  models, image prompts, ``offload: full``, the critic on Megatron; shard-by-shard loading (every rank reads the
+  whole HF checkpoint once) is not written either.
 """
 
 from __future__ import annotations
@@ -30,11 +32,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from core.config import ActorConfig
-from core.engines.forward import normalised_logprobs, trim_padding
+from core.engines.forward import trim_padding
 from core.engines.megatron_convert import Layout, hf_to_megatron, megatron_to_hf, tp_dim, tp_merge, tp_shard
 from core.engines.moe import RouterStats
 from core.engines.policy import PolicyWorker
-from core.engines.sharding import adamw_with_warmup
+from core.engines.sharding import IdleOffload, adamw_with_warmup
 from core.protocol import Batch
 from core.worker import WorkerContext
 
@@ -42,15 +44,19 @@ FAMILIES = ("llama", "qwen2")  # model_type values the converter knows
 
 
 def megatron_on_cpu() -> None:
-    """Megatron-core assumes CUDA in three places on our path (megatron-core 0.16.1): its RoPE moves the frequencies
+    """Megatron-core assumes CUDA in four places on our path (megatron-core 0.16.1): its RoPE moves the frequencies
     to ``torch.cuda.current_device()`` (rotary_pos_embedding.py, ``get_emb``: pointed at "cpu"), a missing attention
-    mask becomes a causal mask built on "cuda" (transformer/utils.py: we always pass ours), and attention dropout
+    mask becomes a causal mask built on "cuda" (transformer/utils.py: we always pass ours), attention dropout
     forks the CUDA RNG tracker even at p = 0 (dot_product_attention.py: the fork yields without switching RNG
-    states). Process-wide: only for a rank whose device is the CPU (where ``torch.cuda`` has nothing to give)."""
+    states), and activation recomputation saves / restores the CUDA RNG state (random.py: nothing to save; no
+    dropout here). Process-wide: only for a rank whose device is the CPU (where ``torch.cuda`` has nothing to give)."""
     from megatron.core.tensor_parallel import random as mrandom
 
     torch.cuda.current_device = lambda: "cpu"
     mrandom.CudaRNGStatesTracker.fork = contextlib.contextmanager(lambda self, name="model-parallel-rng": (yield))
+    # activation recomputation saves and restores the CUDA RNG state around each recomputed layer: none on a CPU
+    mrandom._get_cuda_rng_state = lambda *args, **kwargs: None
+    mrandom._set_cuda_rng_state = lambda *args, **kwargs: None
 
 
 def run_problem(actor: ActorConfig, model_type: str, heads: int, images: bool) -> str | None:
@@ -69,13 +75,14 @@ def run_problem(actor: ActorConfig, model_type: str, heads: int, images: bool) -
         return f"actor.megatron.tp={m.tp} does not divide {actor.model}'s {heads} attention heads"
     if images:
         return "actor.strategy=megatron has no vision tower path; image prompts need actor.strategy=fsdp"
-    if actor.offload != "none":
-        return f"actor.offload={actor.offload!r} is FSDP2's; the Megatron actor keeps its state on the device"
+    if actor.offload == "full":
+        return "actor.offload=full is FSDP2's CPUOffloadPolicy; the Megatron actor offers none or idle"
     return None
 
 
-def gpt_model(hf_config, tp: int, params_dtype: torch.dtype = torch.float32):
-    """Megatron-core's GPTModel (local layer spec) of a Llama / Qwen2-family HF config."""
+def gpt_model(hf_config, tp: int, params_dtype: torch.dtype = torch.float32, recompute: bool = False):
+    """Megatron-core's GPTModel (local layer spec) of a Llama / Qwen2-family HF config; ``recompute``: every layer's
+    activations recomputed in backward (Megatron's full, uniform, one layer per unit: only its input is kept)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -89,10 +96,12 @@ def gpt_model(hf_config, tp: int, params_dtype: torch.dtype = torch.float32):
                             add_bias_linear=False, add_qkv_bias=c.model_type == "qwen2",
                             tensor_model_parallel_size=tp, use_cpu_initialization=True, params_dtype=params_dtype,
                             bias_dropout_fusion=False, apply_rope_fusion=False, masked_softmax_fusion=False,
-                            gradient_accumulation_fusion=False, hidden_dropout=0.0, attention_dropout=0.0)
+                            gradient_accumulation_fusion=False, hidden_dropout=0.0, attention_dropout=0.0,
+                            **({"recompute_granularity": "full", "recompute_method": "uniform",
+                                "recompute_num_layers": 1} if recompute else {}))
     return GPTModel(cfg, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=L.padded_vocab(tp),
                     max_sequence_length=c.max_position_embeddings, share_embeddings_and_output_weights=L.tied,
-                    parallel_output=False, position_embedding_type="rope", rotary_base=int(rope["rope_theta"]))
+                    parallel_output=True, position_embedding_type="rope", rotary_base=int(rope["rope_theta"]))
 
 
 def quiet_cpu_notes() -> None:
@@ -103,6 +112,34 @@ def quiet_cpu_notes() -> None:
     for note in ("Transformer Engine and Apex are not installed", "Apex is not installed", "full scope is deprecated",
                  "When using async grad allreduce", "`torch.distributed.all_gather_into_tensor` is deprecated"):
         warnings.filterwarnings("ignore", message=note)
+
+
+def vocab_parallel_logprobs(local: torch.Tensor, ids: torch.Tensor, start: int, vocab: int, temperature: float,
+                            with_entropy: bool, group) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(logits / temperature)[ids] and the entropy, (B, Tr), from this TP rank's vocabulary slice
+    ``local`` (B, Tr, Vl) of columns [start, start + Vl) -- differentiable all-reduces of three (B, Tr) tensors over
+    ``group`` instead of a gathered (B, Tr, V) one. Columns >= ``vocab`` (Megatron's padding) are masked. Example,
+    2 ranks, vocabulary 3 padded to 4, logits (1, 2 | 3, pad), id 2: max 3, sum exp = e^-2 + e^-1 + 1, log p =
+    3 - 3 - log(1.503) = -0.408, as log_softmax([1, 2, 3])[2]."""
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+    def all_reduce(t, group):  # forward: the sum over TP; backward: the identity (every rank's loss is the same)
+        return reduce_from_tensor_model_parallel_region(t.contiguous(), group)
+
+    x = local.float() / temperature
+    cols = torch.arange(start, start + x.shape[-1], device=x.device)
+    x = x.masked_fill(cols >= vocab, -1e30)                            # exp() of it is 0, and 0 x it is 0
+    top = x.detach().amax(-1)
+    dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)            # a constant shift: no gradient needed
+    e = (x - top[..., None]).exp()
+    z = all_reduce(e.sum(-1), group=group)
+    mine = (ids >= start) & (ids < start + x.shape[-1])
+    target = x.gather(-1, (ids - start).clamp(0, x.shape[-1] - 1)[..., None]).squeeze(-1) * mine
+    logp = all_reduce(target, group=group) - top - z.log()
+    if not with_entropy:
+        return logp, None
+    expected = all_reduce((e * x).sum(-1), group=group) / z            # E_p[x]
+    return logp, z.log() + top - expected
 
 
 def _no_gradient_through(token: int):
@@ -137,7 +174,7 @@ class MegatronActor(PolicyWorker):
         self.compute_dtype = resolve_dtype(cfg.dtype, ctx.device)
         hf_config = AutoConfig.from_pretrained(resolve_model(cfg.model))
         self.layout = Layout.from_hf_config(hf_config)
-        self.model = gpt_model(hf_config, self.tp).to(ctx.device)
+        self.model = gpt_model(hf_config, self.tp, recompute=cfg.gradient_checkpointing).to(ctx.device)
         # the whole HF model on every rank, then its shard (shard-by-shard reading, as core.engines.sharding's: not yet)
         hf_model = load_causal_lm(cfg.model, dtype=torch.float32)
         pad = hf_model.get_input_embeddings().padding_idx
@@ -157,6 +194,7 @@ class MegatronActor(PolicyWorker):
         self.optim = self.sched = None
         if cfg.trainable:
             self.optim, self.sched = adamw_with_warmup(self.model, cfg.optim)
+        self.idle = IdleOffload(self.model, self.optim, ctx.device, cfg.offload == "idle")
         self._filled_old: torch.Tensor | None = None
         self.routers = RouterStats(self.model)  # dense models only here: no routers, no metrics
 
@@ -177,13 +215,16 @@ class MegatronActor(PolicyWorker):
         causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
         hidden = ~(causal[None, None] & real[:, None, None, :])          # True: this query may not see this key
         with self._autocast():
-            logits = self.model(ids, mb["position_ids"], attention_mask=hidden)
-        logp, ent = normalised_logprobs(logits[:, T - Tr - 1:T - 1, :self.layout.vocab], mb["responses"],
-                                        self.cfg.temperature, with_entropy)
+            local = self.model(ids, mb["position_ids"], attention_mask=hidden)   # (B, T, this rank's vocab slice)
+        logp, ent = vocab_parallel_logprobs(local[:, T - Tr - 1:T - 1], mb["responses"], self.tp_rank * local.shape[-1],
+                                            self.layout.vocab, self.cfg.temperature, with_entropy, self.tp_group)
         if Tr < full:
             logp = F.pad(logp, (0, full - Tr))
             ent = F.pad(ent, (0, full - Tr)) if ent is not None else None
         return logp, ent
+
+    def _resident(self, optim: bool = False):
+        return self.idle.on_gpu(optim=optim)
 
     def _counts(self, mask: torch.Tensor) -> tuple[float, float]:
         t = torch.tensor([float(mask.sum()), float(mask.shape[0])], device=self.ctx.device)
@@ -249,11 +290,13 @@ class MegatronActor(PolicyWorker):
         return [(n, hf[n]) for n in names]
 
     def weight_buckets(self, bucket_bytes: int = 64 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        for names in self.bucket_plan(bucket_bytes):
-            yield self._gather(names)
+        with self.idle.on_gpu():
+            for names in self.bucket_plan(bucket_bytes):
+                yield self._gather(names)
 
     def gather_bucket(self, names: list[str], dtype: str | None = None) -> list[tuple[str, torch.Tensor]] | None:
-        bucket = self._gather(names)
+        with self.idle.on_gpu(park=False):  # the next call parks them (as FSDP's)
+            bucket = self._gather(names)
         if self.ctx.rank:
             return None
         return [(n, t.to("cpu", getattr(torch, dtype) if dtype else t.dtype)) for n, t in bucket]
@@ -266,6 +309,7 @@ class MegatronActor(PolicyWorker):
         from core.checkpoint import rng_state
 
         Path(path).mkdir(parents=True, exist_ok=True)
+        # the state where it lives (host tensors with offload idle); load_checkpoint maps it back
         torch.save({"model": self.model.state_dict(), "optim": self.optim.state_dict() if self.optim else None,
                     "sched": self.sched.state_dict() if self.sched else None},
                    Path(path) / f"megatron_rank{self.ctx.rank}.pt")
@@ -281,9 +325,10 @@ class MegatronActor(PolicyWorker):
         if not file.is_file():
             raise FileNotFoundError(f"rank {self.ctx.rank}: {file} missing -- the checkpoint was written by fewer "
                                     "ranks or by another actor.strategy")
-        state = torch.load(file, map_location=self.ctx.device, weights_only=False)
-        self.model.load_state_dict(state["model"])
-        if self.optim is not None:
-            self.optim.load_state_dict(state["optim"])
-            self.sched.load_state_dict(state["sched"])
+        state = torch.load(file, map_location="cpu", weights_only=False)
+        with self.idle.on_gpu(optim=True):
+            self.model.load_state_dict(state["model"])
+            if self.optim is not None:
+                self.optim.load_state_dict(state["optim"])  # cast to the parameters' device by torch
+                self.sched.load_state_dict(state["sched"])
         set_rng_state(torch.load(Path(path) / f"rng_rank{self.ctx.rank}.pt", weights_only=False))

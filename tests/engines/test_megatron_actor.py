@@ -4,6 +4,7 @@ one PPO update with an entropy bonus (every metric, and the weights after it) an
 (gathered over TP, HF names; bucket by bucket for a rollout on another pool) agree."""
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -30,6 +31,20 @@ def _megatron(rank: int, port: int, model_dir: str, folder: str) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
+    # vocab_parallel_logprobs' worked example: vocabulary 3 padded to 4, rank 0 holds logits (1, 2), rank 1 (3, pad)
+    from core.engines.megatron_actor import vocab_parallel_logprobs
+    from megatron.core import parallel_state
+
+    parallel_state.initialize_model_parallel(2, 1)
+    local = torch.tensor([[1.0, 2.0], [3.0, 99.0]])[rank].reshape(1, 1, 2).requires_grad_()
+    logp, ent = vocab_parallel_logprobs(local, torch.tensor([[2]]), 2 * rank, 3, 1.0, True,
+                                        parallel_state.get_tensor_model_parallel_group())
+    full = torch.tensor([1.0, 2.0, 3.0]).log_softmax(-1)
+    assert abs(float(logp) - float(full[2])) < 1e-6 and abs(float(logp) + 0.4076) < 1e-4
+    assert abs(float(ent) + float((full.exp() * full).sum())) < 1e-6
+    logp.sum().backward()                  # d log p_2 / d x = onehot(2) - p: this rank's columns only, once
+    want = (torch.eye(3)[2] - full.exp()).tolist() + [0.0]
+    assert torch.allclose(local.grad.flatten(), torch.tensor(want[2 * rank:2 * rank + 2]), atol=1e-6), local.grad
     batch = Batch(torch.load(f"{folder}/batch.pt"))
     cfg = actor_config(model_dir, strategy="megatron", megatron=MegatronConfig(tp=2), entropy_coef=0.01)
     actor = MegatronActor(WorkerContext(rank, 2, rank, torch.device("cpu")), cfg)
@@ -39,9 +54,17 @@ def _megatron(rank: int, port: int, model_dir: str, folder: str) -> None:
     logp = actor.compute_logprobs(batch)["old_logprobs"]
     metrics = actor.update(batch)
     after = actor.full_state_dict()
+    # activation recomputation (gradient_checkpointing): the same update, each layer run under Megatron's checkpoint
+    from megatron.core import tensor_parallel
+
+    calls, checkpoint = [], tensor_parallel.checkpoint
+    tensor_parallel.checkpoint = lambda *a, **k: calls.append(1) or checkpoint(*a, **k)
+    recomputed = MegatronActor(WorkerContext(rank, 2, rank, torch.device("cpu")),
+                               replace(cfg, gradient_checkpointing=True)).update(batch)
+    assert len(calls) >= 2 * 4, calls            # 2 layers x 4 micro-batches
     if rank == 0:
         torch.save({"before": before, "logp": logp, "metrics": metrics, "after": after, "plan": plan,
-                    "pieces": pieces}, f"{folder}/megatron.pt")
+                    "pieces": pieces, "recomputed": recomputed}, f"{folder}/megatron.pt")
     dist.barrier()
     dist.destroy_process_group()
 
@@ -83,6 +106,7 @@ def test_megatron_actor_at_tp2_equals_the_fsdp_actor(tiny_model_dir, tmp_path):
     assert sorted(theirs["metrics"]) == sorted(metrics)                          # one update, one set of metrics
     for key in metrics:
         assert theirs["metrics"][key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-6), key
+    assert theirs["recomputed"] == pytest.approx(theirs["metrics"], rel=1e-6, abs=1e-7)
     # the split-placement sync: buckets of HF names from whole layers, rank 0 returns them in the engine's dtype
     assert len(theirs["plan"]) > 4 and sorted(n for b in theirs["plan"] for n in b) == sorted(before)
     for names, piece in zip(theirs["plan"], theirs["pieces"]):

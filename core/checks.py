@@ -17,6 +17,7 @@ are reported at once:
 - a reward model has a model and a pool, and the reward weights are not set without one;
 - with the built-in rewards (no ``reward.path``), every ``data_source`` of the data files has a reward
   (``check_data_sources``, once the rows are loaded);
+- ``rollout.backend: sglang`` runs on a CUDA pool;
 - ``actor.strategy: megatron``: tp x pp divides the actor pool's ranks (what this version can run of the layout is
   ``core.engines.megatron_actor.run_problem``, checked once the model is located).
 """
@@ -79,6 +80,10 @@ def problems(cfg: "RunConfig") -> list[str]:
     if not cfg.use_reward_model and (algo.reward_model_sources or algo.reward_function_weight != 1.0):
         out.append("algo.reward_model_sources / reward_function_weight weigh a reward model's scores, but "
                    "use_reward_model is false; drop them or set use_reward_model: true")
+    rollout_pool = cfg.placement.pools[cfg.placement.roles["rollout"]] if "rollout" in cfg.placement.roles else None
+    if cfg.rollout.backend == "sglang" and rollout_pool is not None and rollout_pool.device != "cuda":
+        out.append(f"rollout.backend=sglang needs CUDA GPUs, but the rollout's pool {cfg.placement.roles['rollout']!r} "
+                   "has device cpu; use rollout.backend=embedded or vllm there")
     out += _agent_problems(cfg) + _megatron_problems(cfg)
     return out
 

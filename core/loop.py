@@ -19,7 +19,7 @@ import torch
 from core.algos import (AdaptiveKLController, FixedKLController, apply_kl_reward_penalty, compute_advantages,
                         scores_to_token_rewards, truncated_is_weights, value_targets_explained_variance)
 from core.config import AlgoConfig, SamplingParams
-from core.engines.critic import FSDPCritic
+from core.engines.critic import ValueWorker
 from core.engines.policy import PolicyWorker
 from core.engines.reward_model import RewardModelWorker
 from core.protocol import Batch
@@ -147,7 +147,7 @@ def values(roles: Roles, batch: Batch, timer: Timer) -> None:
     """``values`` (B, R): the critic's value of every response prefix, when the run has a critic."""
     if roles.critic is not None:
         with timer("values"):
-            batch["values"] = roles.critic.dp_split(FSDPCritic.compute_values, batch)["values"]
+            batch["values"] = roles.critic.dp_split(ValueWorker.compute_values, batch)["values"]
 
 
 def advantages(batch: Batch, cfg: AlgoConfig, timer: Timer) -> None:
@@ -166,7 +166,7 @@ def update(roles: Roles, batch: Batch, cfg: AlgoConfig, timer: Timer, update_act
     out = {}
     if roles.critic is not None:
         with timer("update_critic"):
-            out |= reduce_over_ranks(roles.critic.dp_split(FSDPCritic.update, batch))
+            out |= reduce_over_ranks(roles.critic.dp_split(ValueWorker.update, batch))
     if update_actor:
         with timer("update_actor"):
             out |= reduce_over_ranks(roles.actor.dp_split(PolicyWorker.update, batch))

@@ -112,7 +112,9 @@ def plan_run(cfg) -> tuple[str, bool]:
                  ] if r.actor or r.reference else []
         if r.critic is not None:
             parts.append(f"critic FSDP2 world size {W}, offload {r.critic_offload}, {r.critic_tokens_per_micro} "
-                         "tokens per micro-batch")
+                         "tokens per micro-batch" + (" (critic.strategy megatron: planned as FSDP2 here, its "
+                                                     "Megatron layout is not modelled)"
+                                                     if cfg.critic.strategy == "megatron" else ""))
         if r.reward_model is not None:
             parts.append(f"reward model FSDP2 world size {W}, offload {r.rm_offload}, {r.rm_tokens_per_micro} "
                          "tokens per forward")

@@ -18,8 +18,8 @@ from typing import Callable
 
 from core import checkpoint
 from core.checks import ConfigError, check_data_sources, check_run
-from core.config import ActorConfig, RunConfig
-from core.engines.critic import FSDPCritic
+from core.config import ActorConfig, CriticConfig, RunConfig
+from core.engines.critic import FSDPCritic, ValueWorker
 from core.engines.fsdp import FSDPActor
 from core.engines.policy import PolicyWorker
 from core.engines.reward_model import RewardModelWorker
@@ -70,6 +70,15 @@ def policy_spec(actor: ActorConfig) -> RoleSpec:
     return RoleSpec(FSDPActor, {"cfg": actor})
 
 
+def critic_spec(critic: CriticConfig) -> RoleSpec:
+    """The critic's role on its training engine (a Megatron model replica's TP ranks share one chunk of rows)."""
+    if critic.strategy == "megatron":
+        from core.engines.megatron_critic import MegatronCritic
+
+        return RoleSpec(MegatronCritic, {"cfg": critic}, mp_size=critic.megatron.tp)
+    return RoleSpec(FSDPCritic, {"cfg": critic})
+
+
 def role_specs(cfg: RunConfig) -> dict[str, RoleSpec]:
     specs = {"actor": policy_spec(cfg.actor),
              # a tensor-parallel engine's replica spans tensor_parallel_size ranks: they share one chunk of prompts
@@ -86,7 +95,7 @@ def role_specs(cfg: RunConfig) -> dict[str, RoleSpec]:
                           megatron=cfg.actor.megatron)
         specs["ref"] = policy_spec(ref)
     if cfg.use_critic:
-        specs["critic"] = RoleSpec(FSDPCritic, {"cfg": cfg.critic})
+        specs["critic"] = critic_spec(cfg.critic)
     if cfg.use_reward_model:
         specs["reward_model"] = RoleSpec(RewardModelWorker, {"cfg": cfg.reward_model, "policy_model": cfg.actor.model})
     return specs
@@ -205,15 +214,15 @@ def load_inputs(cfg: RunConfig, out: Path) -> tuple[Callable, list[dict], list[d
     pictured = next((r for r in rows + val_rows if "images" in r), None)
     if pictured is not None and (problem := image_prompt_problem(cfg.rollout)):
         raise ConfigError(f"{pictured['where']}: {problem}")
-    if cfg.actor.strategy == "megatron":
-        from transformers import AutoConfig
+    for name, role in (("actor", cfg.actor), ("critic", cfg.critic if cfg.use_critic else None)):
+        if role is not None and role.strategy == "megatron":
+            from transformers import AutoConfig
 
-        from core.engines.megatron_actor import run_problem
+            from core.engines.megatron_actor import run_problem
 
-        c = AutoConfig.from_pretrained(resolve_model(cfg.actor.model))
-        problem = run_problem(cfg.actor, c.model_type, c.num_attention_heads, pictured is not None)
-        if problem:
-            raise ConfigError(problem)
+            c = AutoConfig.from_pretrained(resolve_model(role.model))
+            if problem := run_problem(role, c.model_type, c.num_attention_heads, pictured is not None, name):
+                raise ConfigError(problem)
     for name, part in (("train", rows), ("val", val_rows)):
         if part:
             fitted, note = fit_prompt_lengths(part, tokenizer, cfg.rollout.max_prompt_length, cfg.data.truncation,
@@ -263,7 +272,7 @@ def resume(cfg: RunConfig, out: Path, roles: Roles, rows: list[dict], kl_ctrl) -
     state = checkpoint.driver_state(resumed)
     roles.actor.call_all(PolicyWorker.load_checkpoint, str(resumed / "actor"))
     if roles.critic is not None:
-        roles.critic.call_all(FSDPCritic.load_checkpoint, str(resumed / "critic"))
+        roles.critic.call_all(ValueWorker.load_checkpoint, str(resumed / "critic"))
     sync_rollout(roles, cfg.algo.sync_timeout_s)
     stream = PromptStream(rows, cfg.data.prompts_per_step, cfg.data.shuffle, cfg.trainer.seed, **state["stream"])
     if kl_ctrl is not None:
@@ -294,7 +303,7 @@ def save(out: Path, step_no: int, roles: Roles, stream: "PromptStream", kl_ctrl,
     tmp = checkpoint.begin(out, step_no)
     roles.actor.call_all(PolicyWorker.save_checkpoint, str(tmp / "actor"))
     if roles.critic is not None:
-        roles.critic.call_all(FSDPCritic.save_checkpoint, str(tmp / "critic"))
+        roles.critic.call_all(ValueWorker.save_checkpoint, str(tmp / "critic"))
     state = {"step": step_no, "stream": stream.state(), "model": cfg.actor.model}
     if kl_ctrl is not None:
         state["kl_ctrl"] = kl_ctrl.state_dict()
@@ -312,7 +321,7 @@ def check_shared_output(out: Path, roles: Roles) -> None:
     folder, token = checkpoint.write_probe(out)
     answers = roles.actor.call_all(PolicyWorker.answer_probe, str(folder), token)
     if roles.critic is not None:
-        answers += roles.critic.call_all(FSDPCritic.answer_probe, str(folder), token)
+        answers += roles.critic.call_all(ValueWorker.answer_probe, str(folder), token)
     names = [f"{role}_rank{r}" for role, n in saved_ranks(roles).items() for r in range(n)]
     checkpoint.check_probes(folder, token, names, answers)
 

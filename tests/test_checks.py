@@ -125,8 +125,8 @@ def test_megatron_layout_must_fit_the_actor_pool_and_what_cannot_run_is_named_be
 
     assert problems(run_config(actor__strategy="megatron", actor__megatron={"tp": 2})) == []  # default pool: 2 ranks
     found = problems(run_config(actor__strategy="megatron", actor__megatron={"tp": 2, "pp": 2}))
-    assert found == ["actor.megatron tp=2 x pp=2 = 4 ranks per model replica does not divide the actor pool's 2 ranks "
-                     "(1 x 2); change tp / pp or the pool"]
+    assert found == ["actor.megatron tp=2 x pp=2 = 4 ranks per model replica does not divide the actor pool's 2 "
+                     "ranks (1 x 2); change tp / pp or the pool"]
     with pytest.raises(ValueError, match="actor.megatron is set but actor.strategy='fsdp': set strategy: megatron"):
         run_config(actor__megatron={"tp": 2})
     with pytest.raises(ValueError, match=r"actor.strategy must be one of \('fsdp', 'megatron'\), got 'deepspeed'"):
@@ -137,5 +137,10 @@ def test_megatron_layout_must_fit_the_actor_pool_and_what_cannot_run_is_named_be
         ActorConfig(model="m", strategy="megatron", megatron=MegatronConfig(pp=2)), "llama", 4, images=False)
     assert run_problem(mg, "mixtral", 4, images=False) == ("actor.strategy=megatron converts llama and qwen2 models; "
                                                           "m is 'mixtral'")
+    critic = run_config(use_critic=True, algo__adv__estimator="gae", critic__strategy="megatron",
+                        critic__megatron={"tp": 4}, placement={"roles": {"actor": "main", "rollout": "main",
+                                                                         "critic": "main"}})
+    assert problems(critic) == ["critic.megatron tp=4 x pp=1 = 4 ranks per model replica does not divide the "
+                                "critic pool's 2 ranks (1 x 2); change tp / pp or the pool"]
     assert run_problem(mg, "llama", 3, images=False) == "actor.megatron.tp=2 does not divide m's 3 attention heads"
     assert "no vision tower path" in run_problem(mg, "qwen2", 4, images=True)

@@ -51,6 +51,13 @@ class MegatronConfig:
                 raise ValueError(f"megatron.{name} must be >= 1, got {getattr(self, name)}")
 
 
+def check_strategy(strategy: str, megatron: MegatronConfig, role: str) -> None:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"{role}.strategy must be one of {STRATEGIES}, got {strategy!r}")
+    if strategy != "megatron" and megatron != MegatronConfig():
+        raise ValueError(f"{role}.megatron is set but {role}.strategy={strategy!r}: set strategy: megatron")
+
+
 @dataclass(frozen=True)
 class ActorConfig:
     # HF id or local folder
@@ -103,10 +110,7 @@ class ActorConfig:
 
     def __post_init__(self):
         check_offload_mode(self.offload, "actor")
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"actor.strategy must be one of {STRATEGIES}, got {self.strategy!r}")
-        if self.strategy != "megatron" and self.megatron != MegatronConfig():
-            raise ValueError(f"actor.megatron is set but actor.strategy={self.strategy!r}: set strategy: megatron")
+        check_strategy(self.strategy, self.megatron, "actor")
         if self.positive_nll_coef < 0:
             raise ValueError(f"actor.positive_nll_coef must be >= 0, got {self.positive_nll_coef}")
 
@@ -135,6 +139,10 @@ class RewardModelConfig:
 class CriticConfig:
     # HF id or local folder of the backbone (normally the actor's model)
     model: str = "SmolLM2-135M-Instruct"
+    # training engine: fsdp (core/engines/critic.py) or megatron (core/engines/megatron_critic.py)
+    strategy: str = "fsdp"
+    # the Megatron engine's parallel layout (strategy: megatron only)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
     # compute dtype: auto (bf16 where the hardware has it), float32, bfloat16
     dtype: str = "auto"
     # optimizer; a critic usually takes a larger LR than the actor
@@ -164,6 +172,7 @@ class CriticConfig:
 
     def __post_init__(self):
         check_offload_mode(self.offload, "critic")
+        check_strategy(self.strategy, self.megatron, "critic")
 
 
 @dataclass(frozen=True)

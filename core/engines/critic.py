@@ -10,6 +10,7 @@ Values are read where log-probs are: the hidden state at position Tp-1+t gives V
 from __future__ import annotations
 
 import warnings
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -58,13 +59,99 @@ def response_values(model, batch: Batch, remove_padding: bool = True, share_prom
     return F.pad(values, (0, full - Tr)) if Tr < full else values
 
 
-class FSDPCritic:
+class ValueWorker:
+    """The critic role as the controller calls it, whatever engine holds the value model: ``FSDPCritic`` (here,
+    ``critic.strategy: fsdp``) or ``MegatronCritic`` (core/engines/megatron_critic.py). The value pass and the
+    clipped value-loss update are shared; an engine supplies ``_values`` (V of a micro-batch's response tokens),
+    ``_step``, ``_resident``, ``_counts``, ``dp`` and checkpoints."""
+
+    ctx: WorkerContext
+    cfg: CriticConfig
+    dp: int
+
+    def _values(self, mb: Batch) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _step(self) -> float:
+        raise NotImplementedError
+
+    def _resident(self, optim: bool = False):
+        return nullcontext()
+
+    def _counts(self, mask: torch.Tensor) -> tuple[float, float]:
+        return global_counts(mask, self.ctx.device)
+
+    @torch.no_grad()
+    def compute_values(self, batch: Batch) -> Batch:
+        """``values`` (B, Tr) of the responses, in micro-batches."""
+        self.model.eval()
+        order = length_order(batch) if self.cfg.max_tokens_per_micro > 0 else None
+        micros = micro_batches(batch if order is None else batch.index(order), self.cfg.micro_batch_size,
+                               self.cfg.max_tokens_per_micro)
+        parts = []
+        with self._resident():
+            for mb in equalise_passes(micros, self.ctx.device):  # equal forwards on every rank (collectives inside)
+                v = self._values((micros[0] if mb is None else mb).to(self.ctx.device))
+                if mb is not None:  # a padding pass is dropped
+                    parts.append(v.cpu())
+        values = torch.cat(parts)
+        return Batch({"values": values if order is None else restore_order(values, order)})
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """Value-loss epochs over this rank's share of the step batch; one optimizer step per mini-batch.
+        Keys: the model inputs, responses, response_mask, values (old), returns."""
+        with self._resident(optim=True):
+            return self._update(batch)
+
+    def _update(self, batch: Batch) -> dict[str, float]:
+        cfg, dp = self.cfg, self.dp
+        if cfg.ppo_mini_batch_size % dp:
+            raise ValueError(f"critic.ppo_mini_batch_size {cfg.ppo_mini_batch_size} is not divisible by {dp} DP ranks")
+        self.model.train()
+        losses, clipfracs, vpreds, norms = [], [], [], []
+        shuffle_seed = reshuffle_seed(cfg.ppo_epochs)
+        for epoch in range(cfg.ppo_epochs):
+            for mini in batch.minibatches(cfg.ppo_mini_batch_size // dp, seed=shuffle_seed + epoch, shuffle=epoch > 0):
+                tokens, seqs = self._counts(mini["response_mask"])
+                norm = LossNorm(cfg.loss_agg_mode, tokens, seqs, dp, float(mini["response_mask"].shape[-1]))
+                loss_sum = 0.0
+                for mb in equalise_passes(micro_batches(mini, cfg.micro_batch_size, cfg.max_tokens_per_micro),
+                                          self.ctx.device):
+                    dummy = mb is None
+                    mb = (mini.index(slice(0, 1)) if dummy else mb).to(self.ctx.device)
+                    v = self._values(mb)
+                    loss, m = value_loss(v, mb, cfg.cliprange_value, norm)
+                    (loss * 0.0 if dummy else loss).backward()
+                    if not dummy:
+                        loss_sum += loss.item() / dp  # this rank's part: the controller sums the parts
+                        clipfracs.append(float(m["vf_clipfrac"]))
+                        vpreds.append(float(masked_mean(v.detach(), mb["response_mask"].to(v.dtype))))
+                losses.append(loss_sum)
+                norms.append(self._step())
+        mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
+        return {"critic/vf_loss": mean(losses), "critic/vf_clipfrac": mean(clipfracs),
+                "critic/vpred_mean": mean(vpreds), "critic/grad_norm": mean(norms),
+                "critic/lr": self.optim.param_groups[0]["lr"]}
+
+    def save_checkpoint(self, path: str) -> None:
+        """Collective: model, optimizer, scheduler and RNG states under ``path``."""
+        raise NotImplementedError
+
+    def load_checkpoint(self, path: str) -> None:
+        raise NotImplementedError
+
+    def answer_probe(self, folder: str, token: str) -> str:
+        """This rank's half of the check that ``output_dir`` is shared storage (``core.checkpoint.write_probe``)."""
+        return answer_probe(folder, token, f"critic_rank{self.ctx.rank}")
+
+
+class FSDPCritic(ValueWorker):
     """A value model on FSDP2: values for any batch; clipped value-loss updates."""
 
     def __init__(self, ctx: WorkerContext, cfg: CriticConfig):
         from core.models import resolve_dtype
 
-        self.ctx, self.cfg = ctx, cfg
+        self.ctx, self.cfg, self.dp = ctx, cfg, ctx.world_size
         # the 1-output head's (B, T, 1) logits are a view of its matmul's 2D result, so FSDP2 warned on every
         # forward that an in-place op on them would skip a hook; nothing here writes into them (response_values
         # slices and copies out of place)
@@ -76,58 +163,14 @@ class FSDPCritic:
         self.optim, self.sched = adamw_with_warmup(self.model, cfg.optim)
         self.idle = IdleOffload(self.model, self.optim, ctx.device, cfg.offload == "idle")
 
-    @torch.no_grad()
-    def compute_values(self, batch: Batch) -> Batch:
-        """``values`` (B, Tr) of the responses, in micro-batches."""
-        self.model.eval()
-        order = length_order(batch) if self.cfg.max_tokens_per_micro > 0 else None
-        micros = micro_batches(batch if order is None else batch.index(order), self.cfg.micro_batch_size,
-                               self.cfg.max_tokens_per_micro)
-        parts = []
-        with self.idle.on_gpu():
-            for mb in equalise_passes(micros, self.ctx.device):  # equal forwards on every rank (FSDP all-gathers)
-                v = response_values(self.model, (micros[0] if mb is None else mb).to(self.ctx.device),
-                                    self.cfg.remove_padding, self.cfg.share_prompt)
-                if mb is not None:  # a padding pass is dropped
-                    parts.append(v.cpu())
-        values = torch.cat(parts)
-        return Batch({"values": values if order is None else restore_order(values, order)})
+    def _values(self, mb: Batch) -> torch.Tensor:
+        return response_values(self.model, mb, self.cfg.remove_padding, self.cfg.share_prompt)
 
-    def update(self, batch: Batch) -> dict[str, float]:
-        """Value-loss epochs over this rank's share of the step batch; one optimizer step per mini-batch.
-        Keys: the model inputs, responses, response_mask, values (old), returns."""
-        with self.idle.on_gpu(optim=True):
-            return self._update(batch)
+    def _step(self) -> float:
+        return clipped_step(self.model, self.optim, self.sched, self.cfg.optim.grad_clip)
 
-    def _update(self, batch: Batch) -> dict[str, float]:
-        cfg, dp = self.cfg, self.ctx.world_size
-        if cfg.ppo_mini_batch_size % dp:
-            raise ValueError(f"critic.ppo_mini_batch_size {cfg.ppo_mini_batch_size} is not divisible by {dp} DP ranks")
-        self.model.train()
-        losses, clipfracs, vpreds, norms = [], [], [], []
-        shuffle_seed = reshuffle_seed(cfg.ppo_epochs)
-        for epoch in range(cfg.ppo_epochs):
-            for mini in batch.minibatches(cfg.ppo_mini_batch_size // dp, seed=shuffle_seed + epoch, shuffle=epoch > 0):
-                tokens, seqs = global_counts(mini["response_mask"], self.ctx.device)
-                norm = LossNorm(cfg.loss_agg_mode, tokens, seqs, dp, float(mini["response_mask"].shape[-1]))
-                loss_sum = 0.0
-                for mb in equalise_passes(micro_batches(mini, cfg.micro_batch_size, cfg.max_tokens_per_micro),
-                                          self.ctx.device):
-                    dummy = mb is None
-                    mb = (mini.index(slice(0, 1)) if dummy else mb).to(self.ctx.device)
-                    v = response_values(self.model, mb, cfg.remove_padding, cfg.share_prompt)
-                    loss, m = value_loss(v, mb, cfg.cliprange_value, norm)
-                    (loss * 0.0 if dummy else loss).backward()
-                    if not dummy:
-                        loss_sum += loss.item() / dp  # this rank's part: the controller sums the parts
-                        clipfracs.append(float(m["vf_clipfrac"]))
-                        vpreds.append(float(masked_mean(v.detach(), mb["response_mask"].to(v.dtype))))
-                losses.append(loss_sum)
-                norms.append(clipped_step(self.model, self.optim, self.sched, cfg.optim.grad_clip))
-        mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
-        return {"critic/vf_loss": mean(losses), "critic/vf_clipfrac": mean(clipfracs),
-                "critic/vpred_mean": mean(vpreds), "critic/grad_norm": mean(norms),
-                "critic/lr": self.optim.param_groups[0]["lr"]}
+    def _resident(self, optim: bool = False):
+        return self.idle.on_gpu(optim=optim)
 
     def save_checkpoint(self, path: str) -> None:
         with self.idle.on_gpu(optim=True):
@@ -136,7 +179,3 @@ class FSDPCritic:
     def load_checkpoint(self, path: str) -> None:
         with self.idle.on_gpu(optim=True):
             load_state(path, self.model, self.optim, self.sched, self.ctx.rank)
-
-    def answer_probe(self, folder: str, token: str) -> str:
-        """This rank's half of the check that ``output_dir`` is shared storage (``core.checkpoint.write_probe``)."""
-        return answer_probe(folder, token, f"critic_rank{self.ctx.rank}")

@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 
 pytest.importorskip("megatron.core")
 
-from core.engines.megatron_actor import megatron_on_cpu  # noqa: E402
+from core.engines.megatron_model import megatron_on_cpu  # noqa: E402
 from core.worker import free_port  # noqa: E402
 
 SHAPES = {"llama": dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),

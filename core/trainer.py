@@ -61,12 +61,12 @@ def effective_sizes(cfg: RunConfig, dp_size: int) -> str:
 
 
 def policy_spec(actor: ActorConfig) -> RoleSpec:
-    """The actor's (or the reference's) role on its training engine; a Megatron model replica's TP ranks share
-    one chunk of rows."""
+    """The actor's (or the reference's) role on its training engine; a Megatron model replica's tp x pp ranks
+    share one chunk of rows."""
     if actor.strategy == "megatron":
         from core.engines.megatron_actor import MegatronActor
 
-        return RoleSpec(MegatronActor, {"cfg": actor}, mp_size=actor.megatron.tp)
+        return RoleSpec(MegatronActor, {"cfg": actor}, mp_size=actor.megatron.tp * actor.megatron.pp)
     return RoleSpec(FSDPActor, {"cfg": actor})
 
 
@@ -221,7 +221,8 @@ def load_inputs(cfg: RunConfig, out: Path) -> tuple[Callable, list[dict], list[d
             from core.engines.megatron_actor import run_problem
 
             c = AutoConfig.from_pretrained(resolve_model(role.model))
-            if problem := run_problem(role, c.model_type, c.num_attention_heads, pictured is not None, name):
+            if problem := run_problem(role, c.model_type, c.num_attention_heads, pictured is not None, name,
+                                      c.num_hidden_layers):
                 raise ConfigError(problem)
     for name, part in (("train", rows), ("val", val_rows)):
         if part:

@@ -10,9 +10,12 @@ log-probs and the weight export.
 - Weight sync: buckets of HF names, each gathered over TP from the whole layers it touches (``weight_buckets``
   colocated, ``gather_bucket`` for a rollout on another pool).
 - ``offload: idle``: weights and AdamW moments in host memory between calls (``sharding.IdleOffload``, as FSDP's).
-- Not yet (refused before Ray by ``run_problem``; ``--dry-run`` plans them): pipeline and expert parallelism, MoE
-  models, image prompts, ``offload: full``; shard-by-shard loading (every rank reads the whole HF checkpoint once)
-  is not written either.
+- Pipeline stages (``actor.megatron.pp``): Megatron's 1F1B schedule over fixed-shape micro-batches of
+  ``micro_batch_size`` rows; the last stage computes log-probs and losses and sends them (and the metrics) to the
+  other stages; tied embeddings stay equal over stages (their gradients summed over the embedding group).
+- Not yet (refused before Ray by ``run_problem``; ``--dry-run`` plans it): expert parallelism and MoE models, image
+  prompts, ``offload: full``; shard-by-shard loading (every rank reads the whole HF checkpoint once) is not written
+  either.
 """
 
 from __future__ import annotations
@@ -34,16 +37,24 @@ from core.worker import WorkerContext
 FAMILIES = ("llama", "qwen2")  # model_type values the converter knows
 
 
-def run_problem(role, model_type: str, heads: int, images: bool = False, name: str = "actor") -> str | None:
+def run_problem(role, model_type: str, heads: int, images: bool = False, name: str = "actor",
+                layers: int = 0) -> str | None:
     """Why this version cannot run ``role`` (an actor or critic config) on Megatron (None: it can), before Ray."""
     import importlib.util
 
     m = role.megatron
     if importlib.util.find_spec("megatron.core") is None:
         return f"{name}.strategy=megatron needs megatron-core: pip install -e '.[megatron]'"
-    if m.pp > 1 or m.ep > 1:
-        return (f"{name}.megatron.pp={m.pp}, ep={m.ep}: pipeline and expert parallelism are planned by --dry-run but "
-                "not run by this version's Megatron roles; use pp: 1, ep: 1 (tensor parallelism runs)")
+    if m.ep > 1:
+        return (f"{name}.megatron.ep={m.ep}: expert parallelism is planned by --dry-run but not run by this "
+                "version's Megatron roles; use ep: 1")
+    if m.pp > 1 and name == "critic":
+        return "critic.megatron.pp > 1: the Megatron critic runs tensor parallelism only; use pp: 1"
+    if m.pp > 1 and layers % m.pp:
+        return f"{name}.megatron.pp={m.pp} does not divide {role.model}'s {layers} layers"
+    if m.pp > 1 and role.max_tokens_per_micro > 0:
+        return (f"{name}.megatron.pp={m.pp} sends fixed-shape micro-batches between stages: set "
+                f"{name}.max_tokens_per_micro 0 (micro-batches by micro_batch_size)")
     if model_type not in FAMILIES:
         return f"{name}.strategy=megatron converts {' and '.join(FAMILIES)} models; {role.model} is {model_type!r}"
     if heads % m.tp:
@@ -87,7 +98,7 @@ class MegatronActor(PolicyWorker):
     def __init__(self, ctx: WorkerContext, cfg: ActorConfig):
         self.ctx, self.cfg, self.tp = ctx, cfg, cfg.megatron.tp
         self.mg = MegatronModel(ctx, cfg.model, self.tp, cfg.dtype, cfg.seed, cfg.optim if cfg.trainable else None,
-                                cfg.offload, cfg.gradient_checkpointing)
+                                cfg.offload, cfg.gradient_checkpointing, pp=cfg.megatron.pp)
         self.model, self.optim, self.sched, self.idle = self.mg.model, self.mg.optim, self.mg.sched, self.mg.idle
         self.layout, self.tp_group, self.tp_rank, self.dp = self.mg.layout, self.mg.tp_group, self.mg.tp_rank, self.mg.dp
         self._hf_bytes = self.mg.hf_bytes
@@ -99,13 +110,60 @@ class MegatronActor(PolicyWorker):
         """log pi(response_t | context) under logits / temperature (B, Tr), zero-padded where the padding-free run
         trimmed response columns; the entropy when asked."""
         local, full = self.mg.forward(mb, self.cfg.remove_padding)        # (B, Tr', this rank's vocabulary slice)
+        logp, ent = self._logprobs(local, mb, with_entropy)
         Tr = local.shape[1]
-        logp, ent = vocab_parallel_logprobs(local, mb["responses"][:, :Tr], self.tp_rank * local.shape[-1],
-                                            self.layout.vocab, self.cfg.temperature, with_entropy, self.tp_group)
         if Tr < full:
             logp = F.pad(logp, (0, full - Tr))
             ent = F.pad(ent, (0, full - Tr)) if ent is not None else None
         return logp, ent
+
+    def _logprobs(self, local: torch.Tensor, mb: Batch, with_entropy: bool):
+        return vocab_parallel_logprobs(local, mb["responses"][:, :local.shape[1]], self.tp_rank * local.shape[-1],
+                                       self.layout.vocab, self.cfg.temperature, with_entropy, self.tp_group)
+
+    # ------------------------------------------------------------------------------------ pipeline stages
+    def _equal(self, micros: list[Batch]) -> list[Batch]:
+        """Micro-batches of micro_batch_size rows each (the pipeline sends fixed shapes): a short one is filled
+        with copies of its first row that have no response tokens (no loss, dropped from the outputs)."""
+        out = []
+        for mb in micros:
+            short = self.cfg.micro_batch_size - len(mb)
+            if short > 0:
+                fill = mb.index(torch.zeros(short, dtype=torch.long))
+                fill["response_mask"] = torch.zeros_like(fill["response_mask"])
+                mb = Batch.concat([mb, fill])
+            out.append(mb.to(self.ctx.device))
+        return out
+
+    def _forward_passes(self, micros: list[Batch], spare: Batch, with_entropy: bool):
+        if self.mg.pp == 1:
+            yield from super()._forward_passes(micros, spare, with_entropy)
+            return
+        if self.cfg.max_tokens_per_micro > 0 and any(len(m) > self.cfg.micro_batch_size for m in micros):
+            raise ValueError("actor.megatron.pp > 1 cuts micro-batches by micro_batch_size; set max_tokens_per_micro 0")
+
+        def last_stage(mb, local):
+            lp, ent = self._logprobs(local, mb, with_entropy)
+            return torch.zeros(()), {"lp": lp.cpu(), "ent": ent.cpu() if ent is not None else None}
+
+        outs = self.mg.from_last(self.mg.schedule(self._equal(micros), last_stage, forward_only=True) if micros else [])
+        for mb, out in zip(micros, outs):
+            yield out["lp"][:len(mb)], out["ent"][:len(mb)] if with_entropy else None
+
+    def _train_passes(self, micros: list[Batch], spare: Batch, with_entropy: bool, loss_of) -> None:
+        if self.mg.pp == 1:
+            return super()._train_passes(micros, spare, with_entropy, loss_of)
+
+        def last_stage(mb, local):
+            logp, ent = self._logprobs(local, mb, with_entropy)
+            return loss_of(mb, logp, ent, False), {}
+
+        self.mg.schedule(self._equal(micros), last_stage, forward_only=False)
+
+    def _metrics(self, out: dict[str, float]) -> dict[str, float]:
+        """The last stage computed the losses (and filled in the old log-probs left to the update)."""
+        self._filled_old = self.mg.from_last(self._filled_old)
+        return self.mg.from_last(out)
 
     def _resident(self, optim: bool = False):
         return self.idle.on_gpu(optim=optim)
@@ -135,12 +193,20 @@ class MegatronActor(PolicyWorker):
 
     @torch.no_grad()
     def _gather(self, names: list[str]) -> list[tuple[str, torch.Tensor]]:
-        """Collective over the TP group: the whole pieces ``names`` come from gathered and merged, in HF names."""
-        pieces = {self._piece(n) for n in names}
+        """Collective over the replica: the whole pieces ``names`` come from, gathered over TP by the stage that
+        holds them and merged into HF names (layers numbered globally), then sent to every stage."""
+        pieces, mg = {self._piece(n) for n in names}, self.mg
+        offset = mg.stage * (self.layout.layers // mg.pp)
         shards = [dict() for _ in range(self.tp)]
         for name, p in self.model.named_parameters():
-            i = (int(name.split(".")[2]) if name.startswith("decoder.layers.")
-                 else -1 if name.startswith("embedding.") else self.layout.layers)
+            if name.startswith("output_layer.") and self.layout.tied:
+                continue  # a later stage's copy of the tied embedding
+            if name.startswith("decoder.layers."):
+                i, rest = name.removeprefix("decoder.layers.").split(".", 1)
+                i = int(i) + offset
+                name = f"decoder.layers.{i}.{rest}"
+            else:
+                i = -1 if name.startswith("embedding.") else self.layout.layers
             if i not in pieces:
                 continue
             parts = [p.detach()] * self.tp
@@ -149,7 +215,14 @@ class MegatronActor(PolicyWorker):
                 dist.all_gather(parts, p.detach().contiguous(), group=self.tp_group)
             for r in range(self.tp):
                 shards[r][name] = parts[r]
-        hf = megatron_to_hf(tp_merge(shards), self.layout, partial=True)
+        hf = megatron_to_hf(tp_merge(shards), self.layout, partial=True) if shards[0] else {}
+        if mg.pp > 1:  # each stage's part to every stage, in stage order
+            ranks, parts = dist.get_process_group_ranks(mg.pp_group), {}
+            for s, src in enumerate(ranks):
+                box = [{n: t.cpu() for n, t in hf.items()} if s == mg.stage else None]
+                dist.broadcast_object_list(box, src=src, group=mg.pp_group)
+                parts |= box[0]
+            hf = {n: t.to(self.ctx.device) for n, t in parts.items()}
         return [(n, hf[n]) for n in names]
 
     def weight_buckets(self, bucket_bytes: int = 64 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:

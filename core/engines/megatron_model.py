@@ -20,19 +20,21 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from core.engines.forward import trim_padding
-from core.engines.megatron_convert import Layout, hf_to_megatron, tp_dim, tp_shard
+from core.engines.megatron_convert import Layout, hf_to_megatron, pp_stage, tp_dim, tp_shard
 from core.engines.sharding import IdleOffload, adamw_with_warmup
 from core.protocol import Batch
 from core.worker import WorkerContext
 
 
 def megatron_on_cpu() -> None:
-    """Megatron-core assumes CUDA in four places on our path (megatron-core 0.16.1): its RoPE moves the frequencies
+    """Megatron-core assumes CUDA in six places on our path (megatron-core 0.16.1): its RoPE moves the frequencies
     to ``torch.cuda.current_device()`` (rotary_pos_embedding.py, ``get_emb``: pointed at "cpu"), a missing attention
     mask becomes a causal mask built on "cuda" (transformer/utils.py: we always pass ours), attention dropout
     forks the CUDA RNG tracker even at p = 0 (dot_product_attention.py: the fork yields without switching RNG
-    states), and activation recomputation saves / restores the CUDA RNG state (random.py: nothing to save; no
-    dropout here). Process-wide: only for a rank whose device is the CPU (where ``torch.cuda`` has nothing to give)."""
+    states), activation recomputation saves / restores the CUDA RNG state (random.py: nothing to save; no
+    dropout here), and a tied embedding's copy on the last pipeline stage is initialised by an all-reduce of a
+    ``.cuda()`` tensor (language_module.py: skipped, the loader writes it), and the pipeline schedules count tokens
+    in a tensor made on "cuda" (schedules.py: made on the CPU). Process-wide: only for a rank whose device is the CPU (where ``torch.cuda`` has nothing to give)."""
     from megatron.core.tensor_parallel import random as mrandom
 
     torch.cuda.current_device = lambda: "cpu"
@@ -40,6 +42,26 @@ def megatron_on_cpu() -> None:
     # activation recomputation saves and restores the CUDA RNG state around each recomputed layer: none on a CPU
     mrandom._get_cuda_rng_state = lambda *args, **kwargs: None
     mrandom._set_cuda_rng_state = lambda *args, **kwargs: None
+    # tied embeddings over pipeline stages: the last stage's copy starts as zeros that an all-reduce on "cuda" fills;
+    # skipped -- the loader writes the copy from the checkpoint (megatron_convert.pp_stage)
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    LanguageModule._is_in_embd_group = lambda self: False
+    # the pipeline schedules count tokens in torch.zeros(..., device="cuda"): their `torch`, reading "cuda" as the CPU
+    from megatron.core.pipeline_parallel import schedules
+
+    schedules.torch = _TorchOnCpu()
+
+
+class _TorchOnCpu:
+    """``torch`` for megatron's pipeline schedules on a CPU rank: the same module but ``zeros`` on device "cuda"."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*args, device=None, **kwargs):
+        return torch.zeros(*args, device="cpu" if device == "cuda" else device, **kwargs)
 
 
 def quiet_cpu_notes() -> None:
@@ -53,16 +75,20 @@ def quiet_cpu_notes() -> None:
 
 
 def gpt_model(hf_config, tp: int, params_dtype: torch.dtype = torch.float32, recompute: bool = False,
-              tied: bool | None = None):
+              tied: bool | None = None, pp: int = 1, first: bool = True, last: bool = True):
     """Megatron-core's GPTModel (local layer spec) of a Llama / Qwen2-family HF config; ``recompute``: every layer's
     activations recomputed in backward (Megatron's full, uniform, one layer per unit: only its input is kept);
-    ``tied``: share the embedding with the output layer (default: as the config)."""
+    ``tied``: share the embedding with the output layer (default: as the config); ``pp`` stages, this rank's being
+    the ``first`` (it embeds) and / or the ``last`` (final norm and output layer). Fixed shapes between stages, no
+    batched p2p (its CUDA synchronise), losses not divided by the schedule (ours are normalised already)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     c, L = hf_config, Layout.from_hf_config(hf_config)
     rope = getattr(c, "rope_parameters", None) or {"rope_theta": getattr(c, "rope_theta", 10000.0)}
+    pipeline = {"pipeline_model_parallel_size": pp, "pipeline_dtype": params_dtype, "batch_p2p_comm": False,
+                "calculate_per_token_loss": True} if pp > 1 else {}
     cfg = TransformerConfig(num_layers=c.num_hidden_layers, hidden_size=c.hidden_size,
                             num_attention_heads=c.num_attention_heads, num_query_groups=L.kv_heads,
                             kv_channels=L.head_dim, ffn_hidden_size=c.intermediate_size, gated_linear_unit=True,
@@ -71,11 +97,13 @@ def gpt_model(hf_config, tp: int, params_dtype: torch.dtype = torch.float32, rec
                             tensor_model_parallel_size=tp, use_cpu_initialization=True, params_dtype=params_dtype,
                             bias_dropout_fusion=False, apply_rope_fusion=False, masked_softmax_fusion=False,
                             gradient_accumulation_fusion=False, hidden_dropout=0.0, attention_dropout=0.0,
-                            **({"recompute_granularity": "full", "recompute_method": "uniform",
-                                "recompute_num_layers": 1} if recompute else {}))
+                            **pipeline, **({"recompute_granularity": "full", "recompute_method": "uniform",
+                                            "recompute_num_layers": 1} if recompute else {}))
     return GPTModel(cfg, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=L.padded_vocab(tp),
-                    max_sequence_length=c.max_position_embeddings, share_embeddings_and_output_weights=L.tied if tied is None else tied,
-                    parallel_output=True, position_embedding_type="rope", rotary_base=int(rope["rope_theta"]))
+                    max_sequence_length=c.max_position_embeddings,
+                    share_embeddings_and_output_weights=L.tied if tied is None else tied, pre_process=first,
+                    post_process=last, parallel_output=True, position_embedding_type="rope",
+                    rotary_base=int(rope["rope_theta"]))
 
 
 def no_gradient_through(token: int):
@@ -86,6 +114,12 @@ def no_gradient_through(token: int):
     def hook(module, args, out):
         return torch.where((args[0] == token)[..., None], out.detach(), out)
     return hook
+
+
+def response_span(out: torch.Tensor, mb: Batch) -> torch.Tensor:
+    """A model output (B, T, X) at the positions T - Tr - 1 .. T - 2, which predict the Tr response tokens."""
+    T, Tr = mb["input_ids"].shape[1], mb["responses"].shape[1]
+    return out[:, T - Tr - 1:T - 1]
 
 
 class ValueHead(torch.nn.Module):
@@ -111,7 +145,8 @@ class MegatronModel:
     seeding), so both engines start from the same critic."""
 
     def __init__(self, ctx: WorkerContext, name: str, tp: int, dtype: str, seed: int, optim=None,
-                 offload: str = "none", recompute: bool = False, value_head: bool = False, role: str = "actor"):
+                 offload: str = "none", recompute: bool = False, value_head: bool = False, role: str = "actor",
+                 pp: int = 1):
         if ctx.device.type == "cpu":
             quiet_cpu_notes()
         from megatron.core import parallel_state
@@ -119,19 +154,26 @@ class MegatronModel:
 
         from core.models import load_causal_lm, resolve_dtype, resolve_model
 
-        self.ctx, self.tp = ctx, tp
-        if ctx.world_size % tp:
-            raise ValueError(f"{role}.megatron.tp={tp} does not divide the {role}'s {ctx.world_size} ranks")
+        self.ctx, self.tp, self.pp = ctx, tp, pp
+        if ctx.world_size % (tp * pp):
+            raise ValueError(f"{role}.megatron tp={tp} x pp={pp} does not divide the {role}'s {ctx.world_size} ranks")
         if ctx.device.type == "cpu":
             megatron_on_cpu()
-        if not parallel_state.model_parallel_is_initialized():
-            parallel_state.initialize_model_parallel(tp, 1)
-        elif parallel_state.get_tensor_model_parallel_world_size() != tp:
-            raise ValueError(f"{role}.megatron.tp={tp}, but this process's model-parallel layout is TP "
-                             f"{parallel_state.get_tensor_model_parallel_world_size()} (colocated Megatron roles share one)")
-        self.tp_group = parallel_state.get_tensor_model_parallel_group()
-        self.dp_group = parallel_state.get_data_parallel_group()
-        self.tp_rank, self.dp = parallel_state.get_tensor_model_parallel_rank(), ctx.world_size // tp
+        ps = parallel_state
+        if not ps.model_parallel_is_initialized():
+            # a model replica's ranks consecutive (TP fastest, then PP, DP slowest): the worker group gives each
+            # run of tp x pp consecutive ranks the same rows
+            ps.initialize_model_parallel(tp, pp, order="tp-cp-ep-pp-dp")
+        elif (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()) != (tp, pp):
+            raise ValueError(f"{role}.megatron tp={tp} x pp={pp}, but this process's model-parallel layout is TP "
+                             f"{ps.get_tensor_model_parallel_world_size()} x PP "
+                             f"{ps.get_pipeline_model_parallel_world_size()} (colocated Megatron roles share one)")
+        self.tp_group, self.dp_group, self.pp_group = (ps.get_tensor_model_parallel_group(),
+                                                       ps.get_data_parallel_group(), ps.get_pipeline_model_parallel_group())
+        self.tp_rank, self.dp = ps.get_tensor_model_parallel_rank(), ctx.world_size // (tp * pp)
+        self.stage, self.first, self.last = (ps.get_pipeline_model_parallel_rank(), ps.is_pipeline_first_stage(),
+                                             ps.is_pipeline_last_stage())
+        self.embedding_group = ps.get_embedding_group() if pp > 1 and ps.is_rank_in_embedding_group() else None
         self.compute_dtype = resolve_dtype(dtype, ctx.device)
         hf_config = AutoConfig.from_pretrained(resolve_model(name))
         self.layout = Layout.from_hf_config(hf_config)
@@ -140,21 +182,24 @@ class MegatronModel:
         if value_head:
             self.layout = Layout(**{**self.layout.__dict__, "tied": True})   # the backbone: no LM head to convert
             head = (torch.empty(1, hf_config.hidden_size).normal_(0.0, hf_config.initializer_range), torch.zeros(1))
-        self.model = gpt_model(hf_config, tp, recompute=recompute, tied=self.layout.tied)
-        if head is not None:
+        self.model = gpt_model(hf_config, tp, recompute=recompute, tied=self.layout.tied, pp=pp, first=self.first,
+                               last=self.last)
+        if head is not None and self.last:
             self.model.output_layer = ValueHead(*head)
         self.model.to(ctx.device)
         # the whole HF model on every rank, then its shard (shard-by-shard reading, as core.engines.sharding's: not yet)
         hf_model = load_causal_lm(name, dtype=torch.float32)
         pad = hf_model.get_input_embeddings().padding_idx
-        if pad is not None:  # transformers' nn.Embedding(padding_idx): that token's lookups get no gradient
+        if pad is not None and self.first:  # transformers' nn.Embedding(padding_idx): its lookups get no gradient
             self.model.embedding.word_embeddings.register_forward_hook(no_gradient_through(pad))
         hf = hf_model.state_dict()
         del hf_model
         if self.layout.tied:
             hf.pop("lm_head.weight", None)
         self.hf_bytes = {n: t.numel() * t.element_size() for n, t in hf.items()}   # the sync's bucket plan
-        shard = tp_shard(hf_to_megatron(hf, self.layout, tp), tp, self.tp_rank)
+        full = hf_to_megatron(hf, self.layout, tp)
+        shard = tp_shard(pp_stage(full, self.layout, pp, self.stage) if pp > 1 else full, tp, self.tp_rank)
+        del full
         del hf
         missing, unexpected = self.model.load_state_dict(shard, strict=False)
         missing = [k for k in missing if not k.endswith("_extra_state") and not k.startswith("output_layer.score_")]
@@ -166,22 +211,60 @@ class MegatronModel:
             self.optim, self.sched = adamw_with_warmup(self.model, optim)
         self.idle = IdleOffload(self.model, self.optim, ctx.device, offload == "idle")
 
-    def forward(self, mb: Batch, remove_padding: bool) -> tuple[torch.Tensor, int]:
-        """The model's output at the positions that predict the response tokens, (B, Tr', X) -- Tr' < Tr where the
-        padding-free run trimmed response columns that are padding in every row -- and the full width Tr. The
-        attention mask is causal and hides padding keys."""
-        full = mb["responses"].shape[1]
-        if remove_padding:
-            mb = trim_padding(mb)
-        ids, real, Tr = mb["input_ids"], mb["attention_mask"].bool(), mb["responses"].shape[1]
+    def _autocast(self):
+        if self.compute_dtype == torch.float32:
+            return nullcontext()
+        return torch.autocast(self.ctx.device.type, dtype=self.compute_dtype)
+
+    @staticmethod
+    def _run(model, mb: Batch) -> torch.Tensor:
+        """The model on a micro-batch: a causal attention mask that also hides padding keys."""
+        ids, real = mb["input_ids"], mb["attention_mask"].bool()
         T = ids.shape[1]
         causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
         hidden = ~(causal[None, None] & real[:, None, None, :])          # True: this query may not see this key
-        autocast = (nullcontext() if self.compute_dtype == torch.float32
-                    else torch.autocast(self.ctx.device.type, dtype=self.compute_dtype))
-        with autocast:
-            out = self.model(ids, mb["position_ids"], attention_mask=hidden)
-        return out[:, T - Tr - 1:T - 1], full
+        return model(ids, mb["position_ids"], attention_mask=hidden)
+
+    def forward(self, mb: Batch, remove_padding: bool) -> tuple[torch.Tensor, int]:
+        """(One stage.) The model's output at the positions that predict the response tokens, (B, Tr', X) -- Tr' < Tr
+        where the padding-free run trimmed response columns that are padding in every row -- and the full width."""
+        full = mb["responses"].shape[1]
+        if remove_padding:
+            mb = trim_padding(mb)
+        with self._autocast():
+            out = self._run(self.model, mb)
+        return response_span(out, mb), full
+
+    def schedule(self, micros: list[Batch], last_stage, forward_only: bool) -> list[dict]:
+        """(Pipeline stages.) ``micros`` -- equal shapes -- through Megatron's 1F1B schedule: the first stage embeds,
+        each stage runs its layers and passes activations on; on the last stage ``last_stage(mb, out)`` (out: its
+        output at the response positions) returns (loss, extras dict); backward unless ``forward_only``. Returns
+        the extras of each micro-batch on the last stage, [] elsewhere."""
+        from functools import partial
+
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        def finish(mb, out):
+            loss, extras = last_stage(mb, response_span(out, mb))
+            return loss, torch.ones((), dtype=torch.int), extras
+
+        def step(data, model):
+            mb = next(data)
+            return self._run(model, mb), partial(finish, mb)
+
+        B, T = micros[0]["input_ids"].shape
+        with self._autocast():
+            return get_forward_backward_func()(forward_step_func=step, data_iterator=iter(micros), model=[self.model],
+                                               num_microbatches=len(micros), seq_length=T, micro_batch_size=B,
+                                               forward_only=forward_only)
+
+    def from_last(self, obj):
+        """(Pipeline stages.) The last stage's ``obj`` on every stage of this replica."""
+        if self.pp == 1:
+            return obj
+        box = [obj if self.last else None]
+        dist.broadcast_object_list(box, src=dist.get_process_group_ranks(self.pp_group)[-1], group=self.pp_group)
+        return box[0]
 
     def counts(self, mask: torch.Tensor) -> tuple[float, float]:
         t = torch.tensor([float(mask.sum()), float(mask.shape[0])], device=self.ctx.device)
@@ -195,11 +278,20 @@ class MegatronModel:
         if self.dp > 1:
             for _, p in params:
                 dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=self.dp_group)
-        split = sum((p.grad.float().pow(2).sum() for n, p in params if tp_dim(n) is not None), torch.zeros(()))
+        copy = None  # tied embeddings over stages: the last stage's copy learns what the first stage's does
+        if self.embedding_group is not None and self.layout.tied:
+            shared = self.model.shared_embedding_or_output_weight()
+            dist.all_reduce(shared.grad, group=self.embedding_group)
+            copy = shared if self.last and not self.first else None
+        split = sum((p.grad.float().pow(2).sum() for n, p in params if tp_dim(n) is not None and p is not copy),
+                    torch.zeros(()))
         if self.tp > 1:
             dist.all_reduce(split, group=self.tp_group)
         replicated = sum((p.grad.float().pow(2).sum() for n, p in params if tp_dim(n) is None), torch.zeros(()))
-        norm = float((split + replicated).sqrt())
+        total = split + replicated
+        if self.pp > 1:  # each stage its own layers
+            dist.all_reduce(total, group=self.pp_group)
+        norm = float(total.sqrt())
         if math.isfinite(norm):
             if clip > 0 and norm > clip:
                 for _, p in params:

@@ -103,13 +103,7 @@ class PolicyWorker:
         micros = micro_batches(rest if order is None else rest.index(order), self.cfg.micro_batch_size,
                                self.cfg.max_tokens_per_micro) if len(rest) else []
         with self._resident():
-            # as many forwards as the rank with the most micro-batches (collectives inside pair up across ranks); a
-            # padding pass (None) reruns the first micro-batch (or row) and is dropped
-            for mb in equalise_passes(micros, self.ctx.device):
-                mb_run = mb if mb is not None else micros[0] if micros else batch.index(slice(0, 1))
-                lp, ent = self._forward(mb_run.to(self.ctx.device), with_entropy)
-                if mb is None:
-                    continue
+            for lp, ent in self._forward_passes(micros, batch.index(slice(0, 1)), with_entropy):
                 logps.append(lp.cpu())
                 if with_entropy:
                     ents.append(ent.cpu())
@@ -122,6 +116,30 @@ class PolicyWorker:
             out["old_logprobs"] = torch.cat([torch.zeros(skip, width), out["old_logprobs"]])
             out["old_from_update"] = torch.arange(len(batch)) < skip
         return Batch(out)
+
+    def _forward_passes(self, micros: list[Batch], spare: Batch, with_entropy: bool):
+        """(log-probs, entropy) of each micro-batch, without gradients. As many forwards as the rank with the most
+        micro-batches (collectives inside pair up across ranks): a padding pass reruns the first micro-batch (or
+        ``spare``, a row of the batch) and is dropped."""
+        for mb in equalise_passes(micros, self.ctx.device):
+            lp, ent = self._forward((mb if mb is not None else micros[0] if micros else spare).to(self.ctx.device),
+                                    with_entropy)
+            if mb is not None:
+                yield lp, ent
+
+    def _train_passes(self, micros: list[Batch], spare: Batch, with_entropy: bool, loss_of) -> None:
+        """Forward and backward of each micro-batch: ``loss_of(mb, logp, entropy, dummy)`` is its loss (padding
+        passes, as in ``_forward_passes``, have ``dummy`` True and are multiplied by 0)."""
+        for mb in equalise_passes(micros, self.ctx.device):
+            dummy = mb is None
+            mb = (spare if dummy else mb).to(self.ctx.device)
+            logp, ent = self._forward(mb, with_entropy)
+            loss = loss_of(mb, logp, ent, dummy)
+            (loss * 0.0 if dummy else loss).backward()
+
+    def _metrics(self, out: dict[str, float]) -> dict[str, float]:
+        """The update's metrics as the controller gets them from this rank (pipeline stages: the last stage's)."""
+        return out
 
     def _rows_before_first_step(self, rows: int) -> int:
         """How many of this rank's ``rows`` its next update trains on before the policy first moves."""
@@ -181,10 +199,8 @@ class PolicyWorker:
                     nll_norm = LossNorm("token-mean", self._counts(positive)[0], seqs, dp)
                 if cfg.max_tokens_per_micro > 0:  # the loss sums over the mini-batch: row order is free
                     mini = mini.index(length_order(mini))
-                for mb in equalise_passes(micro_batches(mini, cfg.micro_batch_size, cfg.max_tokens_per_micro), self.ctx.device):
-                    dummy = mb is None
-                    mb = (mini.index(slice(0, 1)) if dummy else mb).to(self.ctx.device)
-                    logp, ent = self._forward(mb, cfg.entropy_coef > 0)
+
+                def loss_of(mb: Batch, logp: torch.Tensor, ent: torch.Tensor | None, dummy: bool) -> torch.Tensor:
                     if fill:
                         mb = self._fill_old(mb, logp, dummy)
                     pg, m = loss_fn(logp, mb, cfg.loss, norm)
@@ -192,7 +208,7 @@ class PolicyWorker:
                     if cfg.kl_loss_coef > 0:
                         kl = kl_loss(logp, mb, cfg.kl_loss_type, norm)
                         loss = loss + cfg.kl_loss_coef * kl
-                        if not dummy:  # a padding pass's KL is multiplied by 0 below: it is no part of the loss
+                        if not dummy:  # a padding pass's loss is multiplied by 0 (_train_passes): no part of it
                             add("actor/kl_loss", kl.item() / dp)
                     if cfg.entropy_coef > 0:
                         loss = loss - cfg.entropy_coef * entropy_bonus(ent, mb["response_mask"], norm)
@@ -201,22 +217,25 @@ class PolicyWorker:
                         loss = loss + cfg.positive_nll_coef * nll
                         if not dummy:
                             add("actor/nll_loss", nll.item() / dp)
-                    (loss * 0.0 if dummy else loss).backward()
                     if not dummy:
                         add("actor/pg_loss", pg.item() / dp)
                         for k, v in m.items():
                             add(f"actor/{k}", v.item())
                         add("actor/entropy", masked_mean(ent.detach() if ent is not None else logp.detach().neg(),
                                                          mb["response_mask"]).item())
-                norm = self._step()
-                add("actor/grad_norm", norm)
-                add("actor/nonfinite_grad_frac", float(not math.isfinite(norm)))  # optimizer steps skipped
+                    return loss
+
+                self._train_passes(micro_batches(mini, cfg.micro_batch_size, cfg.max_tokens_per_micro),
+                                   mini.index(slice(0, 1)), cfg.entropy_coef > 0, loss_of)
+                grad_norm = self._step()
+                add("actor/grad_norm", grad_norm)
+                add("actor/nonfinite_grad_frac", float(not math.isfinite(grad_norm)))  # optimizer steps skipped
         out = {k: sums[k] / counts[k] for k in sums if not k.endswith("_loss")} | self.routers.metrics("actor/")
         # loss values are sums over micro-batches of parts of one mini-batch's loss: average per mini-batch
         n_mini = counts.get("actor/grad_norm", 1)
         out |= {k: sums[k] / n_mini for k in sums if k.endswith("_loss")}
         out["actor/lr"] = self.optim.param_groups[0]["lr"]
-        return out
+        return self._metrics(out)
 
     def _fill_old(self, mb: Batch, logp: torch.Tensor, dummy: bool) -> Batch:
         """The micro-batch with its left-to-update rows' old log-probs set to this forward's (before any

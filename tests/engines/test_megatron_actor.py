@@ -69,6 +69,29 @@ def _megatron(rank: int, port: int, model_dir: str, folder: str) -> None:
     dist.destroy_process_group()
 
 
+def _pipeline(rank: int, port: int, model_dir: str, folder: str) -> None:
+    """Two pipeline stages (TP 1): one layer each, the tied embedding on both ends."""
+    import torch.distributed as dist
+
+    from core.config import MegatronConfig
+    from core.engines.megatron_actor import MegatronActor
+    from core.protocol import Batch
+    from core.worker import WorkerContext
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    batch = Batch(torch.load(f"{folder}/batch.pt"))
+    cfg = actor_config(model_dir, strategy="megatron", megatron=MegatronConfig(pp=2), entropy_coef=0.01)
+    actor = MegatronActor(WorkerContext(rank, 2, rank, torch.device("cpu")), cfg)
+    before = actor.full_state_dict()
+    logp = actor.compute_logprobs(batch)["old_logprobs"]
+    metrics = actor.update(batch)
+    after = actor.full_state_dict()
+    torch.save({"before": before, "logp": logp, "metrics": metrics, "after": after}, f"{folder}/pipeline{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def test_megatron_actor_at_tp2_equals_the_fsdp_actor(tiny_model_dir, tmp_path):
     from core.engines.fsdp import FSDPActor
     from core.engines.rollout import RolloutEngine
@@ -88,6 +111,8 @@ def test_megatron_actor_at_tp2_equals_the_fsdp_actor(tiny_model_dir, tmp_path):
     torch.save(dict(batch.tensors), tmp_path / "batch.pt")
     mp.spawn(_megatron, args=(free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2)
     theirs = torch.load(tmp_path / "megatron.pt")
+    mp.spawn(_pipeline, args=(free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2)
+    stages = [torch.load(tmp_path / f"pipeline{r}.pt") for r in range(2)]
 
     placement = place(PlacementConfig({"main": PoolConfig(slots_per_node=1)}, {"actor": "main"}),
                       {"actor": RoleSpec(FSDPActor, {"cfg": actor_config(tiny_model_dir, entropy_coef=0.01)})}, "local")
@@ -107,6 +132,15 @@ def test_megatron_actor_at_tp2_equals_the_fsdp_actor(tiny_model_dir, tmp_path):
     for key in metrics:
         assert theirs["metrics"][key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-6), key
     assert theirs["recomputed"] == pytest.approx(theirs["metrics"], rel=1e-6, abs=1e-7)
+    # two pipeline stages: both stages return the last stage's log-probs and metrics, and the same weights
+    for stage in stages:
+        assert all(torch.equal(stage["before"][k], before[k]) for k in before)
+        assert float(((stage["logp"] - logp).abs() * m).max()) <= 1e-5
+        assert sorted(stage["metrics"]) == sorted(metrics)
+        for key in metrics:
+            assert stage["metrics"][key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-6), key
+        for k in after:
+            torch.testing.assert_close(stage["after"][k], after[k], atol=2e-4, rtol=0)
     # the split-placement sync: buckets of HF names from whole layers, rank 0 returns them in the engine's dtype
     assert len(theirs["plan"]) > 4 and sorted(n for b in theirs["plan"] for n in b) == sorted(before)
     for names, piece in zip(theirs["plan"], theirs["pieces"]):

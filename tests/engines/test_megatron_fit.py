@@ -1,6 +1,6 @@
 """``actor.strategy`` / ``critic.strategy: megatron`` through the whole trainer (``python -m core.train``, Ray, 2
 ranks, fp32, PPO with GAE and an adaptive KL-in-reward): the actor, the reference and the critic on Megatron-core at
-TP 2 give the same step metrics as FSDP2 over 2 DP ranks -- generation after each weight sync, log-probs, values,
+TP 2, and the actor and reference over 2 pipeline stages, give the same step metrics as FSDP2 over 2 DP ranks -- generation after each weight sync, log-probs, values,
 KL, both updates -- and a run resumed from the Megatron checkpoints continues exactly as the run that was not
 stopped."""
 
@@ -42,6 +42,14 @@ def test_megatron_tp2_run_equals_fsdp_and_resumes_exactly(tmp_path, tiny_model_d
         for k, v in fsdp[s].items():
             if isinstance(v, float) and not k.startswith(("timing_s/", "perf/")):
                 assert mg[s][k] == pytest.approx(v, rel=1e-3, abs=1e-4), (s, k, mg[s][k], v)
+    # two pipeline stages for the actor and the reference (the critic on FSDP2: colocated Megatron roles share one
+    # layout): the same metrics again
+    pp = run(conf, tmp_path / "pipeline", "actor.strategy=megatron", "actor.megatron.pp=2", *one_mini,
+             "trainer.save_freq=0")
+    for s in pp:
+        for k, v in fsdp[s].items():
+            if isinstance(v, float) and not k.startswith(("timing_s/", "perf/", "sync/")):
+                assert pp[s][k] == pytest.approx(v, rel=1e-3, abs=1e-4), (s, k, pp[s][k], v)
     # the engine generated from the synced Megatron weights: the trainer's log-probs of its samples match them
     assert mg[4]["rollout/logprob_diff_max"] < 1e-4 and mg[4]["actor/grad_norm"] > 0 and mg[4]["critic/grad_norm"] > 0
     # a run resumed from the Megatron checkpoint after step 2 (each TP rank's shard, optimizer, RNG) goes on exactly

@@ -135,7 +135,7 @@ def test_vllm_missing_and_sglang_are_clear_errors(tiny_model_dir):
     cpu = WorkerContext(0, 1, 0, torch.device("cpu"))
     with pytest.raises(ImportError, match=r"rollout.backend=vllm needs vLLM: pip install -e '.\[vllm\]' .*make test-vllm"):
         RolloutWorker(cpu, RolloutConfig(model=str(tiny_model_dir), backend="vllm"))
-    with pytest.raises(NotImplementedError, match="rollout.backend=sglang has no adapter"):
+    with pytest.raises(ValueError, match="rollout.backend=sglang needs CUDA GPUs"):
         RolloutWorker(cpu, RolloutConfig(model=str(tiny_model_dir), backend="sglang"))
 
 

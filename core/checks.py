@@ -18,8 +18,8 @@ are reported at once:
 - with the built-in rewards (no ``reward.path``), every ``data_source`` of the data files has a reward
   (``check_data_sources``, once the rows are loaded);
 - ``rollout.backend: sglang`` runs on a CUDA pool;
-- ``actor.strategy`` / ``critic.strategy: megatron``: tp x pp divides the actor pool's ranks (what this version can run of the layout is
-  ``core.engines.megatron_actor.run_problem``, checked once the model is located).
+- ``actor.strategy`` / ``critic.strategy: megatron``: tp x pp divides the role pool's ranks (what this version can
+  run of the layout is ``core.engines.megatron_actor.run_problem``, checked once the model is located).
 """
 
 from __future__ import annotations

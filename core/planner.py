@@ -240,10 +240,10 @@ def _megatron_policy_terms(m: ModelShape, r: RunShape, W: int, p: Plan) -> tuple
     """The actor's and the reference's lines on Megatron-core (``core.engines.megatron_actor``): each rank holds
     1/G of the model, G = tp x pp (an MoE model's experts also split over ep), in fp32 with fp32 gradients and a
     plain AdamW (moments not sharded over DP: no distributed optimizer), on the host between calls with offload
-    idle; autocast keeps a bf16 copy of the weights it casts during a forward. Activations: the h-wide residual-stream tensors (4 of the 7) stay whole on a TP rank,
-    q, attention out, k, v and the MLP's i-wide tensors are split over TP; a pipeline's first stage holds pp
-    micro-batches in flight (1F1B), each of L / pp layers. Logits: the last stage's, each TP rank its vocabulary
-    slice (``megatron_actor.vocab_parallel_logprobs``)."""
+    idle; autocast keeps a bf16 copy of the weights it casts during a forward. Activations: the h-wide
+    residual-stream tensors (4 of the 7) stay whole on a TP rank, q, attention out, k, v and the MLP's i-wide
+    tensors are split over TP; a pipeline's first stage holds pp micro-batches in flight (1F1B), each of L / pp
+    layers. Logits: the last stage's, each TP rank its vocabulary slice (``megatron_actor.vocab_parallel_logprobs``)."""
     if r.offload == "full":
         p.problems.append("actor.offload=full is FSDP2's; the Megatron actor offers none or idle")
     G = r.tp * r.pp
@@ -265,7 +265,7 @@ def _megatron_policy_terms(m: ModelShape, r: RunShape, W: int, p: Plan) -> tuple
     T, Ls, h = r.tokens_per_micro, m.layers / r.pp, m.hidden
     p.lines.append(("bf16 autocast weight copies (2P/G)", 2 * share, "train"))
     layer = T * (8 * h + (6 * h + 4 * m.kv_heads * m.head_dim + 8 * m.intermediate) / r.tp)
-    act = r.pp * (2 * T * h * Ls if r.gradient_checkpointing else layer * Ls) + (layer if r.gradient_checkpointing else 0)
+    act = (r.pp * 2 * T * h * Ls + layer) if r.gradient_checkpointing else r.pp * layer * Ls
     p.lines.append((f"activations, {r.pp} micro-batch(es) in flight" + (" (recomputed)" if r.gradient_checkpointing
                                                                         else ""), act, "train"))
     # the output layer's bf16 slice and its gradient, the fp32 scaled copy, exp and their gradients (4 x 4 bytes)

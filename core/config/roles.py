@@ -40,9 +40,9 @@ class MegatronConfig:
     # tensor-parallel ranks: each holds 1/tp of every attention / MLP matrix and of the vocabulary; the tp ranks
     # of a group see the same rows (data parallel over world / (tp x pp))
     tp: int = 1
-    # pipeline stages: each holds num_layers / pp consecutive layers (planned by --dry-run; not run yet)
+    # pipeline stages: each holds num_layers / pp consecutive layers (Megatron's 1F1B schedule; the actor only)
     pp: int = 1
-    # expert-parallel ranks of an MoE model: each holds num_experts / ep experts (planned; not run yet)
+    # expert-parallel ranks of an MoE model: each holds num_experts / ep experts (planned by --dry-run; not run yet)
     ep: int = 1
 
     def __post_init__(self):

@@ -21,7 +21,8 @@ from core.config import ActorConfig
 from core.engines.forward import response_logprobs
 from core.engines.moe import RouterStats
 from core.engines.policy import PolicyWorker
-from core.engines.sharding import IdleOffload, adamw_with_warmup, clipped_step, load_sharded_causal_lm, load_state, save_state
+from core.engines.sharding import (IdleOffload, adamw_with_warmup, clipped_step, load_sharded_causal_lm, load_state,
+                                   save_state)
 from core.protocol import Batch
 from core.worker import WorkerContext
 

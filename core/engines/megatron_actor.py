@@ -100,7 +100,8 @@ class MegatronActor(PolicyWorker):
         self.mg = MegatronModel(ctx, cfg.model, self.tp, cfg.dtype, cfg.seed, cfg.optim if cfg.trainable else None,
                                 cfg.offload, cfg.gradient_checkpointing, pp=cfg.megatron.pp)
         self.model, self.optim, self.sched, self.idle = self.mg.model, self.mg.optim, self.mg.sched, self.mg.idle
-        self.layout, self.tp_group, self.tp_rank, self.dp = self.mg.layout, self.mg.tp_group, self.mg.tp_rank, self.mg.dp
+        self.layout, self.tp_group, self.tp_rank = self.mg.layout, self.mg.tp_group, self.mg.tp_rank
+        self.dp = self.mg.dp
         self._hf_bytes = self.mg.hf_bytes
         self._filled_old: torch.Tensor | None = None
         self.routers = RouterStats(self.model)  # dense models only here: no routers, no metrics

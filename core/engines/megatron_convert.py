@@ -115,7 +115,8 @@ def megatron_to_hf(mg: Weights, L: Layout, partial: bool = False) -> Weights:
                           ("output_layer.weight", "lm_head.weight")):
         if (not partial or name in mg) and not (L.tied and name == "output_layer.weight"):
             out[hf_name] = mg[name][:L.vocab] if name != "decoder.final_layernorm.weight" else mg[name]
-    layers = sorted({int(n.split(".")[2]) for n in mg if n.startswith("decoder.layers.")}) if partial else range(L.layers)
+    layers = (sorted({int(n.split(".")[2]) for n in mg if n.startswith("decoder.layers.")}) if partial
+              else range(L.layers))
     for i in layers:
         a, p = f"model.layers.{i}.", f"decoder.layers.{i}."
         for kind in ("weight", "bias"):

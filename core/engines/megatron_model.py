@@ -34,7 +34,8 @@ def megatron_on_cpu() -> None:
     states), activation recomputation saves / restores the CUDA RNG state (random.py: nothing to save; no
     dropout here), and a tied embedding's copy on the last pipeline stage is initialised by an all-reduce of a
     ``.cuda()`` tensor (language_module.py: skipped, the loader writes it), and the pipeline schedules count tokens
-    in a tensor made on "cuda" (schedules.py: made on the CPU). Process-wide: only for a rank whose device is the CPU (where ``torch.cuda`` has nothing to give)."""
+    in a tensor made on "cuda" (schedules.py: made on the CPU). Process-wide: only for a rank whose device is the CPU
+    (where ``torch.cuda`` has nothing to give)."""
     from megatron.core.tensor_parallel import random as mrandom
 
     torch.cuda.current_device = lambda: "cpu"
@@ -168,8 +169,8 @@ class MegatronModel:
             raise ValueError(f"{role}.megatron tp={tp} x pp={pp}, but this process's model-parallel layout is TP "
                              f"{ps.get_tensor_model_parallel_world_size()} x PP "
                              f"{ps.get_pipeline_model_parallel_world_size()} (colocated Megatron roles share one)")
-        self.tp_group, self.dp_group, self.pp_group = (ps.get_tensor_model_parallel_group(),
-                                                       ps.get_data_parallel_group(), ps.get_pipeline_model_parallel_group())
+        self.tp_group, self.dp_group = ps.get_tensor_model_parallel_group(), ps.get_data_parallel_group()
+        self.pp_group = ps.get_pipeline_model_parallel_group()
         self.tp_rank, self.dp = ps.get_tensor_model_parallel_rank(), ctx.world_size // (tp * pp)
         self.stage, self.first, self.last = (ps.get_pipeline_model_parallel_rank(), ps.is_pipeline_first_stage(),
                                              ps.is_pipeline_last_stage())

@@ -1,8 +1,8 @@
 """``actor.strategy`` / ``critic.strategy: megatron`` through the whole trainer (``python -m core.train``, Ray, 2
 ranks, fp32, PPO with GAE and an adaptive KL-in-reward): the actor, the reference and the critic on Megatron-core at
-TP 2, and the actor and reference over 2 pipeline stages, give the same step metrics as FSDP2 over 2 DP ranks -- generation after each weight sync, log-probs, values,
-KL, both updates -- and a run resumed from the Megatron checkpoints continues exactly as the run that was not
-stopped."""
+TP 2, and the actor and reference over 2 pipeline stages, give the same step metrics as FSDP2 over 2 DP ranks --
+generation after each weight sync, log-probs, values, KL, both updates -- and a run resumed from the Megatron
+checkpoints continues exactly as the run that was not stopped."""
 
 import json
 

@@ -131,8 +131,8 @@ def test_outputs_that_do_not_add_up_are_named(tiny_model_dir):
         completion_rows([{"output_ids": [5, 6], "meta_info": {"output_token_logprobs": [(-0.1, 5, None),
                                                                                         (-0.2, 7, None)]}}])
     with pytest.raises(SGLangError, match="SGLang aborted request 0: out of memory"):
-        completion_rows([{"output_ids": [], "meta_info": {"finish_reason": {"type": "abort", "message": "out of memory"},
-                                                          "output_token_logprobs": []}}])
+        aborted = {"finish_reason": {"type": "abort", "message": "out of memory"}, "output_token_logprobs": []}
+        completion_rows([{"output_ids": [], "meta_info": aborted}])
     with pytest.raises(SGLangError, match="Engine.update_weights_from_tensor failed: no session"):
         checked("update_weights_from_tensor", (False, "no session"))
 

@@ -21,8 +21,8 @@ from core.config import CriticConfig
 from core.engines.forward import trim_padding
 from core.engines.policy import length_order, micro_batches, restore_order
 from core.engines.shared_prompt import prompt_groups, shared_prompt_values
-from core.engines.sharding import (IdleOffload, adamw_with_warmup, clipped_step, equalise_passes,
-                                   global_counts, load_sharded_causal_lm, load_state, reshuffle_seed, save_state)
+from core.engines.sharding import (FSDPEngine, IdleOffload, adamw_with_warmup, equalise_passes, global_counts,
+                                   load_sharded_causal_lm, reshuffle_seed)
 from core.protocol import Batch
 from core.worker import WorkerContext
 
@@ -145,7 +145,7 @@ class ValueWorker:
         return answer_probe(folder, token, f"critic_rank{self.ctx.rank}")
 
 
-class FSDPCritic(ValueWorker):
+class FSDPCritic(FSDPEngine, ValueWorker):
     """A value model on FSDP2: values for any batch; clipped value-loss updates."""
 
     def __init__(self, ctx: WorkerContext, cfg: CriticConfig):
@@ -166,16 +166,3 @@ class FSDPCritic(ValueWorker):
     def _values(self, mb: Batch) -> torch.Tensor:
         return response_values(self.model, mb, self.cfg.remove_padding, self.cfg.share_prompt)
 
-    def _step(self) -> float:
-        return clipped_step(self.model, self.optim, self.sched, self.cfg.optim.grad_clip)
-
-    def _resident(self, optim: bool = False):
-        return self.idle.on_gpu(optim=optim)
-
-    def save_checkpoint(self, path: str) -> None:
-        with self.idle.on_gpu(optim=True):
-            save_state(path, self.model, self.optim, self.sched, self.ctx.rank)
-
-    def load_checkpoint(self, path: str) -> None:
-        with self.idle.on_gpu(optim=True):
-            load_state(path, self.model, self.optim, self.sched, self.ctx.rank)

@@ -21,8 +21,7 @@ from core.config import ActorConfig
 from core.engines.forward import response_logprobs
 from core.engines.moe import RouterStats
 from core.engines.policy import PolicyWorker
-from core.engines.sharding import (IdleOffload, adamw_with_warmup, clipped_step, load_sharded_causal_lm, load_state,
-                                   save_state)
+from core.engines.sharding import FSDPEngine, IdleOffload, adamw_with_warmup, load_sharded_causal_lm
 from core.protocol import Batch
 from core.worker import WorkerContext
 
@@ -37,7 +36,7 @@ def full_tensor(p: torch.Tensor) -> torch.Tensor:
     return p.full_tensor()
 
 
-class FSDPActor(PolicyWorker):
+class FSDPActor(FSDPEngine, PolicyWorker):
     """A policy on FSDP2: log-probs for any batch; PPO-style updates when trainable (``core.engines.policy``)."""
 
     def __init__(self, ctx: WorkerContext, cfg: ActorConfig):
@@ -59,23 +58,6 @@ class FSDPActor(PolicyWorker):
     def _forward(self, mb: Batch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         return response_logprobs(self.model, mb, self.cfg.temperature, with_entropy, self.cfg.remove_padding,
                                  self.cfg.share_prompt)
-
-    def _resident(self, optim: bool = False):
-        return self.idle.on_gpu(optim=optim)
-
-    def _step(self) -> float:
-        return clipped_step(self.model, self.optim, self.sched, self.cfg.optim.grad_clip)
-
-    # ------------------------------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, path: str) -> None:
-        """Collective: model, optimizer, scheduler and RNG states under ``path`` (``core.engines.sharding``)."""
-        with self.idle.on_gpu(optim=True):
-            save_state(path, self.model, self.optim, self.sched, self.ctx.rank)
-
-    def load_checkpoint(self, path: str) -> None:
-        """Collective: the state ``save_checkpoint`` wrote, into this actor."""
-        with self.idle.on_gpu(optim=True):
-            load_state(path, self.model, self.optim, self.sched, self.ctx.rank)
 
     # ------------------------------------------------------------------------------------ weight export
     @torch.no_grad()

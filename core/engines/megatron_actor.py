@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from core.config import ActorConfig
 from core.engines.megatron_convert import megatron_to_hf, tp_dim, tp_merge
-from core.engines.megatron_model import MegatronModel
+from core.engines.megatron_model import MegatronEngine, MegatronModel
 from core.engines.moe import RouterStats
 from core.engines.policy import PolicyWorker
 from core.protocol import Batch
@@ -94,7 +94,7 @@ def vocab_parallel_logprobs(local: torch.Tensor, ids: torch.Tensor, start: int, 
     return logp, z.log() + top - expected
 
 
-class MegatronActor(PolicyWorker):
+class MegatronActor(MegatronEngine, PolicyWorker):
     def __init__(self, ctx: WorkerContext, cfg: ActorConfig):
         self.ctx, self.cfg, self.tp = ctx, cfg, cfg.megatron.tp
         self.mg = MegatronModel(ctx, cfg.model, self.tp, cfg.dtype, cfg.seed, cfg.optim if cfg.trainable else None,
@@ -166,15 +166,6 @@ class MegatronActor(PolicyWorker):
         self._filled_old = self.mg.from_last(self._filled_old)
         return self.mg.from_last(out)
 
-    def _resident(self, optim: bool = False):
-        return self.idle.on_gpu(optim=optim)
-
-    def _counts(self, mask: torch.Tensor) -> tuple[float, float]:
-        return self.mg.counts(mask)
-
-    def _step(self) -> float:
-        return self.mg.step(self.cfg.optim.grad_clip)
-
     # ------------------------------------------------------------------------------------ weight export
     def _piece(self, hf_name: str) -> int:
         """The whole part of the model an HF weight comes from: layer i, or -1 (embedding) / layers (the rest)."""
@@ -238,9 +229,3 @@ class MegatronActor(PolicyWorker):
             return None
         return [(n, t.to("cpu", getattr(torch, dtype) if dtype else t.dtype)) for n, t in bucket]
 
-    # ------------------------------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, path: str) -> None:
-        self.mg.save(path)
-
-    def load_checkpoint(self, path: str) -> None:
-        self.mg.load(path)

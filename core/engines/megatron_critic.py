@@ -11,12 +11,12 @@ import torch.nn.functional as F
 
 from core.config import CriticConfig
 from core.engines.critic import ValueWorker
-from core.engines.megatron_model import MegatronModel
+from core.engines.megatron_model import MegatronEngine, MegatronModel
 from core.protocol import Batch
 from core.worker import WorkerContext
 
 
-class MegatronCritic(ValueWorker):
+class MegatronCritic(MegatronEngine, ValueWorker):
     def __init__(self, ctx: WorkerContext, cfg: CriticConfig):
         self.ctx, self.cfg = ctx, cfg
         self.mg = MegatronModel(ctx, cfg.model, cfg.megatron.tp, cfg.dtype, cfg.seed, cfg.optim, cfg.offload,
@@ -29,17 +29,3 @@ class MegatronCritic(ValueWorker):
         values = out[..., 0].float()
         return F.pad(values, (0, full - values.shape[1])) if values.shape[1] < full else values
 
-    def _step(self) -> float:
-        return self.mg.step(self.cfg.optim.grad_clip)
-
-    def _resident(self, optim: bool = False):
-        return self.mg.idle.on_gpu(optim=optim)
-
-    def _counts(self, mask: torch.Tensor) -> tuple[float, float]:
-        return self.mg.counts(mask)
-
-    def save_checkpoint(self, path: str) -> None:
-        self.mg.save(path)
-
-    def load_checkpoint(self, path: str) -> None:
-        self.mg.load(path)

@@ -328,3 +328,24 @@ class MegatronModel:
                 self.optim.load_state_dict(state["optim"])  # cast to the parameters' device by torch
                 self.sched.load_state_dict(state["sched"])
         set_rng_state(torch.load(Path(path) / f"rng_rank{self.ctx.rank}.pt", weights_only=False))
+
+
+class MegatronEngine:
+    """What the Megatron roles (``MegatronActor``, ``MegatronCritic``) share as engine hooks, through their ``mg``
+    (``MegatronModel``) and ``cfg.optim``."""
+
+    def _step(self) -> float:
+        return self.mg.step(self.cfg.optim.grad_clip)
+
+    def _resident(self, optim: bool = False):
+        return self.mg.idle.on_gpu(optim=optim)
+
+    def _counts(self, mask: torch.Tensor) -> tuple[float, float]:
+        return self.mg.counts(mask)
+
+    def save_checkpoint(self, path: str) -> None:
+        """Collective: each rank's shard, optimizer, scheduler and RNG states under ``path``."""
+        self.mg.save(path)
+
+    def load_checkpoint(self, path: str) -> None:
+        self.mg.load(path)

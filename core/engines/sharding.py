@@ -276,6 +276,27 @@ def clipped_step(model: torch.nn.Module, optim, sched, clip: float) -> float:
     return norm
 
 
+class FSDPEngine:
+    """What the FSDP2 roles (``FSDPActor``, ``FSDPCritic``) share as engine hooks: they hold ``model``, ``optim``,
+    ``sched``, ``idle`` (``IdleOffload``), ``ctx`` and ``cfg.optim``."""
+
+    def _step(self) -> float:
+        return clipped_step(self.model, self.optim, self.sched, self.cfg.optim.grad_clip)
+
+    def _resident(self, optim: bool = False):
+        return self.idle.on_gpu(optim=optim)
+
+    def save_checkpoint(self, path: str) -> None:
+        """Collective: model, optimizer, scheduler and RNG states under ``path`` (``save_state``)."""
+        with self.idle.on_gpu(optim=True):
+            save_state(path, self.model, self.optim, self.sched, self.ctx.rank)
+
+    def load_checkpoint(self, path: str) -> None:
+        """Collective: the state ``save_checkpoint`` wrote."""
+        with self.idle.on_gpu(optim=True):
+            load_state(path, self.model, self.optim, self.sched, self.ctx.rank)
+
+
 def global_counts(mask: torch.Tensor, device: torch.device) -> tuple[float, float]:
     """Valid tokens and sequences of a mini-batch summed over the DP ranks (the loss normalisers)."""
     t = torch.tensor([float(mask.sum()), float(mask.shape[0])], device=device)

@@ -1,4 +1,4 @@
-"""``actor.strategy`` / ``critic.strategy: megatron`` through the whole trainer (``python -m core.train``, Ray, 2
+"""``actor.strategy`` / ``critic.strategy: megatron`` through the whole trainer (``fit`` on a recipe config, Ray, 2
 ranks, fp32, PPO with GAE and an adaptive KL-in-reward): the actor, the reference and the critic on Megatron-core at
 TP 2, and the actor and reference over 2 pipeline stages, give the same step metrics as FSDP2 over 2 DP ranks --
 generation after each weight sync, log-probs, values, KL, both updates -- and a run resumed from the Megatron
@@ -15,19 +15,26 @@ from tests.test_checkpoint import read_metrics, steady, write_run  # noqa: E402
 pytestmark = pytest.mark.ray
 
 
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
 def run(conf, out, *overrides):
-    import subprocess
-    import sys
+    """The recipe's config with ``overrides``, run by ``fit`` in this process on the module's Ray session (as
+    ``python -m core.train`` runs it, without a Ray start per run)."""
+    from core.train import load_run_config
+    from core.trainer import fit
 
-    from tests.test_checkpoint import ROOT
-
-    proc = subprocess.run([sys.executable, "-m", "core.train", "--config-dir", str(conf), f"trainer.output_dir={out}",
-                           *overrides], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    fit(load_run_config(conf, overrides=[f"trainer.output_dir={out}", *overrides]))
     return steady(read_metrics(out / "metrics.jsonl"))
 
 
-def test_megatron_tp2_run_equals_fsdp_and_resumes_exactly(tmp_path, tiny_model_dir):
+def test_megatron_tp2_run_equals_fsdp_and_resumes_exactly(ray_session, tmp_path, tiny_model_dir):
     conf = write_run(tmp_path, tiny_model_dir, total_steps=4, save_freq=2, critic=True, backend="ray")
     # one mini-batch per step: FSDP's 2 DP ranks and Megatron's one DP group of 2 TP ranks then train on the same
     # rows per optimizer step (with 2 mini-batches the DP split decides which rows share one)

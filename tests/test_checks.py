@@ -133,12 +133,14 @@ def test_megatron_layout_must_fit_the_actor_pool_and_what_cannot_run_is_named_be
         run_config(actor__strategy="deepspeed")
     mg = ActorConfig(model="m", strategy="megatron", megatron=MegatronConfig(tp=2))
     assert run_problem(mg, "llama", 4, images=False) is None
-    assert "expert parallelism is planned by --dry-run but not run" in run_problem(
+    assert "expert parallelism needs a mixture of experts; m is dense" in run_problem(
         ActorConfig(model="m", strategy="megatron", megatron=MegatronConfig(ep=2)), "llama", 4, images=False)
+    assert run_problem(ActorConfig(model="m", strategy="megatron", megatron=MegatronConfig(ep=2)), "mixtral", 4) is None
+    assert "tp: 1, pp: 1" in run_problem(mg, "mixtral", 4)
     assert run_problem(ActorConfig(model="m", strategy="megatron", megatron=MegatronConfig(pp=2)), "llama", 4,
                        layers=3) == "actor.megatron.pp=2 does not divide m's 3 layers"
-    assert run_problem(mg, "mixtral", 4, images=False) == ("actor.strategy=megatron converts llama and qwen2 models; "
-                                                          "m is 'mixtral'")
+    assert run_problem(mg, "qwen2_moe", 4, images=False) == ("actor.strategy=megatron converts llama, qwen2 and "
+                                                            "mixtral models; m is 'qwen2_moe'")
     critic = run_config(use_critic=True, algo__adv__estimator="gae", critic__strategy="megatron",
                         critic__megatron={"tp": 4}, placement={"roles": {"actor": "main", "rollout": "main",
                                                                          "critic": "main"}})

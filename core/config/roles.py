@@ -42,7 +42,7 @@ class MegatronConfig:
     tp: int = 1
     # pipeline stages: each holds num_layers / pp consecutive layers (Megatron's 1F1B schedule; the actor only)
     pp: int = 1
-    # expert-parallel ranks of an MoE model: each holds num_experts / ep experts (planned by --dry-run; not run yet)
+    # expert-parallel ranks of an MoE model (Mixtral-shaped): each holds num_experts / ep experts
     ep: int = 1
 
     def __post_init__(self):

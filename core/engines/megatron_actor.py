@@ -13,9 +13,13 @@ log-probs and the weight export.
 - Pipeline stages (``actor.megatron.pp``): Megatron's 1F1B schedule over fixed-shape micro-batches of
   ``micro_batch_size`` rows; the last stage computes log-probs and losses and sends them (and the metrics) to the
   other stages; tied embeddings stay equal over stages (their gradients summed over the embedding group).
-- Not yet (refused before Ray by ``run_problem``; ``--dry-run`` plans it): expert parallelism and MoE models, image
-  prompts, ``offload: full``; shard-by-shard loading (every rank reads the whole HF checkpoint once) is not written
-  either.
+- Experts (``actor.megatron.ep``, Mixtral-shaped models): each rank holds E / ep experts; tokens reach them through
+  Megatron's all-gather dispatcher, so every rank's micro-batches have one shape (rows filled up, no trimming); an
+  expert's gradient is the sum over the data-parallel ranks' tokens (``MegatronModel.step``); the sync gathers
+  every rank's experts into HF's fused layout.
+- Not yet (refused before Ray by ``run_problem``): experts with TP or PP, Qwen2-MoE (its shared expert) on Megatron,
+  image prompts, ``offload: full``; shard-by-shard loading (every rank reads the whole HF checkpoint once) is not
+  written either.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from core.engines.policy import PolicyWorker
 from core.protocol import Batch
 from core.worker import WorkerContext
 
-FAMILIES = ("llama", "qwen2")  # model_type values the converter knows
+FAMILIES = ("llama", "qwen2", "mixtral")  # model_type values the converter knows
 
 
 def run_problem(role, model_type: str, heads: int, images: bool = False, name: str = "actor",
@@ -45,18 +49,21 @@ def run_problem(role, model_type: str, heads: int, images: bool = False, name: s
     m = role.megatron
     if importlib.util.find_spec("megatron.core") is None:
         return f"{name}.strategy=megatron needs megatron-core: pip install -e '.[megatron]'"
-    if m.ep > 1:
-        return (f"{name}.megatron.ep={m.ep}: expert parallelism is planned by --dry-run but not run by this "
-                "version's Megatron roles; use ep: 1")
+    if m.ep > 1 and model_type != "mixtral":
+        return f"{name}.megatron.ep={m.ep}: expert parallelism needs a mixture of experts; {role.model} is dense"
+    if model_type == "mixtral" and (m.tp > 1 or m.pp > 1 or name == "critic"):
+        return (f"{name}.strategy=megatron runs an MoE model with expert and data parallelism only (tp: 1, pp: 1; "
+                "an FSDP critic)")
     if m.pp > 1 and name == "critic":
         return "critic.megatron.pp > 1: the Megatron critic runs tensor parallelism only; use pp: 1"
     if m.pp > 1 and layers % m.pp:
         return f"{name}.megatron.pp={m.pp} does not divide {role.model}'s {layers} layers"
-    if m.pp > 1 and role.max_tokens_per_micro > 0:
-        return (f"{name}.megatron.pp={m.pp} sends fixed-shape micro-batches between stages: set "
+    if (m.pp > 1 or m.ep > 1) and role.max_tokens_per_micro > 0:
+        return (f"{name}.megatron pp={m.pp}, ep={m.ep} exchanges fixed-shape micro-batches between ranks: set "
                 f"{name}.max_tokens_per_micro 0 (micro-batches by micro_batch_size)")
     if model_type not in FAMILIES:
-        return f"{name}.strategy=megatron converts {' and '.join(FAMILIES)} models; {role.model} is {model_type!r}"
+        return (f"{name}.strategy=megatron converts {', '.join(FAMILIES[:-1])} and {FAMILIES[-1]} models; {role.model} "
+                f"is {model_type!r}")
     if heads % m.tp:
         return f"{name}.megatron.tp={m.tp} does not divide {role.model}'s {heads} attention heads"
     if images:
@@ -98,19 +105,20 @@ class MegatronActor(MegatronEngine, PolicyWorker):
     def __init__(self, ctx: WorkerContext, cfg: ActorConfig):
         self.ctx, self.cfg, self.tp = ctx, cfg, cfg.megatron.tp
         self.mg = MegatronModel(ctx, cfg.model, self.tp, cfg.dtype, cfg.seed, cfg.optim if cfg.trainable else None,
-                                cfg.offload, cfg.gradient_checkpointing, pp=cfg.megatron.pp)
+                                cfg.offload, cfg.gradient_checkpointing, pp=cfg.megatron.pp, ep=cfg.megatron.ep)
         self.model, self.optim, self.sched, self.idle = self.mg.model, self.mg.optim, self.mg.sched, self.mg.idle
         self.layout, self.tp_group, self.tp_rank = self.mg.layout, self.mg.tp_group, self.mg.tp_rank
         self.dp = self.mg.dp
         self._hf_bytes = self.mg.hf_bytes
         self._filled_old: torch.Tensor | None = None
-        self.routers = RouterStats(self.model)  # dense models only here: no routers, no metrics
+        self.routers = RouterStats(self.model)  # an MoE model's router loads (its local tokens)
 
     # ------------------------------------------------------------------------------------ engine hooks
     def _forward(self, mb: Batch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log pi(response_t | context) under logits / temperature (B, Tr), zero-padded where the padding-free run
         trimmed response columns; the entropy when asked."""
-        local, full = self.mg.forward(mb, self.cfg.remove_padding)        # (B, Tr', this rank's vocabulary slice)
+        # experts over ranks: every rank's micro-batch of one shape (the token dispatcher gathers them): no trimming
+        local, full = self.mg.forward(mb, self.cfg.remove_padding and self.mg.ep == 1)   # (B, Tr', vocab slice)
         logp, ent = self._logprobs(local, mb, with_entropy)
         Tr = local.shape[1]
         if Tr < full:
@@ -122,10 +130,11 @@ class MegatronActor(MegatronEngine, PolicyWorker):
         return vocab_parallel_logprobs(local, mb["responses"][:, :local.shape[1]], self.tp_rank * local.shape[-1],
                                        self.layout.vocab, self.cfg.temperature, with_entropy, self.tp_group)
 
-    # ------------------------------------------------------------------------------------ pipeline stages
+    # ------------------------------------------------------------------------------------ pipeline stages, experts
     def _equal(self, micros: list[Batch]) -> list[Batch]:
-        """Micro-batches of micro_batch_size rows each (the pipeline sends fixed shapes): a short one is filled
-        with copies of its first row that have no response tokens (no loss, dropped from the outputs)."""
+        """Micro-batches of micro_batch_size rows each (the pipeline sends fixed shapes; the experts' token
+        dispatcher gathers equal shapes): a short one is filled with copies of its first row that have no response
+        tokens (no loss, dropped from the outputs)."""
         out = []
         for mb in micros:
             short = self.cfg.micro_batch_size - len(mb)
@@ -137,8 +146,13 @@ class MegatronActor(MegatronEngine, PolicyWorker):
         return out
 
     def _forward_passes(self, micros: list[Batch], spare: Batch, with_entropy: bool):
-        if self.mg.pp == 1:
+        if self.mg.pp == 1 and self.mg.ep == 1:
             yield from super()._forward_passes(micros, spare, with_entropy)
+            return
+        if self.mg.pp == 1:  # experts over ranks: equal shapes on every rank (``_equal``), padding rows dropped
+            passes = super()._forward_passes(self._equal(micros), self._equal([spare])[0], with_entropy)
+            for mb, (lp, ent) in zip(micros, passes):
+                yield lp[:len(mb)], ent[:len(mb)] if ent is not None else None
             return
         if self.cfg.max_tokens_per_micro > 0 and any(len(m) > self.cfg.micro_batch_size for m in micros):
             raise ValueError("actor.megatron.pp > 1 cuts micro-batches by micro_batch_size; set max_tokens_per_micro 0")
@@ -152,8 +166,10 @@ class MegatronActor(MegatronEngine, PolicyWorker):
             yield out["lp"][:len(mb)], out["ent"][:len(mb)] if with_entropy else None
 
     def _train_passes(self, micros: list[Batch], spare: Batch, with_entropy: bool, loss_of) -> None:
-        if self.mg.pp == 1:
+        if self.mg.pp == 1 and self.mg.ep == 1:
             return super()._train_passes(micros, spare, with_entropy, loss_of)
+        if self.mg.pp == 1:
+            return super()._train_passes(self._equal(micros), self._equal([spare])[0], with_entropy, loss_of)
 
         def last_stage(mb, local):
             logp, ent = self._logprobs(local, mb, with_entropy)
@@ -207,6 +223,14 @@ class MegatronActor(MegatronEngine, PolicyWorker):
                 dist.all_gather(parts, p.detach().contiguous(), group=self.tp_group)
             for r in range(self.tp):
                 shards[r][name] = parts[r]
+        if mg.ep > 1:  # every EP rank's experts of these pieces, numbered globally
+            from core.engines.megatron_convert import ep_merge, is_expert
+
+            mine = {n: t.cpu() for n, t in shards[0].items() if is_expert(n)}
+            every = [None] * mg.ep
+            dist.all_gather_object(every, mine, group=mg.ep_group)
+            shards[0] = {n: t for n, t in shards[0].items() if not is_expert(n)} | {
+                n: t.to(self.ctx.device) for n, t in ep_merge(every).items()}
         hf = megatron_to_hf(tp_merge(shards), self.layout, partial=True) if shards[0] else {}
         if mg.pp > 1:  # each stage's part to every stage, in stage order
             ranks, parts = dist.get_process_group_ranks(mg.pp_group), {}

@@ -48,13 +48,15 @@ class Layout:
     # "local" (Megatron-core's own modules) or "te" (Transformer Engine: norms fused into the next linear)
     spec: str = "local"
     make_vocab_size_divisible_by: int = 128
+    # a Mixtral-shaped mixture of experts: experts per layer (0: a dense MLP)
+    experts: int = 0
 
     @staticmethod
     def from_hf_config(cfg, spec: str = "local") -> "Layout":
         heads = cfg.num_attention_heads
         return Layout(cfg.num_hidden_layers, heads, cfg.num_key_value_heads or heads,
                       getattr(cfg, "head_dim", None) or cfg.hidden_size // heads, cfg.vocab_size,
-                      bool(cfg.tie_word_embeddings), spec)
+                      bool(cfg.tie_word_embeddings), spec, experts=getattr(cfg, "num_local_experts", 0) or 0)
 
     def padded_vocab(self, tp: int) -> int:
         step = self.make_vocab_size_divisible_by * tp
@@ -99,8 +101,14 @@ def hf_to_megatron(hf: Weights, L: Layout, tp: int = 1) -> Weights:
                 out[p + f"self_attention.linear_qkv.{kind}"] = interleave_qkv(
                     *(hf[a + f"self_attn.{x}_proj.{kind}"] for x in "qkv"), L)
         out[p + "self_attention.linear_proj.weight"] = hf[a + "self_attn.o_proj.weight"]
-        out[p + "mlp.linear_fc1.weight"] = torch.cat([hf[a + "mlp.gate_proj.weight"], hf[a + "mlp.up_proj.weight"]])
-        out[p + "mlp.linear_fc2.weight"] = hf[a + "mlp.down_proj.weight"]
+        if L.experts:  # transformers 5 fuses a layer's experts: gate_up_proj (E, [gate; up], h), down_proj (E, h, i)
+            out[p + "mlp.router.weight"] = hf[a + "mlp.gate.weight"]
+            for e in range(L.experts):
+                out[p + f"mlp.experts.local_experts.{e}.linear_fc1.weight"] = hf[a + "mlp.experts.gate_up_proj"][e]
+                out[p + f"mlp.experts.local_experts.{e}.linear_fc2.weight"] = hf[a + "mlp.experts.down_proj"][e]
+        else:
+            out[p + "mlp.linear_fc1.weight"] = torch.cat([hf[a + "mlp.gate_proj.weight"], hf[a + "mlp.up_proj.weight"]])
+            out[p + "mlp.linear_fc2.weight"] = hf[a + "mlp.down_proj.weight"]
         pre_attn, pre_mlp = L.norm_names(i)
         out[pre_attn], out[pre_mlp] = hf[a + "input_layernorm.weight"], hf[a + "post_attention_layernorm.weight"]
     return out
@@ -125,11 +133,52 @@ def megatron_to_hf(mg: Weights, L: Layout, partial: bool = False) -> Weights:
                 out.update({a + f"self_attn.q_proj.{kind}": q, a + f"self_attn.k_proj.{kind}": k,
                             a + f"self_attn.v_proj.{kind}": v})
         out[a + "self_attn.o_proj.weight"] = mg[p + "self_attention.linear_proj.weight"]
-        out[a + "mlp.gate_proj.weight"], out[a + "mlp.up_proj.weight"] = mg[p + "mlp.linear_fc1.weight"].chunk(2)
-        out[a + "mlp.down_proj.weight"] = mg[p + "mlp.linear_fc2.weight"]
+        if L.experts:
+            out[a + "mlp.gate.weight"] = mg[p + "mlp.router.weight"]
+            for kind, fc in (("gate_up_proj", "linear_fc1"), ("down_proj", "linear_fc2")):
+                out[a + f"mlp.experts.{kind}"] = torch.stack(
+                    [mg[p + f"mlp.experts.local_experts.{e}.{fc}.weight"] for e in range(L.experts)])
+        else:
+            out[a + "mlp.gate_proj.weight"], out[a + "mlp.up_proj.weight"] = mg[p + "mlp.linear_fc1.weight"].chunk(2)
+            out[a + "mlp.down_proj.weight"] = mg[p + "mlp.linear_fc2.weight"]
         pre_attn, pre_mlp = L.norm_names(i)
         out[a + "input_layernorm.weight"], out[a + "post_attention_layernorm.weight"] = mg[pre_attn], mg[pre_mlp]
     return out
+
+
+def ep_shard(mg: Weights, ep: int, rank: int, experts: int) -> Weights:
+    """What expert-parallel rank ``rank`` of ``ep`` holds: its experts [rank E / ep, (rank + 1) E / ep), numbered from
+    0 as Megatron's ``local_experts``; every other weight whole."""
+    if experts % ep:
+        raise ValueError(f"{experts} experts do not split evenly over {ep} expert-parallel ranks")
+    per, out = experts // ep, {}
+    for name, t in mg.items():
+        head, sep, tail = name.partition(".mlp.experts.local_experts.")
+        if not sep:
+            out[name] = t
+            continue
+        e, rest = tail.split(".", 1)
+        if rank * per <= int(e) < (rank + 1) * per:
+            out[f"{head}.mlp.experts.local_experts.{int(e) - rank * per}.{rest}"] = t
+    return out
+
+
+def ep_merge(shards: list[Weights]) -> Weights:
+    """The inverse of ``ep_shard`` over every EP rank's weights (rank order)."""
+    out = {}
+    for rank, shard in enumerate(shards):
+        per = len({n.split(".mlp.experts.local_experts.")[1].split(".")[0] for n in shard if is_expert(n)})
+        for name, t in shard.items():
+            head, sep, tail = name.partition(".mlp.experts.local_experts.")
+            if sep:
+                e, rest = tail.split(".", 1)
+                name = f"{head}.mlp.experts.local_experts.{int(e) + rank * per}.{rest}"
+            out.setdefault(name, t)
+    return out
+
+
+def is_expert(name: str) -> bool:
+    return ".mlp.experts.local_experts." in name
 
 
 def tp_dim(name: str) -> int | None:

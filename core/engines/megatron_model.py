@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from core.engines.forward import trim_padding
-from core.engines.megatron_convert import Layout, hf_to_megatron, pp_stage, tp_dim, tp_shard
+from core.engines.megatron_convert import Layout, ep_shard, hf_to_megatron, is_expert, pp_stage, tp_dim, tp_shard
 from core.engines.sharding import IdleOffload, adamw_with_warmup
 from core.protocol import Batch
 from core.worker import WorkerContext
@@ -52,6 +52,10 @@ def megatron_on_cpu() -> None:
     from megatron.core.pipeline_parallel import schedules
 
     schedules.torch = _TorchOnCpu()
+    # an MoE router's linear: moe_utils names Transformer Engine's gemm even where TE is absent (a NameError)
+    from megatron.core.transformer.moe import moe_utils
+
+    moe_utils.te_general_gemm = getattr(moe_utils, "te_general_gemm", None)
 
 
 class _TorchOnCpu:
@@ -76,12 +80,15 @@ def quiet_cpu_notes() -> None:
 
 
 def gpt_model(hf_config, tp: int, params_dtype: torch.dtype = torch.float32, recompute: bool = False,
-              tied: bool | None = None, pp: int = 1, first: bool = True, last: bool = True):
+              tied: bool | None = None, pp: int = 1, first: bool = True, last: bool = True, ep: int = 1):
     """Megatron-core's GPTModel (local layer spec) of a Llama / Qwen2-family HF config; ``recompute``: every layer's
     activations recomputed in backward (Megatron's full, uniform, one layer per unit: only its input is kept);
     ``tied``: share the embedding with the output layer (default: as the config); ``pp`` stages, this rank's being
     the ``first`` (it embeds) and / or the ``last`` (final norm and output layer). Fixed shapes between stages, no
-    batched p2p (its CUDA synchronise), losses not divided by the schedule (ours are normalised already)."""
+    batched p2p (its CUDA synchronise), losses not divided by the schedule (ours are normalised already). A
+    Mixtral-shaped config gets MoE layers over ``ep`` expert-parallel ranks: Mixtral's routing (top-k of the
+    logits, softmax over those k: its softmax-top-k-renormalise), the router in fp32 as HF's, no load-balancing
+    loss, dropless; the all-gather token dispatcher (the all-to-all one needs CUDA streams)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -90,6 +97,10 @@ def gpt_model(hf_config, tp: int, params_dtype: torch.dtype = torch.float32, rec
     rope = getattr(c, "rope_parameters", None) or {"rope_theta": getattr(c, "rope_theta", 10000.0)}
     pipeline = {"pipeline_model_parallel_size": pp, "pipeline_dtype": params_dtype, "batch_p2p_comm": False,
                 "calculate_per_token_loss": True} if pp > 1 else {}
+    moe = {"num_moe_experts": L.experts, "moe_router_topk": c.num_experts_per_tok, "moe_ffn_hidden_size":
+           c.intermediate_size, "moe_token_dispatcher_type": "allgather", "expert_model_parallel_size": ep,
+           "moe_router_load_balancing_type": "none", "moe_aux_loss_coeff": 0.0, "moe_grouped_gemm": False,
+           "moe_router_dtype": "fp32"} if L.experts else {}
     cfg = TransformerConfig(num_layers=c.num_hidden_layers, hidden_size=c.hidden_size,
                             num_attention_heads=c.num_attention_heads, num_query_groups=L.kv_heads,
                             kv_channels=L.head_dim, ffn_hidden_size=c.intermediate_size, gated_linear_unit=True,
@@ -98,9 +109,10 @@ def gpt_model(hf_config, tp: int, params_dtype: torch.dtype = torch.float32, rec
                             tensor_model_parallel_size=tp, use_cpu_initialization=True, params_dtype=params_dtype,
                             bias_dropout_fusion=False, apply_rope_fusion=False, masked_softmax_fusion=False,
                             gradient_accumulation_fusion=False, hidden_dropout=0.0, attention_dropout=0.0,
-                            **pipeline, **({"recompute_granularity": "full", "recompute_method": "uniform",
-                                            "recompute_num_layers": 1} if recompute else {}))
-    return GPTModel(cfg, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=L.padded_vocab(tp),
+                            **pipeline, **moe, **({"recompute_granularity": "full", "recompute_method": "uniform",
+                                                   "recompute_num_layers": 1} if recompute else {}))
+    spec = get_gpt_layer_local_spec(num_experts=L.experts or None, moe_grouped_gemm=False, normalization="RMSNorm")
+    return GPTModel(cfg, spec, vocab_size=L.padded_vocab(tp),
                     max_sequence_length=c.max_position_embeddings,
                     share_embeddings_and_output_weights=L.tied if tied is None else tied, pre_process=first,
                     post_process=last, parallel_output=True, position_embedding_type="rope",
@@ -147,7 +159,7 @@ class MegatronModel:
 
     def __init__(self, ctx: WorkerContext, name: str, tp: int, dtype: str, seed: int, optim=None,
                  offload: str = "none", recompute: bool = False, value_head: bool = False, role: str = "actor",
-                 pp: int = 1):
+                 pp: int = 1, ep: int = 1):
         if ctx.device.type == "cpu":
             quiet_cpu_notes()
         from megatron.core import parallel_state
@@ -155,7 +167,7 @@ class MegatronModel:
 
         from core.models import load_causal_lm, resolve_dtype, resolve_model
 
-        self.ctx, self.tp, self.pp = ctx, tp, pp
+        self.ctx, self.tp, self.pp, self.ep = ctx, tp, pp, ep
         if ctx.world_size % (tp * pp):
             raise ValueError(f"{role}.megatron tp={tp} x pp={pp} does not divide the {role}'s {ctx.world_size} ranks")
         if ctx.device.type == "cpu":
@@ -164,7 +176,7 @@ class MegatronModel:
         if not ps.model_parallel_is_initialized():
             # a model replica's ranks consecutive (TP fastest, then PP, DP slowest): the worker group gives each
             # run of tp x pp consecutive ranks the same rows
-            ps.initialize_model_parallel(tp, pp, order="tp-cp-ep-pp-dp")
+            ps.initialize_model_parallel(tp, pp, expert_model_parallel_size=ep, order="tp-cp-ep-pp-dp")
         elif (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()) != (tp, pp):
             raise ValueError(f"{role}.megatron tp={tp} x pp={pp}, but this process's model-parallel layout is TP "
                              f"{ps.get_tensor_model_parallel_world_size()} x PP "
@@ -175,6 +187,9 @@ class MegatronModel:
         self.stage, self.first, self.last = (ps.get_pipeline_model_parallel_rank(), ps.is_pipeline_first_stage(),
                                              ps.is_pipeline_last_stage())
         self.embedding_group = ps.get_embedding_group() if pp > 1 and ps.is_rank_in_embedding_group() else None
+        # experts: ep ranks each hold E / ep of them; their gradients are averaged over the expert-data-parallel group
+        self.ep_group, self.ep_rank = ps.get_expert_model_parallel_group(), ps.get_expert_model_parallel_rank()
+        self.edp_group = ps.get_expert_data_parallel_group()
         self.compute_dtype = resolve_dtype(dtype, ctx.device)
         hf_config = AutoConfig.from_pretrained(resolve_model(name))
         self.layout = Layout.from_hf_config(hf_config)
@@ -184,7 +199,7 @@ class MegatronModel:
             self.layout = Layout(**{**self.layout.__dict__, "tied": True})   # the backbone: no LM head to convert
             head = (torch.empty(1, hf_config.hidden_size).normal_(0.0, hf_config.initializer_range), torch.zeros(1))
         self.model = gpt_model(hf_config, tp, recompute=recompute, tied=self.layout.tied, pp=pp, first=self.first,
-                               last=self.last)
+                               last=self.last, ep=ep)
         if head is not None and self.last:
             self.model.output_layer = ValueHead(*head)
         self.model.to(ctx.device)
@@ -200,6 +215,8 @@ class MegatronModel:
         self.hf_bytes = {n: t.numel() * t.element_size() for n, t in hf.items()}   # the sync's bucket plan
         full = hf_to_megatron(hf, self.layout, tp)
         shard = tp_shard(pp_stage(full, self.layout, pp, self.stage) if pp > 1 else full, tp, self.tp_rank)
+        if self.layout.experts:
+            shard = ep_shard(shard, ep, self.ep_rank, self.layout.experts)
         del full
         del hf
         missing, unexpected = self.model.load_state_dict(shard, strict=False)
@@ -276,20 +293,28 @@ class MegatronModel:
         """Average gradients over DP, clip by the global norm (TP shards summed over the TP group, replicated weights
         once), AdamW; returns the norm. An inf/nan norm skips the step."""
         params = [(n, p) for n, p in self.model.named_parameters() if p.grad is not None]
-        if self.dp > 1:
-            for _, p in params:
+        edp = dist.get_world_size(self.edp_group)
+        for n, p in params:
+            if is_expert(n):  # an expert learns from the tokens of all dp ranks at once: their sum, not their mean
+                p.grad.mul_(edp / self.dp)
+                if edp > 1:
+                    dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=self.edp_group)
+            elif self.dp > 1:
                 dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=self.dp_group)
         copy = None  # tied embeddings over stages: the last stage's copy learns what the first stage's does
         if self.embedding_group is not None and self.layout.tied:
             shared = self.model.shared_embedding_or_output_weight()
             dist.all_reduce(shared.grad, group=self.embedding_group)
             copy = shared if self.last and not self.first else None
-        split = sum((p.grad.float().pow(2).sum() for n, p in params if tp_dim(n) is not None and p is not copy),
-                    torch.zeros(()))
+        experts = sum((p.grad.float().pow(2).sum() for n, p in params if is_expert(n)), torch.zeros(()))
+        if self.ep > 1:
+            dist.all_reduce(experts, group=self.ep_group)
+        split = sum((p.grad.float().pow(2).sum() for n, p in params
+                     if tp_dim(n) is not None and p is not copy and not is_expert(n)), torch.zeros(()))
         if self.tp > 1:
             dist.all_reduce(split, group=self.tp_group)
         replicated = sum((p.grad.float().pow(2).sum() for n, p in params if tp_dim(n) is None), torch.zeros(()))
-        total = split + replicated
+        total = split + replicated + experts
         if self.pp > 1:  # each stage its own layers
             dist.all_reduce(total, group=self.pp_group)
         norm = float(total.sqrt())

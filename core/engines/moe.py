@@ -41,15 +41,22 @@ class RouterStats:
     def _record(self, module, args, output) -> None:
         if not module.training:
             return
-        logits = (output[0] if isinstance(output, tuple) else output).detach().float()
-        E = logits.shape[-1]
-        logits = logits.reshape(-1, E)
-        k = getattr(module, "top_k", None) or getattr(module, "num_experts_per_tok", 1)
-        if isinstance(output, tuple) and len(output) == 3 and not output[2].is_floating_point():
-            chosen = output[2]          # the router's own choice (grouped or biased routers differ from a top-k)
+        if isinstance(output, tuple) and len(output) == 2 and output[1].dtype == torch.bool:
+            # Megatron-core's TopKRouter: (probabilities, routing map); the logits again from its gating linear
+            logits = module.gating(args[0]).detach().float()
+            E = logits.shape[-1]
+            logits, chosen_map = logits.reshape(-1, E), output[1].reshape(-1, E)
+            f = chosen_map.sum(0).float() / chosen_map.sum()
         else:
-            chosen = logits.topk(k, dim=-1).indices
-        f = torch.bincount(chosen.reshape(-1), minlength=E)[:E].float() / chosen.numel()
+            logits = (output[0] if isinstance(output, tuple) else output).detach().float()
+            E = logits.shape[-1]
+            logits = logits.reshape(-1, E)
+            k = getattr(module, "top_k", None) or getattr(module, "num_experts_per_tok", 1)
+            if isinstance(output, tuple) and len(output) == 3 and not output[2].is_floating_point():
+                chosen = output[2]          # the router's own choice (grouped or biased routers differ from a top-k)
+            else:
+                chosen = logits.topk(k, dim=-1).indices
+            f = torch.bincount(chosen.reshape(-1), minlength=E)[:E].float() / chosen.numel()
         P = logits.softmax(-1).mean(0)
         for key, value in (("moe/load_max", E * f.max()), ("moe/load_min", E * f.min()),
                            ("moe/aux_loss", E * (f * P).sum())):

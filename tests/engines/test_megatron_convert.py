@@ -98,3 +98,29 @@ def test_pp_stages_renumber_their_layers_and_merge_back(name):
     assert sorted(merged) == sorted(full) and all(torch.equal(merged[k], full[k]) for k in full)
     with pytest.raises(ValueError, match="4 layers do not split evenly over 3 pipeline stages"):
         pp_stage(full, L, 3, 0)
+
+
+def test_mixtral_experts_round_trip_and_split_over_expert_parallel_ranks():
+    """transformers 5 fuses a layer's experts (gate_up_proj (E, 2i, h), down_proj (E, h, i)); Megatron holds one
+    linear_fc1 / linear_fc2 per expert and the router as mlp.router. EP rank r of 2 holds experts 2r, 2r + 1 as its
+    local experts 0, 1; merging the ranks gives the full set back."""
+    from transformers import MixtralConfig
+
+    from core.engines.megatron_convert import ep_merge, ep_shard
+
+    cfg = MixtralConfig(hidden_size=32, intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=300, num_local_experts=4, num_experts_per_tok=2,
+                        tie_word_embeddings=False)
+    torch.manual_seed(0)
+    hf = dict(AutoModelForCausalLM.from_config(cfg).state_dict())
+    L = Layout.from_hf_config(cfg)
+    mg = hf_to_megatron(hf, L)
+    fc1 = "decoder.layers.1.mlp.experts.local_experts.{}.linear_fc1.weight"
+    assert L.experts == 4 and torch.equal(mg[fc1.format(3)], hf["model.layers.1.mlp.experts.gate_up_proj"][3])
+    assert torch.equal(mg["decoder.layers.0.mlp.router.weight"], hf["model.layers.0.mlp.gate.weight"])
+    back = megatron_to_hf(mg, L)
+    assert sorted(back) == sorted(hf) and all(torch.equal(back[k], hf[k]) for k in hf)
+    shards = [ep_shard(mg, 2, r, L.experts) for r in range(2)]
+    assert torch.equal(shards[1][fc1.format(0)], mg[fc1.format(2)]) and fc1.format(2) not in shards[1]
+    merged = ep_merge(shards)
+    assert sorted(merged) == sorted(mg) and all(torch.equal(merged[k], mg[k]) for k in mg)

@@ -18,8 +18,7 @@ log-probs and the weight export.
   expert's gradient is the sum over the data-parallel ranks' tokens (``MegatronModel.step``); the sync gathers
   every rank's experts into HF's fused layout.
 - Not yet (refused before Ray by ``run_problem``): experts with TP or PP, Qwen2-MoE (its shared expert) on Megatron,
-  image prompts, ``offload: full``; shard-by-shard loading (every rank reads the whole HF checkpoint once) is not
-  written either.
+  image prompts, ``offload: full``.
 """
 
 from __future__ import annotations

@@ -87,14 +87,20 @@ def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([t, t.new_zeros(rows - len(t), *t.shape[1:])]) if rows > len(t) else t
 
 
-def hf_to_megatron(hf: Weights, L: Layout, tp: int = 1) -> Weights:
-    """A full HF state dict (Llama / Qwen2 names) -> the full Megatron-core one, vocabulary padded for ``tp``."""
-    V = L.padded_vocab(tp)
-    out = {"embedding.word_embeddings.weight": _pad_rows(hf["model.embed_tokens.weight"], V),
-           "decoder.final_layernorm.weight": hf["model.norm.weight"]}
-    if not L.tied:
+def hf_to_megatron(hf: Weights, L: Layout, tp: int = 1, partial: bool = False) -> Weights:
+    """A full HF state dict (Llama / Qwen2 / Mixtral names) -> the full Megatron-core one, vocabulary padded for
+    ``tp``. ``partial``: ``hf`` holds some whole layers and / or the embedding, final norm and LM head (a piece of
+    a layer-by-layer load), converted as they are."""
+    V, out = L.padded_vocab(tp), {}
+    if not partial or "model.embed_tokens.weight" in hf:
+        out["embedding.word_embeddings.weight"] = _pad_rows(hf["model.embed_tokens.weight"], V)
+    if not partial or "model.norm.weight" in hf:
+        out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
+    if not L.tied and (not partial or "lm_head.weight" in hf):
         out["output_layer.weight"] = _pad_rows(hf["lm_head.weight"], V)
-    for i in range(L.layers):
+    layers = (sorted({int(n.split(".")[2]) for n in hf if n.startswith("model.layers.")}) if partial
+              else range(L.layers))
+    for i in layers:
         a, p = f"model.layers.{i}.", f"decoder.layers.{i}."
         for kind in ("weight", "bias"):
             if a + f"self_attn.q_proj.{kind}" in hf:
@@ -237,7 +243,7 @@ def pp_stage(mg: Weights, L: Layout, pp: int, stage: int) -> Weights:
                 out[f"decoder.layers.{int(i) - stage * per}.{rest}"] = t
         elif name.startswith("embedding.") and stage == 0 or not name.startswith("embedding.") and stage == pp - 1:
             out[name] = t
-    if L.tied and pp > 1 and stage == pp - 1:
+    if L.tied and pp > 1 and stage == pp - 1 and "embedding.word_embeddings.weight" in mg:
         out["output_layer.weight"] = mg["embedding.word_embeddings.weight"]
     return out
 

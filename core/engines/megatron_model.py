@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from core.engines.forward import trim_padding
 from core.engines.megatron_convert import Layout, ep_shard, hf_to_megatron, is_expert, pp_stage, tp_dim, tp_shard
-from core.engines.sharding import IdleOffload, adamw_with_warmup
+from core.engines.sharding import IdleOffload, adamw_with_warmup, hf_pieces
 from core.protocol import Batch
 from core.worker import WorkerContext
 
@@ -165,7 +165,7 @@ class MegatronModel:
         from megatron.core import parallel_state
         from transformers import AutoConfig
 
-        from core.models import load_causal_lm, resolve_dtype, resolve_model
+        from core.models import resolve_dtype, resolve_model
 
         self.ctx, self.tp, self.pp, self.ep = ctx, tp, pp, ep
         if ctx.world_size % (tp * pp):
@@ -203,22 +203,22 @@ class MegatronModel:
         if head is not None and self.last:
             self.model.output_layer = ValueHead(*head)
         self.model.to(ctx.device)
-        # the whole HF model on every rank, then its shard (shard-by-shard reading, as core.engines.sharding's: not yet)
-        hf_model = load_causal_lm(name, dtype=torch.float32)
-        pad = hf_model.get_input_embeddings().padding_idx
+        # the HF checkpoint a layer at a time: each piece converted, this rank's share of it kept (copied out of the
+        # piece, which is then dropped): a rank never holds more than one layer beyond its shard
+        pad, pieces = hf_pieces(name, f"{role} rank {ctx.rank}")
         if pad is not None and self.first:  # transformers' nn.Embedding(padding_idx): its lookups get no gradient
             self.model.embedding.word_embeddings.register_forward_hook(no_gradient_through(pad))
-        hf = hf_model.state_dict()
-        del hf_model
-        if self.layout.tied:
-            hf.pop("lm_head.weight", None)
-        self.hf_bytes = {n: t.numel() * t.element_size() for n, t in hf.items()}   # the sync's bucket plan
-        full = hf_to_megatron(hf, self.layout, tp)
-        shard = tp_shard(pp_stage(full, self.layout, pp, self.stage) if pp > 1 else full, tp, self.tp_rank)
-        if self.layout.experts:
-            shard = ep_shard(shard, ep, self.ep_rank, self.layout.experts)
-        del full
-        del hf
+        shard, self.hf_bytes = {}, {}   # hf_bytes: fp32 bytes by HF name, the sync's bucket plan
+        for piece in pieces:
+            if self.layout.tied:
+                piece.pop("lm_head.weight", None)
+            self.hf_bytes |= {n: t.numel() * 4 for n, t in piece.items()}
+            part = hf_to_megatron(piece, self.layout, tp, partial=True)
+            part = tp_shard(pp_stage(part, self.layout, pp, self.stage) if pp > 1 else part, tp, self.tp_rank)
+            if self.layout.experts:
+                part = ep_shard(part, ep, self.ep_rank, self.layout.experts)
+            shard |= {n: t.clone() for n, t in part.items()}
+            del piece, part
         missing, unexpected = self.model.load_state_dict(shard, strict=False)
         missing = [k for k in missing if not k.endswith("_extra_state") and not k.startswith("output_layer.score_")]
         if unexpected or missing:

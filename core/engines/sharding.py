@@ -9,6 +9,8 @@ checkpointing) nothing is sharded: ``core.engines.one_rank`` gives the same numb
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import math
 import os
 import warnings
@@ -161,6 +163,32 @@ def _with_copies(model: torch.nn.Module, ctx: WorkerContext, compute: torch.dtyp
     if unsharded(ctx, offload, checkpointing) and compute != torch.float32:
         ComputeCopies(model, compute)
     return model
+
+
+def hf_pieces(name_or_path: str, who: str) -> tuple[int | None, Iterator[dict[str, torch.Tensor]]]:
+    """The causal LM's embedding ``padding_idx`` and its fp32 tensors by HF name, a piece at a time -- the tensors
+    outside the decoder layers first, then layer by layer -- read from its safetensors files (fused experts stacked
+    from their per-expert tensors): for an engine that converts each piece into its own layout and keeps its share
+    (``core.engines.megatron_model``), so a rank never holds the whole model. Without safetensors files (or with
+    names the meta model does not know): the whole model, loaded, as one piece."""
+    from core.models import load_causal_lm, resolve_model
+
+    files = _safetensors_files(resolve_model(name_or_path))
+    model, where, _ = _meta_model(files, who) if files else (None, None, {})
+    if model is None:
+        whole = load_causal_lm(name_or_path, dtype=torch.float32)
+        return whole.get_input_embeddings().padding_idx, iter([dict(whole.state_dict())])
+    groups: dict[int, list[str]] = {}
+    for name in where:
+        groups.setdefault(int(name.split(".")[2]) if name.startswith("model.layers.") else -1, []).append(name)
+
+    def read(name: str) -> torch.Tensor:
+        parts, stored = where[name]
+        if isinstance(parts, str):
+            return stored[parts].get_tensor(parts).float()
+        return torch.stack([torch.cat([stored[n].get_tensor(n) for n in expert]) for expert in parts]).float()
+
+    return model.get_input_embeddings().padding_idx, ({n: read(n) for n in groups[k]} for k in sorted(groups))
 
 
 def _meta_model(files: list, who: str, value_head: bool = False) -> tuple:

@@ -124,3 +124,33 @@ def test_mixtral_experts_round_trip_and_split_over_expert_parallel_ranks():
     assert torch.equal(shards[1][fc1.format(0)], mg[fc1.format(2)]) and fc1.format(2) not in shards[1]
     merged = ep_merge(shards)
     assert sorted(merged) == sorted(mg) and all(torch.equal(merged[k], mg[k]) for k in mg)
+
+
+@pytest.mark.parametrize("kind", ["dense", "mixtral"])
+def test_the_layer_by_layer_reader_yields_the_whole_checkpoint_one_layer_at_a_time(kind, tmp_path, tiny_model_dir):
+    """core.engines.sharding.hf_pieces, what the Megatron roles load through: the tensors outside the layers, then
+    one layer per piece, together the model's state dict exactly (Mixtral: the per-expert tensors of the file
+    stacked into transformers' fused experts); and the embedding's padding_idx."""
+    from transformers import MixtralConfig
+
+    from core.engines.sharding import hf_pieces
+    from core.models import load_causal_lm
+
+    path = str(tiny_model_dir)
+    if kind == "mixtral":
+        cfg = MixtralConfig(hidden_size=32, intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, vocab_size=300, num_local_experts=4, num_experts_per_tok=2,
+                            pad_token_id=0)
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "mixtral")
+        path = str(tmp_path / "mixtral")
+    pad, pieces = hf_pieces(path, "test")
+    pieces = list(pieces)
+    whole = load_causal_lm(path, dtype=torch.float32)
+    tied = whole.config.tie_word_embeddings
+    want = {k: v for k, v in whole.state_dict().items() if not (tied and k == "lm_head.weight")}
+    assert pad == whole.get_input_embeddings().padding_idx == 0
+    assert not any(n.startswith("model.layers.") for n in pieces[0])
+    assert [{n.split(".")[2] for n in p} for p in pieces[1:]] == [{str(i)} for i in range(whole.config.num_hidden_layers)]
+    got = {n: t for p in pieces for n, t in p.items()}
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)

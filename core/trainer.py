@@ -221,8 +221,9 @@ def load_inputs(cfg: RunConfig, out: Path) -> tuple[Callable, list[dict], list[d
             from core.engines.megatron_actor import run_problem
 
             c = AutoConfig.from_pretrained(resolve_model(role.model))
+            mixed = getattr(c, "decoder_sparse_step", 1) != 1 or bool(getattr(c, "mlp_only_layers", None))
             if problem := run_problem(role, c.model_type, c.num_attention_heads, pictured is not None, name,
-                                      c.num_hidden_layers):
+                                      c.num_hidden_layers, mixed):
                 raise ConfigError(problem)
     for name, part in (("train", rows), ("val", val_rows)):
         if part:

@@ -137,10 +137,15 @@ def test_megatron_layout_must_fit_the_actor_pool_and_what_cannot_run_is_named_be
         ActorConfig(model="m", strategy="megatron", megatron=MegatronConfig(ep=2)), "llama", 4, images=False)
     assert run_problem(ActorConfig(model="m", strategy="megatron", megatron=MegatronConfig(ep=2)), "mixtral", 4) is None
     assert "tp: 1, pp: 1" in run_problem(mg, "mixtral", 4)
+    assert "mixes dense and MoE layers" in run_problem(mg, "qwen2_moe", 4, dense_layers=True)
+    assert "max_tokens_per_micro 0" in run_problem(ActorConfig(model="m", strategy="megatron", max_tokens_per_micro=64,
+                                                               megatron=MegatronConfig(ep=2)), "mixtral", 4)
+    assert "critic runs tensor parallelism only" in run_problem(
+        ActorConfig(model="m", strategy="megatron", megatron=MegatronConfig(pp=2)), "llama", 4, name="critic")
     assert run_problem(ActorConfig(model="m", strategy="megatron", megatron=MegatronConfig(pp=2)), "llama", 4,
                        layers=3) == "actor.megatron.pp=2 does not divide m's 3 layers"
-    assert run_problem(mg, "qwen2_moe", 4, images=False) == ("actor.strategy=megatron converts llama, qwen2 and "
-                                                            "mixtral models; m is 'qwen2_moe'")
+    assert run_problem(mg, "gemma", 4, images=False) == ("actor.strategy=megatron converts llama, qwen2, mixtral and "
+                                                        "qwen2_moe models; m is 'gemma'")
     critic = run_config(use_critic=True, algo__adv__estimator="gae", critic__strategy="megatron",
                         critic__megatron={"tp": 4}, placement={"roles": {"actor": "main", "rollout": "main",
                                                                          "critic": "main"}})

@@ -13,12 +13,11 @@ log-probs and the weight export.
 - Pipeline stages (``actor.megatron.pp``): Megatron's 1F1B schedule over fixed-shape micro-batches of
   ``micro_batch_size`` rows; the last stage computes log-probs and losses and sends them (and the metrics) to the
   other stages; tied embeddings stay equal over stages (their gradients summed over the embedding group).
-- Experts (``actor.megatron.ep``, Mixtral-shaped models): each rank holds E / ep experts; tokens reach them through
+- Experts (``actor.megatron.ep``; Mixtral, Qwen2-MoE with its shared expert): each rank holds E / ep experts; tokens reach them through
   Megatron's all-gather dispatcher, so every rank's micro-batches have one shape (rows filled up, no trimming); an
   expert's gradient is the sum over the data-parallel ranks' tokens (``MegatronModel.step``); the sync gathers
   every rank's experts into HF's fused layout.
-- Not yet (refused before Ray by ``run_problem``): experts with TP or PP, Qwen2-MoE (its shared expert) on Megatron,
-  image prompts, ``offload: full``.
+- Not yet (refused before Ray by ``run_problem``): experts with TP or PP, image prompts, ``offload: full``.
 """
 
 from __future__ import annotations
@@ -37,20 +36,23 @@ from core.engines.policy import PolicyWorker
 from core.protocol import Batch
 from core.worker import WorkerContext
 
-FAMILIES = ("llama", "qwen2", "mixtral")  # model_type values the converter knows
+FAMILIES = ("llama", "qwen2", "mixtral", "qwen2_moe")  # model_type values the converter knows
+MOE = ("mixtral", "qwen2_moe")
 
 
 def run_problem(role, model_type: str, heads: int, images: bool = False, name: str = "actor",
-                layers: int = 0) -> str | None:
+                layers: int = 0, dense_layers: bool = False) -> str | None:
     """Why this version cannot run ``role`` (an actor or critic config) on Megatron (None: it can), before Ray."""
     import importlib.util
 
     m = role.megatron
     if importlib.util.find_spec("megatron.core") is None:
         return f"{name}.strategy=megatron needs megatron-core: pip install -e '.[megatron]'"
-    if m.ep > 1 and model_type != "mixtral":
+    if m.ep > 1 and model_type not in MOE:
         return f"{name}.megatron.ep={m.ep}: expert parallelism needs a mixture of experts; {role.model} is dense"
-    if model_type == "mixtral" and (m.tp > 1 or m.pp > 1 or name == "critic"):
+    if dense_layers:
+        return f"{role.model} mixes dense and MoE layers (decoder_sparse_step / mlp_only_layers): not converted"
+    if model_type in MOE and (m.tp > 1 or m.pp > 1 or name == "critic"):
         return (f"{name}.strategy=megatron runs an MoE model with expert and data parallelism only (tp: 1, pp: 1; "
                 "an FSDP critic)")
     if m.pp > 1 and name == "critic":

@@ -48,15 +48,18 @@ class Layout:
     # "local" (Megatron-core's own modules) or "te" (Transformer Engine: norms fused into the next linear)
     spec: str = "local"
     make_vocab_size_divisible_by: int = 128
-    # a Mixtral-shaped mixture of experts: experts per layer (0: a dense MLP)
+    # a mixture of experts (Mixtral, Qwen2-MoE): experts per layer (0: a dense MLP), and a gated shared expert
     experts: int = 0
+    shared_expert: bool = False
 
     @staticmethod
     def from_hf_config(cfg, spec: str = "local") -> "Layout":
         heads = cfg.num_attention_heads
         return Layout(cfg.num_hidden_layers, heads, cfg.num_key_value_heads or heads,
                       getattr(cfg, "head_dim", None) or cfg.hidden_size // heads, cfg.vocab_size,
-                      bool(cfg.tie_word_embeddings), spec, experts=getattr(cfg, "num_local_experts", 0) or 0)
+                      bool(cfg.tie_word_embeddings), spec,
+                      experts=getattr(cfg, "num_local_experts", 0) or getattr(cfg, "num_experts", 0) or 0,
+                      shared_expert=bool(getattr(cfg, "shared_expert_intermediate_size", 0)))
 
     def padded_vocab(self, tp: int) -> int:
         step = self.make_vocab_size_divisible_by * tp
@@ -112,6 +115,12 @@ def hf_to_megatron(hf: Weights, L: Layout, tp: int = 1, partial: bool = False) -
             for e in range(L.experts):
                 out[p + f"mlp.experts.local_experts.{e}.linear_fc1.weight"] = hf[a + "mlp.experts.gate_up_proj"][e]
                 out[p + f"mlp.experts.local_experts.{e}.linear_fc2.weight"] = hf[a + "mlp.experts.down_proj"][e]
+            if L.shared_expert:  # Qwen2-MoE: a dense expert every token takes, scaled by sigmoid(gate . h)
+                s = a + "mlp.shared_expert."
+                out[p + "mlp.shared_experts.linear_fc1.weight"] = torch.cat([hf[s + "gate_proj.weight"],
+                                                                            hf[s + "up_proj.weight"]])
+                out[p + "mlp.shared_experts.linear_fc2.weight"] = hf[s + "down_proj.weight"]
+                out[p + "mlp.shared_experts.gate_weight"] = hf[a + "mlp.shared_expert_gate.weight"]
         else:
             out[p + "mlp.linear_fc1.weight"] = torch.cat([hf[a + "mlp.gate_proj.weight"], hf[a + "mlp.up_proj.weight"]])
             out[p + "mlp.linear_fc2.weight"] = hf[a + "mlp.down_proj.weight"]
@@ -144,6 +153,12 @@ def megatron_to_hf(mg: Weights, L: Layout, partial: bool = False) -> Weights:
             for kind, fc in (("gate_up_proj", "linear_fc1"), ("down_proj", "linear_fc2")):
                 out[a + f"mlp.experts.{kind}"] = torch.stack(
                     [mg[p + f"mlp.experts.local_experts.{e}.{fc}.weight"] for e in range(L.experts)])
+            if L.shared_expert:
+                s = a + "mlp.shared_expert."
+                out[s + "gate_proj.weight"], out[s + "up_proj.weight"] = mg[p + "mlp.shared_experts.linear_fc1.weight"
+                                                                             ].chunk(2)
+                out[s + "down_proj.weight"] = mg[p + "mlp.shared_experts.linear_fc2.weight"]
+                out[a + "mlp.shared_expert_gate.weight"] = mg[p + "mlp.shared_experts.gate_weight"]
         else:
             out[a + "mlp.gate_proj.weight"], out[a + "mlp.up_proj.weight"] = mg[p + "mlp.linear_fc1.weight"].chunk(2)
             out[a + "mlp.down_proj.weight"] = mg[p + "mlp.linear_fc2.weight"]

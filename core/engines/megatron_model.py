@@ -86,9 +86,10 @@ def gpt_model(hf_config, tp: int, params_dtype: torch.dtype = torch.float32, rec
     ``tied``: share the embedding with the output layer (default: as the config); ``pp`` stages, this rank's being
     the ``first`` (it embeds) and / or the ``last`` (final norm and output layer). Fixed shapes between stages, no
     batched p2p (its CUDA synchronise), losses not divided by the schedule (ours are normalised already). A
-    Mixtral-shaped config gets MoE layers over ``ep`` expert-parallel ranks: Mixtral's routing (top-k of the
-    logits, softmax over those k: its softmax-top-k-renormalise), the router in fp32 as HF's, no load-balancing
-    loss, dropless; the all-gather token dispatcher (the all-to-all one needs CUDA streams)."""
+    mixture of experts gets MoE layers over ``ep`` expert-parallel ranks: Mixtral's routing (top-k of the logits,
+    softmax over those k: its softmax-top-k-renormalise) or Qwen2-MoE's (softmax, then the top k) with its gated
+    shared expert, the router in fp32 as HF's, no load-balancing loss, dropless; the all-gather token dispatcher
+    (the all-to-all one needs CUDA streams)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -98,14 +99,18 @@ def gpt_model(hf_config, tp: int, params_dtype: torch.dtype = torch.float32, rec
     pipeline = {"pipeline_model_parallel_size": pp, "pipeline_dtype": params_dtype, "batch_p2p_comm": False,
                 "calculate_per_token_loss": True} if pp > 1 else {}
     moe = {"num_moe_experts": L.experts, "moe_router_topk": c.num_experts_per_tok, "moe_ffn_hidden_size":
-           c.intermediate_size, "moe_token_dispatcher_type": "allgather", "expert_model_parallel_size": ep,
-           "moe_router_load_balancing_type": "none", "moe_aux_loss_coeff": 0.0, "moe_grouped_gemm": False,
-           "moe_router_dtype": "fp32"} if L.experts else {}
+           getattr(c, "moe_intermediate_size", None) or c.intermediate_size, "moe_token_dispatcher_type": "allgather",
+           "expert_model_parallel_size": ep, "moe_router_load_balancing_type": "none", "moe_aux_loss_coeff": 0.0,
+           "moe_grouped_gemm": False, "moe_router_dtype": "fp32",
+           # Qwen2-MoE without norm_topk_prob: softmax over all experts, then the top k as they are
+           "moe_router_pre_softmax": not getattr(c, "norm_topk_prob", True)} if L.experts else {}
+    if L.shared_expert:
+        moe |= {"moe_shared_expert_intermediate_size": c.shared_expert_intermediate_size, "moe_shared_expert_gate": True}
     cfg = TransformerConfig(num_layers=c.num_hidden_layers, hidden_size=c.hidden_size,
                             num_attention_heads=c.num_attention_heads, num_query_groups=L.kv_heads,
                             kv_channels=L.head_dim, ffn_hidden_size=c.intermediate_size, gated_linear_unit=True,
                             activation_func=F.silu, normalization="RMSNorm", layernorm_epsilon=c.rms_norm_eps,
-                            add_bias_linear=False, add_qkv_bias=c.model_type == "qwen2",
+                            add_bias_linear=False, add_qkv_bias=c.model_type in ("qwen2", "qwen2_moe"),
                             tensor_model_parallel_size=tp, use_cpu_initialization=True, params_dtype=params_dtype,
                             bias_dropout_fusion=False, apply_rope_fusion=False, masked_softmax_fusion=False,
                             gradient_accumulation_fusion=False, hidden_dropout=0.0, attention_dropout=0.0,

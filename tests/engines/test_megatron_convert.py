@@ -100,17 +100,20 @@ def test_pp_stages_renumber_their_layers_and_merge_back(name):
         pp_stage(full, L, 3, 0)
 
 
-def test_mixtral_experts_round_trip_and_split_over_expert_parallel_ranks():
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
+def test_moe_experts_round_trip_and_split_over_expert_parallel_ranks(kind):
     """transformers 5 fuses a layer's experts (gate_up_proj (E, 2i, h), down_proj (E, h, i)); Megatron holds one
-    linear_fc1 / linear_fc2 per expert and the router as mlp.router. EP rank r of 2 holds experts 2r, 2r + 1 as its
-    local experts 0, 1; merging the ranks gives the full set back."""
-    from transformers import MixtralConfig
+    linear_fc1 / linear_fc2 per expert and the router as mlp.router (Qwen2-MoE's gated shared expert as
+    mlp.shared_experts). EP rank r of 2 holds experts 2r, 2r + 1 as its local experts 0, 1; merging the ranks gives
+    the full set back."""
+    from transformers import MixtralConfig, Qwen2MoeConfig
 
     from core.engines.megatron_convert import ep_merge, ep_shard
 
-    cfg = MixtralConfig(hidden_size=32, intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=2, vocab_size=300, num_local_experts=4, num_experts_per_tok=2,
-                        tie_word_embeddings=False)
+    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
+                  num_experts_per_tok=2, tie_word_embeddings=False)
+    cfg = (MixtralConfig(intermediate_size=16, num_local_experts=4, **common) if kind == "mixtral" else
+           Qwen2MoeConfig(num_experts=4, moe_intermediate_size=16, shared_expert_intermediate_size=24, **common))
     torch.manual_seed(0)
     hf = dict(AutoModelForCausalLM.from_config(cfg).state_dict())
     L = Layout.from_hf_config(cfg)
@@ -118,6 +121,9 @@ def test_mixtral_experts_round_trip_and_split_over_expert_parallel_ranks():
     fc1 = "decoder.layers.1.mlp.experts.local_experts.{}.linear_fc1.weight"
     assert L.experts == 4 and torch.equal(mg[fc1.format(3)], hf["model.layers.1.mlp.experts.gate_up_proj"][3])
     assert torch.equal(mg["decoder.layers.0.mlp.router.weight"], hf["model.layers.0.mlp.gate.weight"])
+    if kind == "qwen2_moe":
+        assert torch.equal(mg["decoder.layers.0.mlp.shared_experts.gate_weight"],
+                           hf["model.layers.0.mlp.shared_expert_gate.weight"])
     back = megatron_to_hf(mg, L)
     assert sorted(back) == sorted(hf) and all(torch.equal(back[k], hf[k]) for k in hf)
     shards = [ep_shard(mg, 2, r, L.experts) for r in range(2)]

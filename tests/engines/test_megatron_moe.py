@@ -1,4 +1,4 @@
-"""A Mixtral-shaped mixture of experts on Megatron-core with expert parallelism (CPU, gloo, 2 ranks: each holds 2
+"""Mixtures of experts (Mixtral; Qwen2-MoE with its gated shared expert) on Megatron-core with expert parallelism (CPU, gloo, 2 ranks: each holds 2
 of the 4 experts and its own half of the rows; the all-gather token dispatcher sends tokens to their experts)
 against the FSDP actor on one rank, same weights, fp32: log-probs, one PPO update (every metric but the router
 loads, which each rank measures on its own tokens) and the weights after it, and the weights the sync sends."""
@@ -20,18 +20,22 @@ def actor_config(model_dir, **kw):
                        optim=OptimConfig(lr=1e-2, warmup_steps=0, grad_clip=1.0), **kw)
 
 
-@pytest.fixture(scope="module")
-def mixtral_dir(tmp_path_factory, tiny_model_dir):
+SHAPES = {"mixtral": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=64),
+          "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                            shared_expert_intermediate_size=64, intermediate_size=128)}
+
+
+@pytest.fixture(scope="module", params=sorted(SHAPES))
+def mixtral_dir(request, tmp_path_factory, tiny_model_dir):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from core.models import load_tokenizer
 
-    cfg = AutoConfig.for_model("mixtral", vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                               num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-                               tie_word_embeddings=True, num_local_experts=4, num_experts_per_tok=2,
-                               intermediate_size=64)
+    cfg = AutoConfig.for_model(request.param, vocab_size=128, hidden_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, bos_token_id=1, eos_token_id=2,
+                               pad_token_id=0, tie_word_embeddings=True, **SHAPES[request.param])
     torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("mixtral") / "model"
+    out = tmp_path_factory.mktemp(request.param) / "model"
     AutoModelForCausalLM.from_config(cfg).save_pretrained(out)
     load_tokenizer(str(tiny_model_dir)).save_pretrained(out)
     return out
@@ -61,7 +65,7 @@ def _megatron(rank: int, port: int, model_dir: str, folder: str) -> None:
     dist.destroy_process_group()
 
 
-def test_mixtral_with_expert_parallelism_equals_the_fsdp_actor(mixtral_dir, tmp_path):
+def test_moe_with_expert_parallelism_equals_the_fsdp_actor(mixtral_dir, tmp_path):
     from core.config import PlacementConfig, PoolConfig
     from core.engines.fsdp import FSDPActor
     from core.engines.rollout import RolloutEngine

@@ -68,7 +68,8 @@ def _critic_shape(cfg, max_seq: int, here: bool) -> dict:
     c = cfg.critic
     tokens = c.max_tokens_per_micro if c.max_tokens_per_micro > 0 else c.micro_batch_size * max_seq
     return {"critic": model_shape(c.model), "critic_offload": c.offload,
-            "critic_checkpointing": c.gradient_checkpointing, "critic_tokens_per_micro": tokens}
+            "critic_checkpointing": c.gradient_checkpointing, "critic_tokens_per_micro": tokens,
+            "critic_shards": c.megatron.tp * c.megatron.pp if c.strategy == "megatron" else 0}
 
 
 def plan_run(cfg) -> tuple[str, bool]:
@@ -111,10 +112,9 @@ def plan_run(cfg) -> tuple[str, bool]:
         parts = [f"{engine}, offload {r.offload}, {r.tokens_per_micro} tokens per micro-batch"
                  ] if r.actor or r.reference else []
         if r.critic is not None:
-            parts.append(f"critic FSDP2 world size {W}, offload {r.critic_offload}, {r.critic_tokens_per_micro} "
-                         "tokens per micro-batch" + (" (critic.strategy megatron: planned as FSDP2 here, its "
-                                                     "Megatron layout is not modelled)"
-                                                     if cfg.critic.strategy == "megatron" else ""))
+            engine = (f"critic Megatron TP {cfg.critic.megatron.tp} x PP {cfg.critic.megatron.pp}" if r.critic_shards
+                      else f"critic FSDP2 world size {W}")
+            parts.append(f"{engine}, offload {r.critic_offload}, {r.critic_tokens_per_micro} tokens per micro-batch")
         if r.reward_model is not None:
             parts.append(f"reward model FSDP2 world size {W}, offload {r.rm_offload}, {r.rm_tokens_per_micro} "
                          "tokens per forward")

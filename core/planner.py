@@ -96,6 +96,8 @@ class RunShape:
     critic_offload: str = "none"
     critic_checkpointing: bool = True
     critic_tokens_per_micro: int = 16384
+    # critic.strategy megatron: GPUs its model is split over (tp x pp; 0 = FSDP2 over the whole pool)
+    critic_shards: int = 0
     # a reward model (use_reward_model) on the same GPUs: its shape, offload mode, tokens per forward
     reward_model: ModelShape | None = None
     rm_offload: str = "none"
@@ -281,12 +283,14 @@ def one_rank(W: int, offload: str, checkpointing: bool) -> bool:
 
 
 def _critic_terms(r: RunShape, W: int, p: Plan) -> tuple[float, float, float]:
-    """The critic's lines (FSDP2 like the actor; its update runs after the actor's, never beside it)."""
+    """The critic's lines (FSDP2 like the actor, or Megatron split over ``critic_shards`` GPUs with unsharded AdamW
+    moments; its update runs after the actor's, never beside it)."""
     c = r.critic
     check_offload_mode(r.critic_offload, "critic")
+    W, g = (r.critic_shards, "G") if r.critic_shards else (W, "W")
     host = parked = resident = 0.0
-    states = {"critic fp32 master weights (4Pc/W)": 4 * c.params / W, "critic fp32 gradients (4Pc/W)":
-              4 * c.params / W, "critic AdamW moments (8Pc/W)": 8 * c.params / W}
+    states = {f"critic fp32 master weights (4Pc/{g})": 4 * c.params / W, f"critic fp32 gradients (4Pc/{g})":
+              4 * c.params / W, f"critic AdamW moments (8Pc/{g})": 8 * c.params / W}
     for item, b in states.items():
         if r.critic_offload == "full":
             host += b

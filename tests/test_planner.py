@@ -367,6 +367,10 @@ def test_megatron_layout_by_hand_and_the_dapo_32b_dry_run_at_tp8_pp2():
     layer = T * (8 * h + (6 * h + 4 * 8 * 128 + 8 * 14336) / 4)
     assert got["activations, 2 micro-batch(es) in flight (recomputed)"] == pytest.approx(2 * 2 * T * h * 16 + layer)
     assert got["vocab-parallel logits (16 T V / tp)"] == pytest.approx(16 * T * 128256 / 4)
+    # a Megatron critic of the same shape at TP 4: its states over 4 GPUs (FSDP2 would spread them over all 16)
+    crit = lines(plan(m, replace(r, critic=m, critic_shards=4)))
+    assert crit["critic fp32 master weights (4Pc/G)"] == pytest.approx(8 * GB)
+    assert crit["critic AdamW moments (8Pc/G)"] == pytest.approx(16 * GB)
     # a grid that does not divide the pool is named
     bad = plan(m, replace(r, tp=3))
     assert "Megatron tp 3 x pp 2 = 6 GPUs per model replica does not divide the pool's 16" in bad.problems[0]

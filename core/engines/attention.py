@@ -37,12 +37,13 @@ UNSUPPORTED_KWARGS = ("sliding_window", "softcap", "s_aux", "sinks", "position_b
 def decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                      **kwargs) -> tuple[torch.Tensor, None]:
-    """query (B, H, q, D), key/value (B, KVH, T, D), mask (B, 1, q, T) additive or boolean -> (B, q, H, D)."""
+    """query (B, H, q, D), key (B, KVH, T, D), value (B, KVH, T, Dv), mask (B, 1, q, T) additive or boolean ->
+    (B, q, H, Dv) (Dv differs from D for multi-head latent attention)."""
     B, H, q_len, D = query.shape
     scale = scaling if scaling is not None else D ** -0.5
     sdpa_only = module.training or any(kwargs.get(k) is not None for k in UNSUPPORTED_KWARGS)
     if (not sdpa_only and query.dtype in cpu_kernels.KERNEL_DTYPES and query.device.type == "cpu"
-            and not torch.is_grad_enabled() and query.shape[-1] % 8 == 0
+            and not torch.is_grad_enabled() and query.shape[-1] % 8 == 0 and value.shape[-1] == query.shape[-1]
             and (attention_mask is not None or q_len == 1)
             and (attention_mask is None or attention_mask.dtype != torch.bool) and cpu_kernels.available()):
         return cpu_kernels.decode_attention(query, key, value, attention_mask, scale), None
@@ -60,8 +61,8 @@ def decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
         scores = (scores.masked_fill(~attention_mask, float("-inf")) if attention_mask.dtype == torch.bool
                   else scores + attention_mask.float())
     probs = scores.softmax(-1).to(value.dtype)
-    out = torch.matmul(probs, value)                                              # (B, KVH, G, D)
-    return out.reshape(B, 1, H, D), None
+    out = torch.matmul(probs, value)                                              # (B, KVH, G, Dv)
+    return out.reshape(B, 1, H, value.shape[-1]), None
 
 
 AttentionInterface.register(NAME, decode_attention)

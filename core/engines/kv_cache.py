@@ -1,6 +1,7 @@
 """A preallocated, slot-based KV cache that a transformers model writes through its own attention modules.
 
-Layout per layer: keys/values ``(slots, kv_heads, max_len, head_dim)``. Each running sequence owns one slot.
+Layout per layer: keys ``(slots, kv_heads, max_len, k_dim)``, values ``(slots, kv_heads, max_len, v_dim)`` (the widths
+differ for multi-head latent attention, whose cache holds DeepSeek-V3's compressed latents: ``for_model``). Each running sequence owns one slot.
 A prefix shared by all prompts of a call (P tokens, 0 when none) sits at ``[0, P)``; the rest of the prompt sits
 left-padded at ``[start, prefill_len)``; generated tokens follow at ``prefill_len, prefill_len + 1, ...``.
 Live sequences always occupy slots ``[0, n)`` (a finished one is replaced by the last), so every forward reads
@@ -21,11 +22,12 @@ from core.engines import cpu_kernels
 
 class SlotKVCache(Cache):
     def __init__(self, num_layers: int, slots: int, max_len: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, v_dim: int | None = None):
         super().__init__(layers=[])  # no transformers layer objects: update() below is the whole contract
         shape = (slots, kv_heads, max_len, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape[:-1] + (v_dim or head_dim,), dtype=dtype, device=device)
+                       for _ in range(num_layers)]
         self.slots, self.max_len = slots, max_len
         self._rows: torch.Tensor | slice | None = None  # prefill: slot of each batch row (a slice: a range)
         self._offset = 0                          # prefill: first column it writes (after a shared prefix)
@@ -37,9 +39,13 @@ class SlotKVCache(Cache):
         c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         heads = c.num_attention_heads
         kv_heads = getattr(c, "num_key_value_heads", None) or heads
-        head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+        k_dim = v_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+        if getattr(c, "kv_lora_rank", None):
+            # multi-head latent attention (DeepSeek-V3): transformers caches the compressed latents, one "head" of the
+            # kv latent as the keys and of the rotary key as the values, and expands them after the cache
+            kv_heads, k_dim, v_dim = 1, c.kv_lora_rank, c.qk_rope_head_dim
         p = next(model.parameters())
-        return SlotKVCache(c.num_hidden_layers, slots, max_len, kv_heads, head_dim, p.dtype, p.device)
+        return SlotKVCache(c.num_hidden_layers, slots, max_len, kv_heads, k_dim, p.dtype, p.device, v_dim)
 
     @property
     def nbytes(self) -> int:
@@ -69,7 +75,8 @@ class SlotKVCache(Cache):
                 return key_states, value_states
             return k[self._rows, :, :o + q], v[self._rows, :, :o + q]
         n = key_states.shape[0]
-        if k.device.type == "cpu" and not torch.is_grad_enabled() and cpu_kernels.available():
+        if (k.device.type == "cpu" and not torch.is_grad_enabled() and cpu_kernels.available()
+                and k.shape[-1] == v.shape[-1]):
             cpu_kernels.write_decode(k, v, key_states, value_states, self._pos)  # memcpy, not two index_puts
         else:
             idx = torch.arange(n, device=k.device)

@@ -127,6 +127,10 @@ def test_megatron_actor_at_tp2_equals_the_fsdp_actor(tiny_model_dir, tmp_path):
     assert sorted(theirs["before"]) == sorted(before)
     assert all(torch.equal(theirs["before"][k], before[k]) for k in before)       # loaded, cut, gathered: exact
     m = batch["response_mask"]
+    print(f"measured TP 2: log-prob max diff {float(((theirs['logp'] - logp).abs() * m).max()):.1e}, grad norm "
+          f"{theirs['metrics']['actor/grad_norm']:.6f} vs {metrics['actor/grad_norm']:.6f}; PP 2: log-prob max diff "
+          f"{float(((stages[0]['logp'] - logp).abs() * m).max()):.1e}, grad norm "
+          f"{stages[0]['metrics']['actor/grad_norm']:.6f}")
     assert float(((theirs["logp"] - logp).abs() * m).max()) <= 1e-5
     assert sorted(theirs["metrics"]) == sorted(metrics)                          # one update, one set of metrics
     for key in metrics:

@@ -157,6 +157,7 @@ def test_the_layer_by_layer_reader_yields_the_whole_checkpoint_one_layer_at_a_ti
     want = {k: v for k, v in whole.state_dict().items() if not (tied and k == "lm_head.weight")}
     assert pad == whole.get_input_embeddings().padding_idx == 0
     assert not any(n.startswith("model.layers.") for n in pieces[0])
-    assert [{n.split(".")[2] for n in p} for p in pieces[1:]] == [{str(i)} for i in range(whole.config.num_hidden_layers)]
+    layers = [{n.split(".")[2] for n in p} for p in pieces[1:]]
+    assert layers == [{str(i)} for i in range(whole.config.num_hidden_layers)]
     got = {n: t for p in pieces for n, t in p.items()}
     assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)

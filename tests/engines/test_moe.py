@@ -1,5 +1,5 @@
-"""Mixture-of-experts models (tiny random Qwen2-MoE and Mixtral from a config) through the embedded engine, the FSDP2
-actor and weight sync, and the router metrics (core/engines/moe.py) by hand."""
+"""Mixture-of-experts models (tiny random Qwen2-MoE, Mixtral and DeepSeek-V3 from a config) through the embedded
+engine, the FSDP2 actor and weight sync, and the router metrics (core/engines/moe.py) by hand."""
 
 import pytest
 import torch
@@ -10,7 +10,12 @@ from core.engines.moe import RouterStats
 
 CONFIGS = {"qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                              shared_expert_intermediate_size=64, intermediate_size=128),
-           "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=64)}
+           "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=64),
+           # multi-head latent attention (keys 24 wide, values 16), one dense layer first, a shared expert
+           "deepseek_v3": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                               n_shared_experts=1, first_k_dense_replace=1, intermediate_size=64, kv_lora_rank=16,
+                               q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_group=1,
+                               topk_group=1, num_key_value_heads=4)}
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
@@ -19,9 +24,9 @@ def moe_dir(request, tmp_path_factory, tiny_model_dir):
 
     from core.models import load_tokenizer
 
-    cfg = AutoConfig.for_model(request.param, vocab_size=128, hidden_size=64, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=2, bos_token_id=1, eos_token_id=2,
-                               pad_token_id=0, tie_word_embeddings=True, **CONFIGS[request.param])
+    base = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True)
+    cfg = AutoConfig.for_model(request.param, **(base | CONFIGS[request.param]))
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp(request.param) / "model"
     AutoModelForCausalLM.from_config(cfg).save_pretrained(out)

@@ -84,6 +84,10 @@ def problems(cfg: "RunConfig") -> list[str]:
     if cfg.rollout.backend == "sglang" and rollout_pool is not None and rollout_pool.device != "cuda":
         out.append(f"rollout.backend=sglang needs CUDA GPUs, but the rollout's pool {cfg.placement.roles['rollout']!r} "
                    "has device cpu; use rollout.backend=embedded or vllm there")
+    if a.lora.rank and cfg.has_reference() and cfg.placement.roles.get("ref") != cfg.placement.roles["actor"]:
+        out.append(f"actor.lora.rank={a.lora.rank}: the reference is the actor's own model with its adapters off, so "
+                   f"placement.roles.ref must be the actor's pool {cfg.placement.roles['actor']!r} (it is "
+                   f"{cfg.placement.roles.get('ref')!r})")
     out += _agent_problems(cfg) + _megatron_problems(cfg)
     return out
 

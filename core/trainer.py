@@ -21,6 +21,7 @@ from core.checks import ConfigError, check_data_sources, check_run
 from core.config import ActorConfig, CriticConfig, RunConfig
 from core.engines.critic import FSDPCritic, ValueWorker
 from core.engines.fsdp import FSDPActor
+from core.engines.lora import LoraReference
 from core.engines.policy import PolicyWorker
 from core.engines.reward_model import RewardModelWorker
 from core.loop import Roles, kl_controller, prompts_from_rows, step, sync_rollout, validate
@@ -93,7 +94,7 @@ def role_specs(cfg: RunConfig) -> dict[str, RoleSpec]:
                           micro_batch_size=cfg.actor.micro_batch_size, max_tokens_per_micro=cfg.actor.max_tokens_per_micro,
                           temperature=cfg.actor.temperature, offload=cfg.actor.offload, strategy=cfg.actor.strategy,
                           megatron=cfg.actor.megatron)
-        specs["ref"] = policy_spec(ref)
+        specs["ref"] = policy_spec(ref) if not cfg.actor.lora.rank else RoleSpec(LoraReference)
     if cfg.use_critic:
         specs["critic"] = critic_spec(cfg.critic)
     if cfg.use_reward_model:

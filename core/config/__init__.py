@@ -11,8 +11,8 @@ import typing
 from typing import Any, TypeVar
 
 from core.config.algo import AdvantageConfig, AlgoConfig, KLInRewardConfig, PolicyLossConfig, SamplingParams
-from core.config.roles import (OFFLOAD_MODES, STRATEGIES, ActorConfig, AgentConfig, CriticConfig, MegatronConfig,
-                               OptimConfig, RewardModelConfig, RolloutConfig, check_offload_mode)
+from core.config.roles import (OFFLOAD_MODES, STRATEGIES, ActorConfig, AgentConfig, CriticConfig, LoraConfig,
+                               MegatronConfig, OptimConfig, RewardModelConfig, RolloutConfig, check_offload_mode)
 from core.config.run import DataConfig, RewardConfig, RunConfig
 from core.config.schema import PlacementConfig, PoolConfig, TrainerConfig
 
@@ -21,7 +21,7 @@ T = TypeVar("T")
 __all__ = ["validate", "RunConfig", "TrainerConfig", "DataConfig", "PlacementConfig", "PoolConfig", "ActorConfig",
            "OptimConfig", "AgentConfig", "CriticConfig", "RewardModelConfig", "RolloutConfig", "AlgoConfig",
            "SamplingParams", "AdvantageConfig", "PolicyLossConfig", "KLInRewardConfig", "RewardConfig", "OFFLOAD_MODES",
-           "check_offload_mode", "MegatronConfig", "STRATEGIES"]
+           "check_offload_mode", "MegatronConfig", "STRATEGIES", "LoraConfig"]
 
 
 def validate(schema: type[T], tree: Any, where: str = "config") -> T:

@@ -51,6 +51,20 @@ class MegatronConfig:
                 raise ValueError(f"megatron.{name} must be >= 1, got {getattr(self, name)}")
 
 
+@dataclass(frozen=True)
+class LoraConfig:
+    # adapter rank: 0 = full fine-tuning; > 0 trains low-rank adapters on target_modules (peft), the base frozen
+    rank: int = 0
+    # the adapters' scale is alpha / rank
+    alpha: float = 16.0
+    # the linear layers (by their name in the model) that get adapters
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+    def __post_init__(self):
+        if self.rank < 0 or self.alpha <= 0:
+            raise ValueError(f"actor.lora.rank must be >= 0 and alpha > 0, got {self.rank}, {self.alpha}")
+
+
 def check_strategy(strategy: str, megatron: MegatronConfig, role: str) -> None:
     if strategy not in STRATEGIES:
         raise ValueError(f"{role}.strategy must be one of {STRATEGIES}, got {strategy!r}")
@@ -67,6 +81,8 @@ class ActorConfig:
     strategy: str = "fsdp"
     # the Megatron engine's parallel layout (strategy: megatron only)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    # low-rank adapters instead of full fine-tuning (fsdp strategy; the reference is this model with them off)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     # compute dtype: auto (bf16 where the hardware has it), float32, bfloat16
     dtype: str = "auto"
     # optimizer (ignored when trainable is false)
@@ -111,6 +127,8 @@ class ActorConfig:
     def __post_init__(self):
         check_offload_mode(self.offload, "actor")
         check_strategy(self.strategy, self.megatron, "actor")
+        if self.lora.rank and self.strategy != "fsdp":
+            raise ValueError("actor.lora needs actor.strategy=fsdp (the Megatron actor trains all weights)")
         if self.positive_nll_coef < 0:
             raise ValueError(f"actor.positive_nll_coef must be >= 0, got {self.positive_nll_coef}")
 

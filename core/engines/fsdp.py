@@ -18,6 +18,7 @@ from typing import Iterator
 import torch
 
 from core.config import ActorConfig
+from core.engines import lora
 from core.engines.forward import response_logprobs
 from core.engines.moe import RouterStats
 from core.engines.policy import PolicyWorker
@@ -46,13 +47,14 @@ class FSDPActor(FSDPEngine, PolicyWorker):
         torch.manual_seed(cfg.seed)
         self.compute_dtype = resolve_dtype(cfg.dtype, ctx.device)
         self.model = load_sharded_causal_lm(cfg.model, ctx, self.compute_dtype, cfg.offload, "actor",
-                                            cfg.gradient_checkpointing)
+                                            cfg.gradient_checkpointing, lora=cfg.lora)
         self.optim = self.sched = None
         if cfg.trainable:
             self.optim, self.sched = adamw_with_warmup(self.model, cfg.optim)
         self.idle = IdleOffload(self.model, self.optim, ctx.device, cfg.offload == "idle")
         self._filled_old: torch.Tensor | None = None  # old log-probs as the last update used them
         self.routers = RouterStats(self.model)  # an MoE model's router loads while it updates
+        self.lora_scales = lora.scales(self.model) if cfg.lora.rank else {}  # the engine gets W + scale B A
 
     # ------------------------------------------------------------------------------------ engine hooks
     def _forward(self, mb: Batch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -62,7 +64,10 @@ class FSDPActor(FSDPEngine, PolicyWorker):
     # ------------------------------------------------------------------------------------ weight export
     @torch.no_grad()
     def bucket_plan(self, bucket_bytes: int = 64 << 20) -> list[list[str]]:
-        """Parameter names grouped into buckets of about ``bucket_bytes`` of full tensors (the same on every rank)."""
+        """Parameter names grouped into buckets of about ``bucket_bytes`` of full tensors (the same on every rank);
+        with LoRA the engine's names (an adapted linear's base weight and adapters become one merged weight)."""
+        if self.lora_scales:
+            return self._lora_plan(bucket_bytes)
         plan, bucket, size = [], [], 0
         for name, p in self.model.named_parameters():
             bucket.append(name)
@@ -77,7 +82,10 @@ class FSDPActor(FSDPEngine, PolicyWorker):
         with self.idle.on_gpu():
             params = dict(self.model.named_parameters())
             for names in self.bucket_plan(bucket_bytes):
-                yield [(n, full_tensor(params[n])) for n in names]
+                if self.lora_scales:
+                    yield self._merged(names, params)
+                else:
+                    yield [(n, full_tensor(params[n])) for n in names]
 
     @torch.no_grad()
     def gather_bucket(self, names: list[str], dtype: str | None = None) -> list[tuple[str, torch.Tensor]] | None:
@@ -87,8 +95,35 @@ class FSDPActor(FSDPEngine, PolicyWorker):
         out = []
         with self.idle.on_gpu(park=False):
             params = dict(self.model.named_parameters())
-            for n in names:
-                full = full_tensor(params[n])
+            pairs = (self._merged(names, params) if self.lora_scales
+                     else ((n, full_tensor(params[n])) for n in names))
+            for n, full in pairs:
                 if self.ctx.rank == 0:
                     out.append((n, full.to("cpu", getattr(torch, dtype) if dtype else full.dtype)))
         return out if self.ctx.rank == 0 else None
+
+    # ------------------------------------------------------------------------------------ LoRA export
+    def _lora_units(self) -> dict[str, list[str]]:
+        """Engine weight name -> the parameters it is made of, in the model's order."""
+        units: dict[str, list[str]] = {}
+        for name, _ in self.model.named_parameters():
+            units.setdefault(lora.export_name(name), []).append(name)
+        return units
+
+    def _lora_plan(self, bucket_bytes: int) -> list[list[str]]:
+        params = dict(self.model.named_parameters())
+        plan, bucket, size = [], [], 0
+        for name, parts in self._lora_units().items():
+            bucket.append(name)
+            size += params[parts[0]].numel() * params[parts[0]].element_size()
+            if size >= bucket_bytes:
+                plan.append(bucket)
+                bucket, size = [], 0
+        return plan + [bucket] if bucket else plan
+
+    def _merged(self, names: list[str], params: dict) -> list[tuple[str, torch.Tensor]]:
+        """Collective: the engine weights ``names``, each adapted one W + scale B A from the full tensors."""
+        units = self._lora_units()
+        full = {p: full_tensor(params[p]) for n in names for p in units[n]}
+        merged = lora.merged(full, self.lora_scales)
+        return [(n, merged[n]) for n in names]

@@ -109,7 +109,7 @@ class IdleOffload:
 
 
 def load_sharded_causal_lm(name_or_path: str, ctx: WorkerContext, compute: torch.dtype, offload: str, role: str,
-                           checkpointing: bool = False, value_head: bool = False) -> torch.nn.Module:
+                           checkpointing: bool = False, value_head: bool = False, lora=None) -> torch.nn.Module:
     """The model built on the meta device, sharded, then filled shard by shard from its safetensors files.
 
     Why: loading the full fp32 model on every rank first costs 4 P bytes per rank -- 131 GB per GPU for a 32B
@@ -127,7 +127,8 @@ def load_sharded_causal_lm(name_or_path: str, ctx: WorkerContext, compute: torch
     from core.models import load_causal_lm, resolve_model
 
     files = _safetensors_files(resolve_model(name_or_path))
-    model, where, fresh = _meta_model(files, f"{role} rank {ctx.rank}", value_head) if files else (None, None, {})
+    model, where, fresh = (_meta_model(files, f"{role} rank {ctx.rank}", value_head, lora) if files
+                           else (None, None, {}))
     if model is None:
         if value_head:
             from core.engines.critic import load_value_model
@@ -135,6 +136,10 @@ def load_sharded_causal_lm(name_or_path: str, ctx: WorkerContext, compute: torch
             model = load_value_model(name_or_path).to(ctx.device)
         else:
             model = load_causal_lm(name_or_path, dtype=torch.float32, device=ctx.device)
+        if lora is not None and lora.rank:  # ``lora``: core.config.LoraConfig (core.engines.lora)
+            from core.engines.lora import inject
+
+            inject(model, lora)
     if torch.device(ctx.device).type == "cpu":  # matmul attention for short training sequences (train_attention)
         from core.engines import train_attention
 
@@ -191,7 +196,7 @@ def hf_pieces(name_or_path: str, who: str) -> tuple[int | None, Iterator[dict[st
     return model.get_input_embeddings().padding_idx, ({n: read(n) for n in groups[k]} for k in sorted(groups))
 
 
-def _meta_model(files: list, who: str, value_head: bool = False) -> tuple:
+def _meta_model(files: list, who: str, value_head: bool = False, lora=None) -> tuple:
     """The model on the meta device (buffers on the host), where each of its tensors is in ``files``, and the
     host tensors of the parameters a value head adds; (None, None, {}) when the checkpoint names tensors otherwise
     (older formats transformers renames while loading)."""
@@ -211,12 +216,16 @@ def _meta_model(files: list, who: str, value_head: bool = False) -> tuple:
         build = AutoModelForTokenClassification if value_head else lm_class(config)
         model = build.from_config(config, dtype=torch.float32)
     model.tie_weights()  # on meta, from_config leaves tied embeddings as two parameters
+    if lora is not None and lora.rank:  # low-rank adapters: drawn on the host, the base weights under their HF names
+        from core.engines.lora import fresh_adapters, inject
+
+        fresh |= fresh_adapters(inject(model, lora))
     stored = _tensor_files(files)
     params = dict(model.named_parameters())
     fresh = {k: v for k, v in fresh.items() if k in params}
     # each parameter's tensors in the files (MoE experts stored one by one, transformers fuses them: core.engines.moe)
     where = {k: (parts, stored) for k, p in params.items() if k not in fresh
-             and (parts := checkpoint_parts(k, p.shape[0], stored)) is not None}
+             and (parts := checkpoint_parts(k.replace(".base_layer.", "."), p.shape[0], stored)) is not None}
     missing = sorted(set(params) - set(where) - set(fresh))
     if missing:
         print(f"{who}: {len(missing)} parameter(s) (e.g. {missing[0]}) are not under their names in "
@@ -281,8 +290,9 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
 
 
 def adamw_with_warmup(model: torch.nn.Module, o) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over the (sharded) parameters; the LR rises linearly to ``o.lr`` over ``o.warmup_steps`` steps."""
-    params = list(model.parameters())
+    """AdamW over the (sharded) trainable parameters (a LoRA model's adapters only); the LR rises linearly to
+    ``o.lr`` over ``o.warmup_steps`` steps."""
+    params = [p for p in model.parameters() if p.requires_grad]
     # one fused kernel over all parameters (torch's default on CPU is a Python loop of ~12 ops per parameter)
     fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
     optim = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, fused=fused)

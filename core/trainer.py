@@ -308,6 +308,8 @@ def save(out: Path, step_no: int, roles: Roles, stream: "PromptStream", kl_ctrl,
     if roles.critic is not None:
         roles.critic.call_all(ValueWorker.save_checkpoint, str(tmp / "critic"))
     state = {"step": step_no, "stream": stream.state(), "model": cfg.actor.model}
+    if cfg.actor.lora.rank:  # export rebuilds the adapted model from it
+        state["lora"] = asdict(cfg.actor.lora)
     if kl_ctrl is not None:
         state["kl_ctrl"] = kl_ctrl.state_dict()
     checkpoint.commit(tmp, state, cfg.trainer.save_keep, saved_ranks(roles))

@@ -84,6 +84,19 @@ def merged(full: dict[str, torch.Tensor], scale: dict[str, float]) -> dict[str, 
     return out
 
 
+def save_adapter(model: torch.nn.Module, cfg, base: str, out) -> None:
+    """The adapters in peft's folder format: adapter_model.safetensors with peft's names
+    (``base_model.model.<module>.lora_A.weight``) and adapter_config.json."""
+    from peft import LoraConfig
+    from safetensors.torch import save_file
+
+    tensors = {"base_model.model." + n.replace(f".{ADAPTER}.", "."): t.detach().contiguous()
+               for n, t in model.state_dict().items() if is_adapter(n)}
+    save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, target_modules=list(cfg.target_modules), lora_dropout=0.0,
+               bias="none", task_type="CAUSAL_LM", base_model_name_or_path=base).save_pretrained(str(out))
+
+
 @contextmanager
 def adapters_off(model: torch.nn.Module):
     """The base model's forward: every LoRA layer skips its adapter (requires_grad untouched)."""

@@ -40,3 +40,22 @@ def test_a_lora_run_on_two_ranks_trains_syncs_and_resumes_exactly(ray_session, t
     resumed = run(conf, tmp_path / "resumed", *lora,
                   f"trainer.resume_mode={tmp_path / 'whole' / 'checkpoints' / 'step_000002'}")
     assert sorted(resumed) == [3, 4] and all(resumed[s] == whole[s] for s in (3, 4))
+    # export: merged (a plain HF model) and adapter-only (peft's format) give the same model, not the base one
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from core.export import export
+
+    ckpt = tmp_path / "whole" / "checkpoints" / "step_000004"
+    merged = AutoModelForCausalLM.from_pretrained(export(ckpt, tmp_path / "merged", "float32")).eval()
+    adapter = export(ckpt, tmp_path / "adapter", "float32", adapter_only=True)
+    assert sorted(p.name for p in adapter.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).eval()
+    ids = torch.arange(3, 40).view(1, -1)
+    with torch.no_grad():
+        plain = base(ids).logits
+        peft_logits = PeftModel.from_pretrained(base, str(adapter)).eval()(ids).logits
+        ours = merged(ids).logits
+    torch.testing.assert_close(ours, peft_logits, rtol=0, atol=1e-5)
+    assert float((ours - plain).abs().max()) > 1e-3

@@ -28,7 +28,10 @@ training phase, per GPU (``offload``: none | idle | full, ``core.config.OFFLOAD_
                                parameters are in P (``core.model_shapes.vision_shape``)
     logits                     6 T V + 3 GiB     (bf16 logits, their bf16 gradient and its concatenation; fp32
                                                  normalisation in 2^28-value chunks: ``forward.normalised_logprobs``)
-    reference policy           4P / W            (frozen fp32 shards, when the run has one; full: on the host)
+    reference policy           4P / W            (frozen fp32 shards, when the run has one; full: on the host;
+                                                 LoRA: none, the actor with its adapters off)
+    LoRA (actor.lora)          fp32 base + adapters 4(P + Pa)/W, gradients 4Pa/W and moments 8Pa/W of the
+                               adapters only (Pa = r (in + out) per adapted linear: ``lora_params``)
     critic (use_critic)        4Pc/W + 4Pc/W + 8Pc/W  (its fp32 weights, gradients and moments, by critic.offload as
                                above) + its update's gathered layers, embeddings (4 V h) and activations where they
                                exceed the actor's (the updates take turns); kept during rollout with offload none
@@ -109,6 +112,9 @@ class RunShape:
     rollout: bool = True
     # vLLM / SGLang sleep after each generate (rollout.sleep_after_generate): their weights wait on the host
     rollout_sleeps: bool = True
+    # LoRA (actor.lora): adapter rank (0 = full fine-tuning) and the adapted linears
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     # the policy's training engine (actor.strategy): fsdp, or megatron with its tensor / pipeline / expert layout
     strategy: str = "fsdp"
     tp: int = 1
@@ -203,7 +209,11 @@ def _policy_terms(m: ModelShape, r: RunShape, W: int, p: Plan) -> tuple[float, f
     host = parked = 0.0
     sharded = {"fp32 master weights (4P/W)": 4 * m.params / W, "fp32 gradients (4P/W)": 4 * m.params / W,
                "AdamW moments (8P/W)": 8 * m.params / W} if r.actor else {}
-    if r.reference:
+    if r.lora_rank and r.actor:  # frozen base, trainable adapters; the reference is the actor with them off
+        Pa = lora_params(m, r.lora_rank, r.lora_targets)
+        sharded = {"fp32 weights, base + adapters ((P + Pa)/W x 4)": 4 * (m.params + Pa) / W,
+                   "fp32 gradients, adapters only (4Pa/W)": 4 * Pa / W, "AdamW moments, adapters (8Pa/W)": 8 * Pa / W}
+    elif r.reference:
         sharded["reference fp32 shards (4P/W)"] = 4 * m.params / W
     for item, b in sharded.items():
         if r.offload == "full":
@@ -215,7 +225,7 @@ def _policy_terms(m: ModelShape, r: RunShape, W: int, p: Plan) -> tuple[float, f
     copies = 0.0
     if r.actor or r.reference:  # a reference alone on its pool: the same terms, an upper bound (forward only)
         if one_rank(W, r.offload, r.gradient_checkpointing):
-            copies = 2 * m.params * (int(r.actor) + int(r.reference))
+            copies = 2 * m.params * (int(r.actor) + int(r.reference and not r.lora_rank))
             p.lines.append(("bf16 compute copies, one rank (2P per policy model)", copies, "train"))
             p.lines.append(("LM head bf16 gradient (2Vh)", 2 * m.vocab * m.hidden, "train"))
         else:
@@ -274,6 +284,15 @@ def _megatron_policy_terms(m: ModelShape, r: RunShape, W: int, p: Plan) -> tuple
     p.lines.append(("vocab-parallel logits (16 T V / tp)", 16 * T * m.vocab / r.tp, "train"))
     p.lines.append(("weight sync: one layer gathered in fp32, HF layout (8 P_layer)", 8 * m.layer_params, "train"))
     return 0.0, parked, sum(states.values()) if r.offload == "none" else 0.0
+
+
+def lora_params(m: ModelShape, rank: int, targets: tuple[str, ...]) -> float:
+    """Adapter parameters: r (in + out) per adapted linear per layer. Example, h 896, kv 128, i 4864, 24 layers, r 32,
+    all seven targets: 32 x (9 x 896 + 2 x 128 + 3 x 4864) x 24 = 17.6M."""
+    h, kvd, i = m.hidden, m.kv_heads * m.head_dim, m.intermediate
+    sizes = {"q_proj": (h, h), "k_proj": (h, kvd), "v_proj": (h, kvd), "o_proj": (h, h), "gate_proj": (h, i),
+             "up_proj": (h, i), "down_proj": (i, h)}
+    return float(rank * m.layers * sum(sum(sizes[t]) for t in targets if t in sizes))
 
 
 def one_rank(W: int, offload: str, checkpointing: bool) -> bool:

@@ -383,3 +383,20 @@ def test_megatron_layout_by_hand_and_the_dapo_32b_dry_run_at_tp8_pp2():
     assert "Megatron TP 8 x PP 2 x DP 8, offload idle" in out.stdout and "\nfits" in out.stdout
     # 32.76B / 16 = 2.05B parameters per GPU: 8.19 GB of fp32 weights
     assert "fp32 master weights (4P/G)                              8.19 GB" in out.stdout
+
+
+def test_lora_counts_adapter_gradients_and_moments_only_and_no_reference_model():
+    """Qwen2.5-0.5B-shaped (verl's GRPO-LoRA anchor: r 32, all linear layers), 8 GPUs: adapters 32 x (9 x 896 + 2 x
+    128 + 3 x 4864) x 24 = 17.6M; AdamW moments 8 x 17.6M / 8 = 17.6 MB per GPU instead of 8P/W = 0.49 GB; no
+    reference shards (the actor with its adapters off)."""
+    from core.planner import lora_params
+
+    m = ModelShape(params=0.494e9, layers=24, hidden=896, intermediate=4864, heads=14, kv_heads=2, vocab=151936,
+                   tied=True)
+    assert lora_params(m, 32, RunShape(1, 8, 80).lora_targets) == 32 * (9 * 896 + 2 * 128 + 3 * 4864) * 24
+    Pa = lora_params(m, 32, RunShape(1, 8, 80).lora_targets)
+    full = lines(plan(m, RunShape(1, 8, 80, reference=True)))
+    got = lines(plan(m, RunShape(1, 8, 80, reference=True, lora_rank=32)))
+    assert got["AdamW moments, adapters (8Pa/W)"] == pytest.approx(8 * Pa / 8)
+    assert got["fp32 gradients, adapters only (4Pa/W)"] == pytest.approx(4 * Pa / 8)
+    assert "reference fp32 shards (4P/W)" in full and not any(k.startswith("reference") for k in got)

@@ -95,6 +95,16 @@ placement: {{roles: {{actor: main, rollout: main, ref: main, critic: main}}}}
     return conf
 
 
+def fit_run(conf: Path, out: Path, *overrides: str) -> dict[int, dict]:
+    """The recipe config ``conf`` with ``overrides`` run by ``fit`` in this process (on the caller's Ray session, as
+    ``python -m core.train`` runs it without a Ray start per run); its steady metrics by step."""
+    from core.train import load_run_config
+    from core.trainer import fit
+
+    fit(load_run_config(conf, overrides=[f"trainer.output_dir={out}", *overrides]))
+    return steady(read_metrics(out / "metrics.jsonl"))
+
+
 def train(conf: Path, out: Path) -> subprocess.Popen:
     """``python -m core.train`` in a session of its own: a kill takes the whole process group (with Ray: the
     driver and the Ray processes it started), as a machine that dies would."""

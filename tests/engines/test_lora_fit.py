@@ -7,29 +7,12 @@ import pytest
 
 pytest.importorskip("peft")
 
-from tests.test_checkpoint import read_metrics, steady, write_run  # noqa: E402
+from tests.test_checkpoint import fit_run as run, write_run  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-def run(conf, out, *overrides):
-    from core.train import load_run_config
-    from core.trainer import fit
-
-    fit(load_run_config(conf, overrides=[f"trainer.output_dir={out}", *overrides]))
-    return steady(read_metrics(out / "metrics.jsonl"))
-
-
-def test_a_lora_run_on_two_ranks_trains_syncs_and_resumes_exactly(ray_session, tmp_path, tiny_model_dir):
+def test_a_lora_run_on_two_ranks_trains_syncs_and_resumes_exactly(ray_module_session, tmp_path, tiny_model_dir):
     conf = write_run(tmp_path, tiny_model_dir, total_steps=4, save_freq=2, critic=False, backend="ray")
     # one mini-batch per step: the first update starts from the base model itself, KL 0 exactly
     lora = ("actor.lora.rank=4", "actor.lora.alpha=8", "actor.optim.lr=0.05", "actor.ppo_mini_batch_size=8")

@@ -10,31 +10,12 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from tests.test_checkpoint import read_metrics, steady, write_run  # noqa: E402
+from tests.test_checkpoint import fit_run as run, write_run  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-def run(conf, out, *overrides):
-    """The recipe's config with ``overrides``, run by ``fit`` in this process on the module's Ray session (as
-    ``python -m core.train`` runs it, without a Ray start per run)."""
-    from core.train import load_run_config
-    from core.trainer import fit
-
-    fit(load_run_config(conf, overrides=[f"trainer.output_dir={out}", *overrides]))
-    return steady(read_metrics(out / "metrics.jsonl"))
-
-
-def test_megatron_tp2_run_equals_fsdp_and_resumes_exactly(ray_session, tmp_path, tiny_model_dir):
+def test_megatron_tp2_run_equals_fsdp_and_resumes_exactly(ray_module_session, tmp_path, tiny_model_dir):
     conf = write_run(tmp_path, tiny_model_dir, total_steps=4, save_freq=2, critic=True, backend="ray")
     # one mini-batch per step: FSDP's 2 DP ranks and Megatron's one DP group of 2 TP ranks then train on the same
     # rows per optimizer step (with 2 mini-batches the DP split decides which rows share one)

@@ -175,3 +175,20 @@ def test_positive_nll_flows_only_through_correct_rows_and_is_zero_without_them()
     none = Batch({"scores": torch.tensor([0.0, -1.0, 0.0]), "response_mask": mask})
     zero = positive_nll_loss(logp, none, LossNorm.of(mask * 0))
     assert zero.item() == 0.0 and torch.autograd.grad(zero, logp)[0].abs().sum() == 0
+
+
+def test_value_clipfrac_counts_clipped_tokens_only_not_rounding():
+    """Values that all stay within the clip range are never clipped: vf_clipfrac is 0 and the loss is the unclipped
+    one, bitwise (the clipped branch is V itself there)."""
+    import torch
+
+    from core.algos import LossNorm, value_loss
+    from core.protocol import Batch
+
+    g = torch.Generator().manual_seed(0)
+    old = torch.randn(64, 16, generator=g)
+    new = old + (torch.rand(64, 16, generator=g) - 0.5) * 0.3          # within 0.15 of the old values
+    b = Batch({"values": old, "returns": torch.randn(64, 16, generator=g), "response_mask": torch.ones(64, 16)})
+    loss, m = value_loss(new, b, 0.2, LossNorm("token-mean", 64 * 16, 64, 1, 16.0))
+    assert float(m["vf_clipfrac"]) == 0.0
+    assert float(loss) == float(0.5 * ((new - b["returns"]) ** 2).mean())

@@ -21,7 +21,7 @@ from core.config import ActorConfig
 from core.engines import lora
 from core.engines.forward import response_logprobs
 from core.engines.moe import RouterStats
-from core.engines.policy import PolicyWorker
+from core.engines.policy import PolicyWorker, bucket_names
 from core.engines.sharding import FSDPEngine, IdleOffload, adamw_with_warmup, load_sharded_causal_lm
 from core.protocol import Batch
 from core.worker import WorkerContext
@@ -55,6 +55,10 @@ class FSDPActor(FSDPEngine, PolicyWorker):
         self._filled_old: torch.Tensor | None = None  # old log-probs as the last update used them
         self.routers = RouterStats(self.model)  # an MoE model's router loads while it updates
         self.lora_scales = lora.scales(self.model) if cfg.lora.rank else {}  # the engine gets W + scale B A
+        # LoRA: engine weight name -> the parameters it is made of (an adapted linear's base weight and adapters)
+        self.lora_units: dict[str, list[str]] = {}
+        for name, _ in self.model.named_parameters() if cfg.lora.rank else ():
+            self.lora_units.setdefault(lora.export_name(name), []).append(name)
 
     # ------------------------------------------------------------------------------------ engine hooks
     def _forward(self, mb: Batch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -66,16 +70,10 @@ class FSDPActor(FSDPEngine, PolicyWorker):
     def bucket_plan(self, bucket_bytes: int = 64 << 20) -> list[list[str]]:
         """Parameter names grouped into buckets of about ``bucket_bytes`` of full tensors (the same on every rank);
         with LoRA the engine's names (an adapted linear's base weight and adapters become one merged weight)."""
-        if self.lora_scales:
-            return self._lora_plan(bucket_bytes)
-        plan, bucket, size = [], [], 0
-        for name, p in self.model.named_parameters():
-            bucket.append(name)
-            size += p.numel() * p.element_size()  # a DTensor's numel is the full tensor's
-            if size >= bucket_bytes:
-                plan.append(bucket)
-                bucket, size = [], 0
-        return plan + [bucket] if bucket else plan
+        params = dict(self.model.named_parameters())   # a DTensor's numel is the full tensor's
+        units = self.lora_units or {n: [n] for n in params}
+        return bucket_names(((n, params[parts[0]].numel() * params[parts[0]].element_size())
+                             for n, parts in units.items()), bucket_bytes)
 
     def weight_buckets(self, bucket_bytes: int = 64 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Full (unsharded) parameters, gathered one bucket at a time. Collective: every rank must iterate."""
@@ -102,28 +100,8 @@ class FSDPActor(FSDPEngine, PolicyWorker):
                     out.append((n, full.to("cpu", getattr(torch, dtype) if dtype else full.dtype)))
         return out if self.ctx.rank == 0 else None
 
-    # ------------------------------------------------------------------------------------ LoRA export
-    def _lora_units(self) -> dict[str, list[str]]:
-        """Engine weight name -> the parameters it is made of, in the model's order."""
-        units: dict[str, list[str]] = {}
-        for name, _ in self.model.named_parameters():
-            units.setdefault(lora.export_name(name), []).append(name)
-        return units
-
-    def _lora_plan(self, bucket_bytes: int) -> list[list[str]]:
-        params = dict(self.model.named_parameters())
-        plan, bucket, size = [], [], 0
-        for name, parts in self._lora_units().items():
-            bucket.append(name)
-            size += params[parts[0]].numel() * params[parts[0]].element_size()
-            if size >= bucket_bytes:
-                plan.append(bucket)
-                bucket, size = [], 0
-        return plan + [bucket] if bucket else plan
-
     def _merged(self, names: list[str], params: dict) -> list[tuple[str, torch.Tensor]]:
-        """Collective: the engine weights ``names``, each adapted one W + scale B A from the full tensors."""
-        units = self._lora_units()
-        full = {p: full_tensor(params[p]) for n in names for p in units[n]}
+        """Collective: the engine weights ``names`` (LoRA), each adapted one W + scale B A from the full tensors."""
+        full = {p: full_tensor(params[p]) for n in names for p in self.lora_units[n]}
         merged = lora.merged(full, self.lora_scales)
         return [(n, merged[n]) for n in names]

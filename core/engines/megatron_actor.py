@@ -13,8 +13,9 @@ log-probs and the weight export.
 - Pipeline stages (``actor.megatron.pp``): Megatron's 1F1B schedule over fixed-shape micro-batches of
   ``micro_batch_size`` rows; the last stage computes log-probs and losses and sends them (and the metrics) to the
   other stages; tied embeddings stay equal over stages (their gradients summed over the embedding group).
-- Experts (``actor.megatron.ep``; Mixtral, Qwen2-MoE with its shared expert): each rank holds E / ep experts; tokens reach them through
-  Megatron's all-gather dispatcher, so every rank's micro-batches have one shape (rows filled up, no trimming); an
+- Experts (``actor.megatron.ep``; Mixtral, Qwen2-MoE with its shared expert): each rank holds E / ep experts;
+  tokens reach them through Megatron's all-gather dispatcher, so every rank's micro-batches have one shape (rows
+  filled up, no trimming); an
   expert's gradient is the sum over the data-parallel ranks' tokens (``MegatronModel.step``); the sync gathers
   every rank's experts into HF's fused layout.
 - Not yet (refused before Ray by ``run_problem``): experts with TP or PP, image prompts, ``offload: full``.
@@ -32,7 +33,7 @@ from core.config import ActorConfig
 from core.engines.megatron_convert import megatron_to_hf, tp_dim, tp_merge
 from core.engines.megatron_model import MegatronEngine, MegatronModel
 from core.engines.moe import RouterStats
-from core.engines.policy import PolicyWorker
+from core.engines.policy import PolicyWorker, bucket_names
 from core.protocol import Batch
 from core.worker import WorkerContext
 
@@ -191,14 +192,7 @@ class MegatronActor(MegatronEngine, PolicyWorker):
         return -1 if hf_name.startswith("model.embed_tokens") else self.layout.layers
 
     def bucket_plan(self, bucket_bytes: int = 64 << 20) -> list[list[str]]:
-        plan, bucket, size = [], [], 0
-        for name in sorted(self._hf_bytes, key=self._piece):
-            bucket.append(name)
-            size += self._hf_bytes[name]
-            if size >= bucket_bytes:
-                plan.append(bucket)
-                bucket, size = [], 0
-        return plan + [bucket] if bucket else plan
+        return bucket_names(((n, self._hf_bytes[n]) for n in sorted(self._hf_bytes, key=self._piece)), bucket_bytes)
 
     @torch.no_grad()
     def _gather(self, names: list[str]) -> list[tuple[str, torch.Tensor]]:

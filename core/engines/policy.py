@@ -57,6 +57,19 @@ def restore_order(rows: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(rows).index_copy_(0, order, rows)
 
 
+def bucket_names(sizes, bucket_bytes: int) -> list[list[str]]:
+    """(name, bytes) pairs in order -> consecutive names grouped into buckets of about ``bucket_bytes`` (a bucket
+    closes once it reaches the size): the weight-sync plan of every engine."""
+    plan, bucket, size = [], [], 0
+    for name, nbytes in sizes:
+        bucket.append(name)
+        size += nbytes
+        if size >= bucket_bytes:
+            plan.append(bucket)
+            bucket, size = [], 0
+    return plan + [bucket] if bucket else plan
+
+
 class PolicyWorker:
     """A policy on some training engine. Subclasses set ``ctx``, ``cfg``, ``model``, ``optim`` / ``sched`` (None when
     frozen), ``dp`` (data-parallel ranks: peers that see the same rows count once), ``routers``

@@ -216,16 +216,16 @@ def _meta_model(files: list, who: str, value_head: bool = False, lora=None) -> t
         build = AutoModelForTokenClassification if value_head else lm_class(config)
         model = build.from_config(config, dtype=torch.float32)
     model.tie_weights()  # on meta, from_config leaves tied embeddings as two parameters
-    if lora is not None and lora.rank:  # low-rank adapters: drawn on the host, the base weights under their HF names
-        from core.engines.lora import fresh_adapters, inject
+    from core.engines.lora import fresh_adapters, hf_name, inject
 
+    if lora is not None and lora.rank:  # low-rank adapters: drawn on the host, the base weights under their HF names
         fresh |= fresh_adapters(inject(model, lora))
     stored = _tensor_files(files)
     params = dict(model.named_parameters())
     fresh = {k: v for k, v in fresh.items() if k in params}
     # each parameter's tensors in the files (MoE experts stored one by one, transformers fuses them: core.engines.moe)
     where = {k: (parts, stored) for k, p in params.items() if k not in fresh
-             and (parts := checkpoint_parts(k.replace(".base_layer.", "."), p.shape[0], stored)) is not None}
+             and (parts := checkpoint_parts(hf_name(k), p.shape[0], stored)) is not None}
     missing = sorted(set(params) - set(where) - set(fresh))
     if missing:
         print(f"{who}: {len(missing)} parameter(s) (e.g. {missing[0]}) are not under their names in "

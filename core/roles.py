@@ -37,6 +37,7 @@ class RolloutWorker:
         from core.vision_processors import processor_for
 
         self.ctx, self.cfg = ctx, cfg
+        self.synced = False  # once a sync has sent every weight, later ones send only what an update can change
         # image prompts: placeholders expanded into image tokens, pixel values (a vision-language model's folder)
         self.processor = processor_for(cfg.model) if cfg.backend == "embedded" else None
         if cfg.backend == "sglang":  # CUDA only; not run in this project's CI (core/engines/sglang_rollout.py)
@@ -105,11 +106,12 @@ class RolloutWorker:
         """The embedded engine's current weights on CPU (tests, debugging)."""
         return {n: p.detach().cpu().clone() for n, p in self.engine.model.named_parameters()}
 
-    def sync_spec(self) -> tuple[list[str] | None, str, int]:
+    def sync_spec(self) -> tuple[list[str] | None, str, int, bool]:
         """What a sync from another pool must send: the engine's parameter names (None: whatever the actor has,
-        the engine maps them), its dtype, the bucket bytes."""
+        the engine maps them), its dtype, the bucket bytes, and whether only what an update changes (an earlier
+        sync sent the rest)."""
         return (self.engine.weight_names(), str(self.engine.dtype).removeprefix("torch."),
-                self.cfg.sync_bucket_megabytes << 20)
+                self.cfg.sync_bucket_megabytes << 20, self.synced)
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
         """One bucket of full weights sent from another pool (``core.roles.sync_across_pools``); bytes written."""
@@ -118,6 +120,7 @@ class RolloutWorker:
     def finish_sync(self) -> None:
         """After the last bucket from another pool (``RolloutEngine.finish_update``)."""
         self.engine.finish_update()
+        self.synced = True
 
     @torch.no_grad()
     def sync_weights(self) -> dict:
@@ -126,18 +129,22 @@ class RolloutWorker:
         if actor is None:
             raise RuntimeError("sync_weights needs the actor colocated in this process; with the rollout on its own "
                                "pool the controller syncs through core.roles.sync_across_pools")
-        return sync_weights(actor, self.engine, self.cfg.sync_bucket_megabytes << 20, self.cfg.debug_sync)
+        metrics = sync_weights(actor, self.engine, self.cfg.sync_bucket_megabytes << 20, self.cfg.debug_sync,
+                               changed_only=self.synced)
+        self.synced = True
+        return metrics
 
 
 def sync_across_pools(actor: RoleGroup, rollout: RoleGroup, timeout_s: float | None = None) -> dict:
     """Actor pool -> rollout pool, bucket by bucket through the controller (buckets of the rollout config's
     ``sync_bucket_megabytes``); returns the colocated sync's metrics keys but memory, which is per process."""
     t0 = time.perf_counter()
-    names, dtype, bucket_bytes = rollout.call_rank0(RolloutWorker.sync_spec, timeout_s=timeout_s)
-    plan = actor.call_rank0(PolicyWorker.bucket_plan, bucket_bytes, timeout_s=timeout_s)
-    missing = sorted(set(names) - {n for bucket in plan for n in bucket}) if names is not None else []
+    names, dtype, bucket_bytes, changed_only = rollout.call_rank0(RolloutWorker.sync_spec, timeout_s=timeout_s)
+    plan = actor.call_rank0(PolicyWorker.bucket_plan, bucket_bytes, changed_only, timeout_s=timeout_s)
+    missing = sorted(set(names) - {n for bucket in plan for n in bucket}) if names and not changed_only else []
     if missing:
-        raise WeightSyncError(f"rollout weights the actor does not have: {missing[:5]}{'...' if len(missing) > 5 else ''}")
+        raise WeightSyncError(f"rollout weights the actor does not have: {missing[:5]}"
+                              f"{'...' if len(missing) > 5 else ''}")
     sent, peak = 0, 0
     for bucket_names in plan:
         bucket = actor.call_all(PolicyWorker.gather_bucket, bucket_names, dtype, timeout_s=timeout_s)[0]

@@ -67,19 +67,23 @@ class FSDPActor(FSDPEngine, PolicyWorker):
 
     # ------------------------------------------------------------------------------------ weight export
     @torch.no_grad()
-    def bucket_plan(self, bucket_bytes: int = 64 << 20) -> list[list[str]]:
+    def bucket_plan(self, bucket_bytes: int = 64 << 20, changed_only: bool = False) -> list[list[str]]:
         """Parameter names grouped into buckets of about ``bucket_bytes`` of full tensors (the same on every rank);
-        with LoRA the engine's names (an adapted linear's base weight and adapters become one merged weight)."""
+        with LoRA the engine's names (an adapted linear's base weight and adapters become one merged weight).
+        ``changed_only``: the weights with a trainable part (with LoRA: the adapted linears; the embedding, norms
+        and unadapted linears stay as the first sync sent them)."""
         params = dict(self.model.named_parameters())   # a DTensor's numel is the full tensor's
         units = self.lora_units or {n: [n] for n in params}
         return bucket_names(((n, params[parts[0]].numel() * params[parts[0]].element_size())
-                             for n, parts in units.items()), bucket_bytes)
+                             for n, parts in units.items()
+                             if not changed_only or any(params[p].requires_grad for p in parts)), bucket_bytes)
 
-    def weight_buckets(self, bucket_bytes: int = 64 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    def weight_buckets(self, bucket_bytes: int = 64 << 20, changed_only: bool = False
+                       ) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Full (unsharded) parameters, gathered one bucket at a time. Collective: every rank must iterate."""
         with self.idle.on_gpu():
             params = dict(self.model.named_parameters())
-            for names in self.bucket_plan(bucket_bytes):
+            for names in self.bucket_plan(bucket_bytes, changed_only):
                 if self.lora_scales:
                     yield self._merged(names, params)
                 else:

@@ -191,7 +191,8 @@ class MegatronActor(MegatronEngine, PolicyWorker):
             return int(hf_name.split(".")[2])
         return -1 if hf_name.startswith("model.embed_tokens") else self.layout.layers
 
-    def bucket_plan(self, bucket_bytes: int = 64 << 20) -> list[list[str]]:
+    def bucket_plan(self, bucket_bytes: int = 64 << 20, changed_only: bool = False) -> list[list[str]]:
+        # every parameter trains (no adapters on Megatron): changed_only sends them all
         return bucket_names(((n, self._hf_bytes[n]) for n in sorted(self._hf_bytes, key=self._piece)), bucket_bytes)
 
     @torch.no_grad()
@@ -236,7 +237,8 @@ class MegatronActor(MegatronEngine, PolicyWorker):
             hf = {n: t.to(self.ctx.device) for n, t in parts.items()}
         return [(n, hf[n]) for n in names]
 
-    def weight_buckets(self, bucket_bytes: int = 64 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    def weight_buckets(self, bucket_bytes: int = 64 << 20, changed_only: bool = False
+                       ) -> Iterator[list[tuple[str, torch.Tensor]]]:
         with self.idle.on_gpu():
             for names in self.bucket_plan(bucket_bytes):
                 yield self._gather(names)

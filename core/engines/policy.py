@@ -276,13 +276,16 @@ class PolicyWorker:
         return answer_probe(folder, token, f"actor_rank{self.ctx.rank}")
 
     # ---------------------------------------------------------------------------------- weight export (HF names)
-    def bucket_plan(self, bucket_bytes: int = 64 << 20) -> list[list[str]]:
+    def bucket_plan(self, bucket_bytes: int = 64 << 20, changed_only: bool = False) -> list[list[str]]:
         """HF parameter names grouped into buckets of about ``bucket_bytes`` of full tensors (the same on every
-        rank; no collective)."""
+        rank; no collective). ``changed_only``: only the weights an update can change (those made of a trainable
+        parameter): a LoRA actor's adapted linears, after the first sync has sent the frozen rest."""
         raise NotImplementedError
 
-    def weight_buckets(self, bucket_bytes: int = 64 << 20) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """Full parameters in HF names, gathered one bucket at a time. Collective: every rank must iterate."""
+    def weight_buckets(self, bucket_bytes: int = 64 << 20, changed_only: bool = False
+                       ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Full parameters in HF names (``bucket_plan``'s), gathered one bucket at a time. Collective: every rank
+        must iterate."""
         raise NotImplementedError
 
     def gather_bucket(self, names: list[str], dtype: str | None = None) -> list[tuple[str, torch.Tensor]] | None:

@@ -1,7 +1,8 @@
 """LoRA actors (core/engines/lora.py, actor.lora): the actor starts as its base model; an update moves only the
 adapters, so every adapted weight the engine receives moves by a matrix of rank <= r and nothing else moves; the
 reference is the same module with its adapters off and stays the base model; a weight sync changes the engine to
-W + (alpha / r) B A exactly (a sync that did nothing fails here). fp32, one in-process rank, the sharded (FSDP2)
+W + (alpha / r) B A exactly (a sync that did nothing fails here); after the first sync only the adapted linears
+are sent. fp32, one in-process rank, the sharded (FSDP2)
 path and the one-rank path."""
 
 import pytest
@@ -47,6 +48,9 @@ def test_lora_trains_only_low_rank_updates_its_reference_is_the_base_and_the_syn
         assert torch.equal(ref.call_all(PolicyWorker.compute_logprobs, batch)[0]["old_logprobs"], want)
         before = act.call_all(PolicyWorker.full_state_dict)[0]         # the engine's weights (HF names, merged)
         assert sorted(before) == sorted(engine) and all(torch.equal(before[k], engine[k]) for k in engine)
+        megabytes = lambda names: sum(engine[k].numel() * engine[k].element_size() for k in names) / 2**20  # noqa
+        first = rollout.call_all(RolloutWorker.sync_weights)[0]          # the first sync sends every weight
+        assert first["sync/megabytes"] == pytest.approx(megabytes(engine))
         batch["old_logprobs"] = start
         metrics = act.call_all(PolicyWorker.update, batch)[0]
         after = act.call_all(PolicyWorker.full_state_dict)[0]
@@ -60,7 +64,9 @@ def test_lora_trains_only_low_rank_updates_its_reference_is_the_base_and_the_syn
         assert torch.equal(ref.call_all(PolicyWorker.compute_logprobs, batch)[0]["old_logprobs"], want)  # still base
         sync = rollout.call_all(RolloutWorker.sync_weights)[0]
         engine = rollout.call_all(RolloutWorker.engine_state_dict)[0]
-        assert sync["sync/buckets"] >= 1
+        # later syncs send only the adapted linears (the frozen embedding and norms are there already)
+        adapted = [k for k in after if k.split(".")[-2] in targets]
+        assert sync["sync/megabytes"] == pytest.approx(megabytes(adapted)) and megabytes(adapted) < megabytes(after)
         for k in after:  # W + (alpha / r) B A, as the actor computes it
             torch.testing.assert_close(engine[k], after[k], rtol=0, atol=0)
         assert any(not torch.equal(engine[k], before[k]) for k in moved)

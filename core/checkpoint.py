@@ -6,6 +6,7 @@ Layout under ``<output_dir>/checkpoints/``::
         actor/            the actor's model + optimizer state, torch.distributed.checkpoint (DCP) shards of
                           every rank, plus scheduler.pt and rng_rank<r>.pt (torch, numpy, python RNG per rank)
         trainer.json      the driver's state: step, prompt-stream position, the validation rows so far
+        rollout_ahead.pt  one-step-off runs (core/one_step_off.py): the next step's samples, generated ahead
     latest                the name of the newest complete checkpoint ("step_000004")
 
 A save writes ``.step_000004.tmp`` first, renames it to ``step_000004`` once every rank and the driver are done,

@@ -18,6 +18,7 @@ are reported at once:
 - with the built-in rewards (no ``reward.path``), every ``data_source`` of the data files has a reward
   (``check_data_sources``, once the rows are loaded);
 - ``rollout.backend: sglang`` runs on a CUDA pool;
+- ``trainer.async.one_step_off``: the rollout on a pool of its own, on Ray;
 - ``actor.strategy`` / ``critic.strategy: megatron``: tp x pp divides the role pool's ranks (what this version can
   run of the layout is ``core.engines.megatron_actor.run_problem``, checked once the model is located).
 """
@@ -88,6 +89,14 @@ def problems(cfg: "RunConfig") -> list[str]:
         out.append(f"actor.lora.rank={a.lora.rank}: the reference is the actor's own model with its adapters off, so "
                    f"placement.roles.ref must be the actor's pool {cfg.placement.roles['actor']!r} (it is "
                    f"{cfg.placement.roles.get('ref')!r})")
+    same_pool = cfg.placement.roles.get("rollout") == cfg.placement.roles["actor"]
+    if cfg.trainer.async_.one_step_off and (same_pool or cfg.trainer.backend != "ray"):
+        why = (f"placement.roles.rollout is the actor's pool {cfg.placement.roles['actor']!r}" if same_pool
+               else f"trainer.backend is {cfg.trainer.backend!r}")
+        out.append(f"trainer.async.one_step_off generates the next step's samples while the actor updates, so the "
+                   f"rollout needs processes of its own (a pool of its own, trainer.backend=ray), but {why}; add a "
+                   "pool for the rollout (placement.pools / placement.roles.rollout), or set "
+                   "trainer.async.one_step_off=false")
     out += _agent_problems(cfg) + _megatron_problems(cfg)
     return out
 

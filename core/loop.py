@@ -22,6 +22,7 @@ from core.config import AlgoConfig, SamplingParams
 from core.engines.critic import ValueWorker
 from core.engines.policy import PolicyWorker
 from core.engines.reward_model import RewardModelWorker
+from core.one_step_off import RolloutAhead
 from core.protocol import Batch
 from core.rewards import ScoredBatch, default_compute_score, sample_names, score_batch
 from core.roles import RolloutWorker, sync_across_pools
@@ -37,6 +38,8 @@ class Roles:
     ref: RoleGroup | None = None
     critic: RoleGroup | None = None
     reward_model: RoleGroup | None = None
+    # trainer.async.one_step_off: the rollout generating the next step's samples during this step's update
+    ahead: RolloutAhead | None = None
 
 
 class Timer:
@@ -84,8 +87,12 @@ def step(roles: Roles, prompts: Batch, cfg: AlgoConfig, reward_fn: Callable = de
 
 # ---------------------------------------------------------------------------------------------- the step's phases
 def generate(roles: Roles, prompts: Batch, sampling: SamplingParams, timer: Timer) -> Batch:
-    """n samples per prompt row: ``prompts``, ``responses``, masks, ``rollout_logprobs``; non-tensor keys repeated."""
+    """n samples per prompt row: ``prompts``, ``responses``, masks, ``rollout_logprobs``; non-tensor keys repeated.
+    One step off (``roles.ahead``): the samples generated during the last step's update, ``policy_version`` and
+    ``staleness`` too; the next step's generation starts."""
     with timer("gen"):
+        if roles.ahead is not None:
+            return roles.ahead.take(prompts, sampling)
         return roles.rollout.dp_split(RolloutWorker.generate, prompts, sampling)
 
 
@@ -95,7 +102,9 @@ def score(roles: Roles, batch: Batch, cfg: AlgoConfig, reward_fn: Callable, time
     sum (``algo.reward_function_weight``, ``reward_model_weight``, ``reward_model_sources``). Returns the function's
     scoring (``num_failed``, ``extras`` such as ``acc``); failures name the data row."""
     with timer("reward"):
-        texts = list(roles.rollout.dp_split(RolloutWorker.decode, batch)["response_text"])
+        # one step off, the batch comes decoded (before the next generation occupied the rollout's processes)
+        texts = list(batch["response_text"] if "response_text" in batch
+                     else roles.rollout.dp_split(RolloutWorker.decode, batch)["response_text"])
         scored = score_batch(reward_fn, batch["data_source"], texts, batch["ground_truth"], reward_extra_infos(batch),
                              cfg.reward_workers, cfg.reward_timeout_s, cfg.reward_fallback, sample_names(batch))
         batch["scores"] = scored.scores
@@ -173,8 +182,13 @@ def update(roles: Roles, batch: Batch, cfg: AlgoConfig, timer: Timer, update_act
             if "old_from_update" in batch:  # the old log-probs the update filled in, for the step's metrics
                 rows = Batch({"old_from_update": batch["old_from_update"]})
                 batch["old_logprobs"] = roles.actor.dp_split(PolicyWorker.update_old_logprobs, rows)["old_logprobs"]
+        if roles.ahead is not None:
+            with timer("gen_wait"):  # one step off: the next step's generation, unless the update hid all of it
+                roles.ahead.wait()
         with timer("sync_weights"):
             out |= sync_rollout(roles, cfg.sync_timeout_s)
+        if roles.ahead is not None:
+            roles.ahead.synced()
     return out
 
 
@@ -211,7 +225,7 @@ def step_metrics(batch: Batch, updates: dict[str, float], timer: Timer, num_fail
             "rollout/logprob_diff_mean": float(diff.sum() / mask.sum().clamp(min=1)),
             "rollout/logprob_diff_max": float(diff.max()),
             "actor/kl_loss": 0.0, "actor/pg_loss": 0.0, **updates,
-            **_reward_model_metrics(batch), **_agent_metrics(batch),
+            **_reward_model_metrics(batch), **_agent_metrics(batch), **_off_policy_metrics(batch, cfg.tis_cap),
             **_explained_variance(batch),
             **{f"timing_s/{k}": v for k, v in timer.seconds.items()},
             "perf/throughput_tokens_per_s": tokens / timer.seconds["step"]}
@@ -248,6 +262,22 @@ def _agent_metrics(batch: Batch) -> dict[str, float]:
             "agent/tokens_per_turn_mean": float((batch["response_mask"].sum(-1)
                                                  / batch["num_turns"].clamp(min=1)).mean()),
             "agent/truncated_rate": float(batch["truncated"].mean())}
+
+
+def _off_policy_metrics(batch: Batch, tis_cap: float) -> dict[str, float]:
+    """One step off: the weight version the samples came from and their staleness (updates behind the policy that
+    trains on them); with truncated IS, the mean weight and the share of tokens the cap clipped."""
+    out = {}
+    if "staleness" in batch:
+        out = {"rollout/policy_version": float(batch["policy_version"].mean()),
+               "rollout/staleness_mean": float(batch["staleness"].mean()),
+               "rollout/staleness_max": float(batch["staleness"].max())}
+    if tis_cap > 0:
+        mask = batch["response_mask"]
+        ratio = (batch["old_logprobs"] - batch["rollout_logprobs"]).exp()
+        out |= {"rollout/tis_weight_mean": float((ratio.clamp(max=tis_cap) * mask).sum() / mask.sum().clamp(min=1)),
+                "rollout/tis_clip_frac": float(((ratio > tis_cap).float() * mask).sum() / mask.sum().clamp(min=1))}
+    return out
 
 
 def _explained_variance(batch: Batch) -> dict[str, float]:

@@ -35,6 +35,8 @@ num_turns           (B,)         float   agent rollouts: model turns of each tra
 num_tool_calls      (B,)         float   ... tool calls it made
 num_tool_errors     (B,)         float   ... calls that failed (unparsable, unknown tool, error, timeout, flood)
 truncated           (B,)         float   ... 1 when its last turn did not end at EOS (a length limit, max_turns)
+policy_version      (B,)         float   one-step-off runs: the weight version (updates) that generated the sample
+staleness           (B,)         float   ... updates between that version and the policy that trains on it
 token_rewards       (B, Tr)      float   per-token reward: ``scores`` at the last valid token, minus KL penalty
 advantages          (B, Tr)      float   advantage estimate per token
 returns             (B, Tr)      float   value targets per token
@@ -42,6 +44,7 @@ uid                 (B,)         object  prompt-group id; the n samples of one p
 data_source         (B,)         object  dataset name; selects the reward function
 ground_truth        (B,)         object  reference answer for the reward
 extra_info          (B,)         object  per-sample dict carried from the dataset
+response_text       (B,)         object  the response decoded (``RolloutWorker.decode``; one-step-off batches carry it)
 multi_modal_inputs  (B,)         object  image prompts: the sample's vision inputs, a dict of tensors with leading
                                          dim 1 (``core.engines.vision_inputs``: pixel values for its image tokens)
 ==================  ===========  ======  =============================================================
@@ -80,6 +83,8 @@ KEYS: dict[str, str] = {
     "num_tool_calls": "(B,) float: agent rollouts, tool calls per trajectory",
     "num_tool_errors": "(B,) float: agent rollouts, failed tool calls per trajectory",
     "truncated": "(B,) float: agent rollouts, 1 when the last turn did not end at EOS",
+    "policy_version": "(B,) float: one-step-off runs, the weight version that generated the sample",
+    "staleness": "(B,) float: one-step-off runs, updates between that version and the training policy",
     "token_rewards": "(B, Tr) float: per-token reward",
     "advantages": "(B, Tr) float: advantages",
     "returns": "(B, Tr) float: value targets",
@@ -87,6 +92,7 @@ KEYS: dict[str, str] = {
     "data_source": "(B,) object: dataset name, selects the reward",
     "ground_truth": "(B,) object: reference answer",
     "extra_info": "(B,) object: per-sample dict",
+    "response_text": "(B,) object: the decoded response",
     "multi_modal_inputs": "(B,) object: image prompts, the sample's vision inputs (dict of tensors)",
 }
 

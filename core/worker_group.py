@@ -118,13 +118,19 @@ class RoleGroup:
         """Split ``batch`` rows into ``dp_size`` equal chunks (padding by repeating rows), run ``method(chunk, ...)``
         on every rank (the ``mp_size`` peers of one DP rank get the same chunk), keep the output of each DP group's
         first rank, and concatenate them back in row order with the padding removed."""
+        return self.dp_split_async(method, batch, *args, **kwargs)()
+
+    def dp_split_async(self, method: Callable, batch: Batch, *args, **kwargs) -> Callable[[], Any]:
+        """``dp_split`` started without waiting: returns the function that waits for its result (raising as
+        ``dp_split`` would). The driver goes on meanwhile; a later call to the same ranks runs after this one
+        (Ray runs an actor's calls in the order they were made). In-process (``LocalWorkerGroup``) it runs now."""
         name = _method_name(self.name, self.spec.cls, method)
         padded, pad = batch.pad_to_multiple(self.dp_size)
         chunks = self.group.share(padded.chunk(self.dp_size))
         ranks = list(range(self.world_size))
         calls = [((chunks[r // self.mp_size], *args), kwargs) for r in ranks]
-        results = self.group.run(self.name, name, ranks, calls)
-        return _merge(results[:: self.mp_size], pad)
+        wait = self.group.submit(self.name, name, ranks, calls)
+        return lambda: _merge(wait()[:: self.mp_size], pad)
 
 
 def init_ray(**kwargs) -> None:
@@ -187,9 +193,14 @@ class WorkerGroup:
 
     def run(self, role: str, method: str, ranks: list[int], calls: list[tuple[tuple, dict]],
             timeout_s: float | None = None) -> list[Any]:
+        return self.submit(role, method, ranks, calls, timeout_s)()
+
+    def submit(self, role: str, method: str, ranks: list[int], calls: list[tuple[tuple, dict]],
+               timeout_s: float | None = None) -> Callable[[], list[Any]]:
+        """Start the calls; returns the function that waits for their results (the time limit counts from then)."""
         refs = [self._hosts[r].execute.remote(role, method, *a, **kw) for r, (a, kw) in zip(ranks, calls)]
-        return self._wait(refs, ranks, role, f"{self.specs[role].cls.__qualname__}.{method}",
-                          self.timeout_s if timeout_s is None else timeout_s)
+        return lambda: self._wait(refs, ranks, role, f"{self.specs[role].cls.__qualname__}.{method}",
+                                  self.timeout_s if timeout_s is None else timeout_s)
 
     def _wait(self, refs: list, ranks: list[int], role: str, method: str, timeout_s: float) -> list[Any]:
         """Results in order; the first failing rank raises at once, without waiting for its peers."""
@@ -281,6 +292,11 @@ class LocalWorkerGroup:
                 raise WorkerError(role, rank, f"{self.specs[role].cls.__qualname__}.{method}",
                                   f"{type(e).__name__}: {e}", traceback.format_exc()) from e
         return out
+
+    def submit(self, role: str, method: str, ranks: list[int], calls: list[tuple[tuple, dict]],
+               timeout_s: float | None = None) -> Callable[[], list[Any]]:
+        out = self.run(role, method, ranks, calls, timeout_s)  # one process: nothing can run beside the driver
+        return lambda: out
 
     def shutdown(self) -> None:
         self._host.shutdown()

@@ -39,6 +39,9 @@ def test_a_consistent_config_has_no_problems():
     ({"algo__kl_in_reward__kind": "kl3"}, "algo.kl_in_reward.kind='kl3' is no KL kind"),
     ({"algo__adv__estimator": "gae"}, "algo.adv.estimator='gae' reads a critic's values but use_critic is false"),
     ({"use_critic": True}, "use_critic is true but algo.adv.estimator='grpo' never reads the critic's values"),
+    ({"trainer__async__one_step_off": True}, "trainer.async.one_step_off generates the next step's samples while the "
+     "actor updates, so the rollout needs processes of its own (a pool of its own, trainer.backend=ray), but "
+     "placement.roles.rollout is the actor's pool 'main'"),
 ])
 def test_each_disagreement_is_named_with_its_keys_and_fix(change, message):
     with pytest.raises(ConfigError, match="sections disagree") as e:
@@ -153,3 +156,14 @@ def test_megatron_layout_must_fit_the_actor_pool_and_what_cannot_run_is_named_be
                                 "critic pool's 2 ranks (1 x 2); change tp / pp or the pool"]
     assert run_problem(mg, "llama", 3, images=False) == "actor.megatron.tp=2 does not divide m's 3 attention heads"
     assert "no vision tower path" in run_problem(mg, "qwen2", 4, images=True)
+
+
+def test_one_step_off_runs_turn_truncated_is_on_unless_the_run_sets_its_own():
+    """Its samples are one update stale: algo.tis_cap 0 becomes trainer.async.tis_cap (2); a cap set is kept;
+    trainer.async.tis_cap=0 leaves it off. The YAML key is ``async`` (a Python keyword: the field is async_)."""
+    assert run_config(trainer__async__one_step_off=True).algo.tis_cap == 2.0
+    assert run_config(trainer__async__one_step_off=True, algo__tis_cap=5.0).algo.tis_cap == 5.0
+    assert run_config(trainer__async__one_step_off=True, trainer__async__tis_cap=0.0).algo.tis_cap == 0.0
+    assert run_config().algo.tis_cap == 0.0
+    with pytest.raises(ValueError, match=r"config.trainer.async: unknown key\(s\) \['one_step_of'\]"):
+        run_config(trainer__async__one_step_of=True)

@@ -6,6 +6,7 @@ Validation happens once, at start-up; the result is frozen, so nothing can chang
 from __future__ import annotations
 
 import dataclasses
+import keyword
 import types
 import typing
 from typing import Any, TypeVar
@@ -14,14 +15,14 @@ from core.config.algo import AdvantageConfig, AlgoConfig, KLInRewardConfig, Poli
 from core.config.roles import (OFFLOAD_MODES, STRATEGIES, ActorConfig, AgentConfig, CriticConfig, LoraConfig,
                                MegatronConfig, OptimConfig, RewardModelConfig, RolloutConfig, check_offload_mode)
 from core.config.run import DataConfig, RewardConfig, RunConfig
-from core.config.schema import PlacementConfig, PoolConfig, TrainerConfig
+from core.config.schema import AsyncConfig, PlacementConfig, PoolConfig, TrainerConfig
 
 T = TypeVar("T")
 
 __all__ = ["validate", "RunConfig", "TrainerConfig", "DataConfig", "PlacementConfig", "PoolConfig", "ActorConfig",
            "OptimConfig", "AgentConfig", "CriticConfig", "RewardModelConfig", "RolloutConfig", "AlgoConfig",
            "SamplingParams", "AdvantageConfig", "PolicyLossConfig", "KLInRewardConfig", "RewardConfig", "OFFLOAD_MODES",
-           "check_offload_mode", "MegatronConfig", "STRATEGIES", "LoraConfig"]
+           "check_offload_mode", "MegatronConfig", "STRATEGIES", "LoraConfig", "AsyncConfig"]
 
 
 def validate(schema: type[T], tree: Any, where: str = "config") -> T:
@@ -37,6 +38,10 @@ def validate(schema: type[T], tree: Any, where: str = "config") -> T:
     return _build(schema, tree if tree is not None else {}, where)
 
 
+def _yaml_key(field_name: str) -> str:
+    return field_name[:-1] if keyword.iskeyword(field_name[:-1]) else field_name
+
+
 def _build(tp: Any, value: Any, path: str) -> Any:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if dataclasses.is_dataclass(tp):
@@ -44,12 +49,14 @@ def _build(tp: Any, value: Any, path: str) -> Any:
             return value
         if not isinstance(value, dict):
             raise ValueError(f"{path}: expected a mapping for {tp.__name__}, got {value!r}")
+        # a key that is a Python keyword (trainer.async) is the field with a trailing underscore (async_)
+        value = {f"{k}_" if isinstance(k, str) and keyword.iskeyword(k) else k: v for k, v in value.items()}
         hints = typing.get_type_hints(tp)
         fields = {f.name for f in dataclasses.fields(tp) if f.init}
         unknown = sorted(set(value) - fields)
         if unknown:
             raise ValueError(f"{path}: unknown key(s) {unknown}; {tp.__name__} has {sorted(fields)}")
-        kwargs = {k: _build(hints[k], v, f"{path}.{k}") for k, v in value.items()}
+        kwargs = {k: _build(hints[k], v, f"{path}.{_yaml_key(k)}") for k, v in value.items()}
         try:
             return tp(**kwargs)
         except (ValueError, TypeError) as e:

@@ -10,7 +10,7 @@ this one (``core.train.load_recipe_config``), not as a subclass.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from core.config.algo import AlgoConfig
 from core.config.roles import ActorConfig, CriticConfig, RewardModelConfig, RolloutConfig
@@ -66,6 +66,11 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+
+    def __post_init__(self):
+        a = self.trainer.async_
+        if a.one_step_off and self.algo.tis_cap == 0 and a.tis_cap > 0:  # stale samples: truncated IS by default
+            object.__setattr__(self, "algo", replace(self.algo, tis_cap=a.tis_cap))
 
     def has_reference(self) -> bool:
         """A frozen reference policy is placed: asked for, or needed by a KL loss or a KL reward penalty."""

@@ -44,6 +44,22 @@ class PlacementConfig:
 
 
 @dataclass(frozen=True)
+class AsyncConfig:
+    # generate step k+1's samples while step k updates the actor (core/one_step_off.py): the rollout needs a pool
+    # of its own; the samples are one update stale (rollout/staleness), corrected by truncated IS
+    one_step_off: bool = False
+    # false: the same loop with each generation started after the sync -- nothing stale, the synchronous run's
+    # metrics exactly (to tell whether a divergence comes from the staleness)
+    overlap: bool = True
+    # algo.tis_cap in one-step-off runs that leave it at 0 (set this to 0 for none)
+    tis_cap: float = 2.0
+
+    def __post_init__(self):
+        if self.tis_cap < 0:
+            raise ValueError(f"trainer.async.tis_cap must be >= 0, got {self.tis_cap}")
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     # ray: worker groups on Ray; local: everything in this process (world size 1, for pdb)
     backend: str = "ray"
@@ -83,6 +99,8 @@ class TrainerConfig:
     # (placement.pools.main.nnodes: ${trainer.nnodes}); 0 = not used
     nnodes: int = 0
     n_gpus_per_node: int = 0
+    # one-step-off-policy async training (YAML key: async)
+    async_: AsyncConfig = field(default_factory=AsyncConfig)
 
     def __post_init__(self):
         if self.backend not in ("ray", "local"):

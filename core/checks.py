@@ -18,7 +18,8 @@ are reported at once:
 - with the built-in rewards (no ``reward.path``), every ``data_source`` of the data files has a reward
   (``check_data_sources``, once the rows are loaded);
 - ``rollout.backend: sglang`` runs on a CUDA pool;
-- ``trainer.async.one_step_off``: the rollout on a pool of its own, on Ray;
+- ``trainer.async.one_step_off``: the rollout on a pool of its own, on Ray; ``actor.ulysses_sp`` divides the actor
+  pool's ranks (and, once the model is located, its attention heads);
 - ``actor.strategy`` / ``critic.strategy: megatron``: tp x pp divides the role pool's ranks (what this version can
   run of the layout is ``core.engines.megatron_actor.run_problem``, checked once the model is located).
 """
@@ -89,6 +90,11 @@ def problems(cfg: "RunConfig") -> list[str]:
         out.append(f"actor.lora.rank={a.lora.rank}: the reference is the actor's own model with its adapters off, so "
                    f"placement.roles.ref must be the actor's pool {cfg.placement.roles['actor']!r} (it is "
                    f"{cfg.placement.roles.get('ref')!r})")
+    actor_pool = cfg.placement.pools.get(cfg.placement.roles["actor"])
+    if a.ulysses_sp > 1 and actor_pool is not None and (actor_pool.nnodes * actor_pool.slots_per_node) % a.ulysses_sp:
+        out.append(f"actor.ulysses_sp={a.ulysses_sp} does not divide the actor pool's "
+                   f"{actor_pool.nnodes * actor_pool.slots_per_node} ranks ({actor_pool.nnodes} x "
+                   f"{actor_pool.slots_per_node}): each sequence-parallel group is ulysses_sp of its ranks; change one")
     same_pool = cfg.placement.roles.get("rollout") == cfg.placement.roles["actor"]
     if cfg.trainer.async_.one_step_off and (same_pool or cfg.trainer.backend != "ray"):
         why = (f"placement.roles.rollout is the actor's pool {cfg.placement.roles['actor']!r}" if same_pool

@@ -54,6 +54,7 @@ def run_shape(cfg, pool_name: str | None = None) -> RunShape:
                     rollout_batch=cfg.rollout.max_batch_size, actor="actor" in here, rollout="rollout" in here,
                     rollout_sleeps=cfg.rollout.sleep_after_generate, strategy=cfg.actor.strategy,
                     lora_rank=cfg.actor.lora.rank, lora_targets=cfg.actor.lora.target_modules,
+                    ulysses_sp=cfg.actor.ulysses_sp,
                     tp=cfg.actor.megatron.tp, pp=cfg.actor.megatron.pp, ep=cfg.actor.megatron.ep,
                     **_critic_shape(cfg, max_seq, "critic" in here),
                     **({"reward_model": model_shape(cfg.reward_model.model), "rm_offload": cfg.reward_model.offload,

@@ -18,7 +18,8 @@ training phase, per GPU (``offload``: none | idle | full, ``core.config.OFFLOAD_
                                                  model, kept, in its place: ``core.engines.one_rank``)
     embeddings + LM head       2 k V h + 2 V h   (the root module stays gathered in bf16 for forward and
                                                  backward, plus the LM head's bf16 gradient)
-    activations                2 T h L           (checkpointed: each layer's bf16 input) + one layer recomputed:
+    activations                2 T h L           (checkpointed: each layer's bf16 input) + one layer recomputed
+                                                 (T: a micro-batch's tokens / actor.ulysses_sp):
                                T (14 h + 4 kvd + 8 i) (bf16: 7 h-wide tensors -- norm in/out, q, attention out,
                                ... -- 2 kv-wide (k, v) and 4 i-wide (gate, up, act, product); flash attention: no
                                T^2 term). Without checkpointing: L times the layer term.
@@ -115,6 +116,8 @@ class RunShape:
     # LoRA (actor.lora): adapter rank (0 = full fine-tuning) and the adapted linears
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    # Ulysses sequence parallelism (actor.ulysses_sp): a micro-batch's tokens are spread over this many GPUs
+    ulysses_sp: int = 1
     # the policy's training engine (actor.strategy): fsdp, or megatron with its tensor / pipeline / expert layout
     strategy: str = "fsdp"
     tp: int = 1
@@ -233,7 +236,7 @@ def _policy_terms(m: ModelShape, r: RunShape, W: int, p: Plan) -> tuple[float, f
             k = 1 if m.tied else 2
             p.lines.append(("embeddings + LM head, bf16 + grad (2kVh + 2Vh)", (2 * k + 2) * m.vocab * m.hidden,
                             "train"))
-        T = r.tokens_per_micro
+        T = r.tokens_per_micro / r.ulysses_sp  # Ulysses: each GPU of a group holds 1/N of the positions
         layer = T * (14 * m.hidden + 4 * m.kv_heads * m.head_dim + 8 * m.intermediate)
         act = (2 * T * m.hidden * m.layers + layer) if r.gradient_checkpointing else layer * m.layers
         p.lines.append(("activations" + (" (checkpointed)" if r.gradient_checkpointing else ""), act, "train"))

@@ -16,6 +16,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from core import checkpoint
 from core.checks import ConfigError, check_data_sources, check_run
 from core.config import ActorConfig, CriticConfig, RunConfig
@@ -25,11 +27,14 @@ from core.engines.lora import LoraReference
 from core.engines.policy import PolicyWorker
 from core.engines.reward_model import RewardModelWorker
 from core.loop import Roles, kl_controller, prompts_from_rows, step, sync_rollout, validate
+from core.one_step_off import RolloutAhead
 from core.report import report
 from core.roles import RolloutWorker
 from core.tracking import make_trackers
 from core.worker import RoleSpec
 from core.worker_group import init_ray
+
+AHEAD_FILE = "rollout_ahead.pt"  # in a one-step-off run's checkpoint: the next step's samples, generated ahead
 
 
 def dp_size(cfg: RunConfig) -> int:
@@ -62,13 +67,13 @@ def effective_sizes(cfg: RunConfig, dp_size: int) -> str:
 
 
 def policy_spec(actor: ActorConfig) -> RoleSpec:
-    """The actor's (or the reference's) role on its training engine; a Megatron model replica's tp x pp ranks
-    share one chunk of rows."""
+    """The actor's (or the reference's) role on its training engine; a Megatron model replica's tp x pp ranks, or
+    a Ulysses group's ulysses_sp ranks, share one chunk of rows."""
     if actor.strategy == "megatron":
         from core.engines.megatron_actor import MegatronActor
 
         return RoleSpec(MegatronActor, {"cfg": actor}, mp_size=actor.megatron.tp * actor.megatron.pp)
-    return RoleSpec(FSDPActor, {"cfg": actor})
+    return RoleSpec(FSDPActor, {"cfg": actor}, mp_size=actor.ulysses_sp)  # a sequence-parallel group shares rows
 
 
 def critic_spec(critic: CriticConfig) -> RoleSpec:
@@ -93,8 +98,9 @@ def role_specs(cfg: RunConfig) -> dict[str, RoleSpec]:
         ref = ActorConfig(model=cfg.actor.model, dtype=cfg.actor.dtype, trainable=False,
                           micro_batch_size=cfg.actor.micro_batch_size, max_tokens_per_micro=cfg.actor.max_tokens_per_micro,
                           temperature=cfg.actor.temperature, offload=cfg.actor.offload, strategy=cfg.actor.strategy,
-                          megatron=cfg.actor.megatron)
-        specs["ref"] = policy_spec(ref) if not cfg.actor.lora.rank else RoleSpec(LoraReference)
+                          megatron=cfg.actor.megatron, ulysses_sp=cfg.actor.ulysses_sp)
+        specs["ref"] = (policy_spec(ref) if not cfg.actor.lora.rank
+                        else RoleSpec(LoraReference, mp_size=cfg.actor.ulysses_sp))  # the actor's forward: its groups
     if cfg.use_critic:
         specs["critic"] = critic_spec(cfg.critic)
     if cfg.use_reward_model:
@@ -153,6 +159,7 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
     run_step = step_fn or (lambda roles_, draw, *a, **k: step(roles_, draw(), *a, **k))
     try:
         start, stream, history = resume(cfg, out, roles, rows, kl_ctrl)
+        draw = roles.ahead.draw if roles.ahead is not None else lambda: prompts_from_rows(next(stream))
         with (out / "metrics.jsonl").open("a") as log, tqdm(total=t.total_steps, initial=start, desc="steps") as bar:
             def record(metrics: dict) -> None:
                 log.write(json.dumps(metrics) + "\n")
@@ -174,8 +181,7 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
             for i in range(start, t.total_steps):
                 # a fresh sampling seed each step: the same seed would replay the same uniforms every step
                 algo = replace(cfg.algo, sampling=replace(cfg.algo.sampling, seed=cfg.algo.sampling.seed + i))
-                _, metrics = run_step(roles, lambda: prompts_from_rows(next(stream)), algo, reward_fn,
-                                      update_actor=i >= t.critic_warmup, kl_ctrl=kl_ctrl)
+                _, metrics = run_step(roles, draw, algo, reward_fn, update_actor=i >= t.critic_warmup, kl_ctrl=kl_ctrl)
                 metrics = {"step": i + 1, **metrics}
                 if val_prompts is not None and due(i + 1, t.test_freq, t.total_steps):
                     metrics |= held_out(i + 1)
@@ -215,6 +221,13 @@ def load_inputs(cfg: RunConfig, out: Path) -> tuple[Callable, list[dict], list[d
     pictured = next((r for r in rows + val_rows if "images" in r), None)
     if pictured is not None and (problem := image_prompt_problem(cfg.rollout)):
         raise ConfigError(f"{pictured['where']}: {problem}")
+    if cfg.actor.ulysses_sp > 1:
+        from transformers import AutoConfig
+
+        heads = AutoConfig.from_pretrained(resolve_model(cfg.actor.model)).num_attention_heads
+        if heads % cfg.actor.ulysses_sp:
+            raise ConfigError(f"actor.ulysses_sp={cfg.actor.ulysses_sp} must divide {cfg.actor.model}'s {heads} "
+                              "attention heads (each rank of a group attends for its share of them)")
     for name, role in (("actor", cfg.actor), ("critic", cfg.critic if cfg.use_critic else None)):
         if role is not None and role.strategy == "megatron":
             from transformers import AutoConfig
@@ -268,6 +281,8 @@ def resume(cfg: RunConfig, out: Path, roles: Roles, rows: list[dict], kl_ctrl) -
     the engine synced, metrics.jsonl rewound. Else a fresh start (an earlier run's metrics moved aside).
     Returns (first step, prompt stream, metrics so far)."""
     stream = PromptStream(rows, cfg.data.prompts_per_step, cfg.data.shuffle, cfg.trainer.seed)
+    if cfg.trainer.async_.one_step_off:  # the rollout one step ahead, drawing from the stream
+        roles.ahead = RolloutAhead(roles.rollout, lambda: prompts_from_rows(next(stream)), cfg.trainer.async_.overlap)
     resumed = checkpoint.find(out, cfg.trainer.resume_mode)
     if resumed is None:  # a fresh run starts a fresh file: appending would mix two runs in one history and report
         set_aside_metrics(out / "metrics.jsonl")
@@ -278,6 +293,10 @@ def resume(cfg: RunConfig, out: Path, roles: Roles, rows: list[dict], kl_ctrl) -
         roles.critic.call_all(ValueWorker.load_checkpoint, str(resumed / "critic"))
     sync_rollout(roles, cfg.algo.sync_timeout_s)
     stream = PromptStream(rows, cfg.data.prompts_per_step, cfg.data.shuffle, cfg.trainer.seed, **state["stream"])
+    if roles.ahead is not None:  # the samples generated ahead when the checkpoint was saved (none: made at step 1)
+        roles.ahead.version = state["step"]
+        if (resumed / AHEAD_FILE).is_file():
+            roles.ahead.load_state_dict(torch.load(resumed / AHEAD_FILE, weights_only=False))
     if kl_ctrl is not None:
         kl_ctrl.load_state_dict(state["kl_ctrl"])
     print(f"resumed from {resumed} (step {state['step']})", flush=True)
@@ -312,6 +331,8 @@ def save(out: Path, step_no: int, roles: Roles, stream: "PromptStream", kl_ctrl,
         state["lora"] = asdict(cfg.actor.lora)
     if kl_ctrl is not None:
         state["kl_ctrl"] = kl_ctrl.state_dict()
+    if roles.ahead is not None:  # one step off: the next step's samples, already generated
+        torch.save(roles.ahead.state_dict(), tmp / AHEAD_FILE)
     checkpoint.commit(tmp, state, cfg.trainer.save_keep, saved_ranks(roles))
 
 

@@ -400,3 +400,21 @@ def test_lora_counts_adapter_gradients_and_moments_only_and_no_reference_model()
     assert got["AdamW moments, adapters (8Pa/W)"] == pytest.approx(8 * Pa / 8)
     assert got["fp32 gradients, adapters only (4Pa/W)"] == pytest.approx(4 * Pa / 8)
     assert "reference fp32 shards (4P/W)" in full and not any(k.startswith("reference") for k in got)
+
+
+def test_ulysses_divides_a_micro_batchs_activations_and_logits_over_its_group():
+    """actor.ulysses_sp = 4: each GPU holds a quarter of the micro-batch's positions (Qwen2.5-0.5B-shaped, 32k tokens
+    per micro-batch, checkpointed): the activation and logit terms (bar the fixed chunk work) are a quarter, the
+    rest unchanged."""
+    from core.planner import CHUNK_WORK
+
+    m = ModelShape(params=0.494e9, layers=24, hidden=896, intermediate=4864, heads=14, kv_heads=2, vocab=151936,
+                   tied=True)
+    one = lines(plan(m, RunShape(1, 8, 80, tokens_per_micro=32768)))
+    four = lines(plan(m, RunShape(1, 8, 80, tokens_per_micro=32768, ulysses_sp=4)))
+    act = "activations (checkpointed)"
+    assert four[act] == pytest.approx(one[act] / 4)
+    logits = "logits (6 T V + chunk work)"
+    assert four[logits] - CHUNK_WORK == pytest.approx((one[logits] - CHUNK_WORK) / 4)
+    assert {k: v for k, v in four.items() if k not in (act, logits)} == {k: v for k, v in one.items()
+                                                                          if k not in (act, logits)}

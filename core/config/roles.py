@@ -117,6 +117,10 @@ class ActorConfig:
     temperature: float = 1.0
     # recompute activations in backward to save memory
     gradient_checkpointing: bool = False
+    # Ulysses sequence parallelism (core/engines/ulysses.py): N ranks share each row's positions, 1/N of the
+    # activations each (for long sequences); N divides the role pool's ranks and the attention heads. fsdp only;
+    # its forwards do not use the shared-prompt layout
+    ulysses_sp: int = 1
     # CUDA only: none | idle (sharded weights and optimizer state in host memory while the actor is idle, on the GPU
     # for its calls; GPU optimizer) | full (in host memory always, FSDP2 CPUOffloadPolicy; CPU optimizer, slowest).
     # core.engines.sharding.OFFLOAD_MODES; the capacity planner (--dry-run) shows what each costs per GPU and node
@@ -131,6 +135,9 @@ class ActorConfig:
             raise ValueError("actor.lora needs actor.strategy=fsdp (the Megatron actor trains all weights)")
         if self.positive_nll_coef < 0:
             raise ValueError(f"actor.positive_nll_coef must be >= 0, got {self.positive_nll_coef}")
+        if self.ulysses_sp < 1 or (self.ulysses_sp > 1 and self.strategy != "fsdp"):
+            raise ValueError(f"actor.ulysses_sp={self.ulysses_sp}: must be >= 1, and > 1 only with actor.strategy=fsdp "
+                             "(the Megatron actor has no sequence parallelism here)")
 
 
 @dataclass(frozen=True)
@@ -183,6 +190,10 @@ class CriticConfig:
     loss_agg_mode: str = "token-mean"
     # recompute activations in backward to save memory
     gradient_checkpointing: bool = False
+    # Ulysses sequence parallelism (core/engines/ulysses.py): N ranks share each row's positions, 1/N of the
+    # activations each (for long sequences); N divides the role pool's ranks and the attention heads. fsdp only;
+    # its forwards do not use the shared-prompt layout
+    ulysses_sp: int = 1
     # CUDA only: none | idle | full -- where the sharded weights and optimizer state live (as actor.offload)
     offload: str = "none"
     # seed for the value head's init and mini-batch shuffles

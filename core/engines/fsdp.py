@@ -22,7 +22,8 @@ from core.engines import lora
 from core.engines.forward import response_logprobs
 from core.engines.moe import RouterStats
 from core.engines.policy import PolicyWorker, bucket_names
-from core.engines.sharding import FSDPEngine, IdleOffload, adamw_with_warmup, load_sharded_causal_lm
+from core.engines.sharding import FSDPEngine, IdleOffload, adamw_with_warmup, global_counts, load_sharded_causal_lm
+from core.engines.ulysses import sequence_parallel, sp_logprobs
 from core.protocol import Batch
 from core.worker import WorkerContext
 
@@ -43,11 +44,14 @@ class FSDPActor(FSDPEngine, PolicyWorker):
     def __init__(self, ctx: WorkerContext, cfg: ActorConfig):
         from core.models import resolve_dtype
 
-        self.ctx, self.cfg, self.dp = ctx, cfg, ctx.world_size
+        self.ctx, self.cfg = ctx, cfg
         torch.manual_seed(cfg.seed)
         self.compute_dtype = resolve_dtype(cfg.dtype, ctx.device)
         self.model = load_sharded_causal_lm(cfg.model, ctx, self.compute_dtype, cfg.offload, "actor",
                                             cfg.gradient_checkpointing, lora=cfg.lora)
+        # Ulysses: groups of ulysses_sp consecutive ranks share rows (dispatch gives them the same chunk)
+        self.sp = sequence_parallel(self.model, ctx, cfg.ulysses_sp) if cfg.ulysses_sp > 1 else None
+        self.dp = ctx.world_size // cfg.ulysses_sp
         self.optim = self.sched = None
         if cfg.trainable:
             self.optim, self.sched = adamw_with_warmup(self.model, cfg.optim)
@@ -62,8 +66,21 @@ class FSDPActor(FSDPEngine, PolicyWorker):
 
     # ------------------------------------------------------------------------------------ engine hooks
     def _forward(self, mb: Batch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.sp is not None:
+            return sp_logprobs(self.model, mb, self.sp, self.cfg.temperature, with_entropy)
         return response_logprobs(self.model, mb, self.cfg.temperature, with_entropy, self.cfg.remove_padding,
                                  self.cfg.share_prompt)
+
+    def _step(self) -> float:
+        if self.sp is not None:  # FSDP averaged over all ranks; a group's parts must add up (core.engines.ulysses)
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(self.sp.size)
+        return super()._step()
+
+    def _counts(self, mask: torch.Tensor) -> tuple[float, float]:
+        tokens, seqs = global_counts(mask, self.ctx.device)
+        return tokens / self.cfg.ulysses_sp, seqs / self.cfg.ulysses_sp  # a group's ranks hold the same rows
 
     # ------------------------------------------------------------------------------------ weight export
     @torch.no_grad()

@@ -60,12 +60,17 @@ def matmul_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
 def train_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                    shared_prompt_parts=None, **kwargs) -> tuple[torch.Tensor, None]:
+                    shared_prompt_parts=None, ulysses=None, **kwargs) -> tuple[torch.Tensor, None]:
     """``shared_prompt_parts``: a shared-prompt batch's layout (``core.engines.shared_prompt.Parts``, passed by
-    its packed forward): the prompt and the slots attend separately, skipping the block mask's empty blocks."""
+    its packed forward): the prompt and the slots attend separately, skipping the block mask's empty blocks.
+    ``ulysses``: this rank holds a slice of every row's positions (``core.engines.ulysses.SequenceParallel``):
+    attention over the whole rows for a share of the heads, between two all-to-alls."""
     def attend(q, k, v, mask):
         return _attend(module, q, k, v, mask, scaling, dropout, kwargs)
 
+    if ulysses is not None:
+        return ulysses.attention(module, lambda m, q, k, v, mask: _attend(m, q, k, v, mask, scaling, dropout, kwargs),
+                                 query, key, value), None
     if shared_prompt_parts is not None and query.shape[2] == key.shape[2]:
         return attention_by_parts(attend, query, key, value, shared_prompt_parts), None
     return attend(query, key, value, attention_mask), None

@@ -93,13 +93,15 @@ def models_weights(path) -> dict[str, torch.Tensor]:
 def test_a_run_with_sp2_gives_the_metrics_of_sp1(ray_module_session, tmp_path, tiny_model_dir):
     """Through the whole trainer (``fit``, GRPO with a KL loss: actor, reference and rollout on one 2-rank pool), the
     actor and reference on one sequence-parallel group of 2 give the 2 data-parallel ranks' metrics (rel 1e-4), a
-    rank whose slice of some micro-batch holds no response position included."""
+    rank whose slice of some micro-batch holds no response position included, and activation recomputation."""
     from tests.test_checkpoint import fit_run, write_run
 
     conf = write_run(tmp_path, tiny_model_dir, total_steps=2, save_freq=0, backend="ray")
     # one mini-batch per step: with two, the 2 DP ranks' first would hold other rows than the one group's first
     one = fit_run(conf, tmp_path / "sp1", "actor.ppo_mini_batch_size=8")
-    two = fit_run(conf, tmp_path / "sp2", "actor.ppo_mini_batch_size=8", "actor.ulysses_sp=2")
+    # with activation recomputation: backward re-runs the all-to-alls of each layer's attention
+    two = fit_run(conf, tmp_path / "sp2", "actor.ppo_mini_batch_size=8", "actor.ulysses_sp=2",
+                  "actor.gradient_checkpointing=true")
     assert sorted(one) == sorted(two) == [1, 2]
     for s in one:
         assert one[s].keys() == two[s].keys()

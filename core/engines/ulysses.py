@@ -149,6 +149,8 @@ def sp_logprobs(model, batch: Batch, sp: SequenceParallel, temperature: float = 
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``forward.response_logprobs`` under sequence parallelism: (B, Tr) log-probs (and entropy) of the responses,
     the same on every rank of the group, from this rank's 1/N of the positions. Collective over the group."""
+    if "multi_modal_inputs" in batch:
+        raise ValueError("actor.ulysses_sp > 1 takes text rows only: these carry image inputs (set actor.ulysses_sp=1)")
     full = batch["responses"].shape[1]
     batch = trim_padding(batch)
     ids, am, pos = batch["input_ids"], batch["attention_mask"], batch["position_ids"]

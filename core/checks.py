@@ -64,6 +64,15 @@ def problems(cfg: "RunConfig") -> list[str]:
     if a.loss.name in FIXED_AGGREGATION and a.loss_agg_mode not in (DEFAULT_AGG, FIXED_AGGREGATION[a.loss.name]):
         out.append(f"actor.loss.name={a.loss.name!r} aggregates by {FIXED_AGGREGATION[a.loss.name]} whatever "
                    f"actor.loss_agg_mode says: {a.loss_agg_mode!r} would have no effect; drop actor.loss_agg_mode")
+    if a.loss.name == "dro" and a.loss.dro_beta <= 0:
+        out.append(f"actor.loss.name=dro needs actor.loss.dro_beta > 0 (its quadratic log-ratio penalty; verl's "
+                   f"example uses 0.05), got {a.loss.dro_beta}")
+    if a.loss.reinforce_is not in ("", "token", "sequence"):
+        out.append(f"actor.loss.reinforce_is={a.loss.reinforce_is!r}: one of '' (none), token, sequence")
+    if algo.bypass_mode and algo.tis_cap > 0:
+        out.append(f"algo.bypass_mode takes old_logprobs from the rollout, so algo.tis_cap={algo.tis_cap} would weigh "
+                   "by pi_rollout / pi_rollout = 1: drop it (the loss corrects the mismatch: actor.loss.name=reinforce "
+                   "with actor.loss.reinforce_is / reinforce_is_cap, or vanilla's ratio pi / pi_rollout)")
     if cfg.data.truncation not in TRUNCATIONS:
         out.append(f"data.truncation={cfg.data.truncation!r}: one of {', '.join(TRUNCATIONS)}")
     reads_values = algo.adv.estimator in VALUE_ESTIMATORS

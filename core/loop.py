@@ -74,7 +74,8 @@ def step(roles: Roles, prompts: Batch, cfg: AlgoConfig, reward_fn: Callable = de
         scored = score(roles, batch, cfg, reward_fn, timer)
         # 3. log-probs of the same tokens under the actor before the update, and under the reference if any; the
         #    rows of the actor's first mini-batch are left to its update's own forward when nothing reads them first
-        batch = logprobs(roles, batch, timer, leave_to_update=update_actor and kl_ctrl is None and cfg.tis_cap == 0)
+        batch = logprobs(roles, batch, timer, leave_to_update=update_actor and kl_ctrl is None and cfg.tis_cap == 0,
+                         bypass=cfg.bypass_mode)
         # 4. KL to the reference as a reward penalty (with a KL controller); the critic's values (with a critic)
         kl = reward_kl_penalty(batch, kl_ctrl, cfg)
         values(roles, batch, timer)
@@ -130,13 +131,19 @@ def reward_extra_infos(batch: Batch) -> list:
             for e, t, c in zip(batch["extra_info"], batch["num_turns"], batch["num_tool_calls"])]
 
 
-def logprobs(roles: Roles, batch: Batch, timer: Timer, leave_to_update: bool = False) -> Batch:
+def logprobs(roles: Roles, batch: Batch, timer: Timer, leave_to_update: bool = False, bypass: bool = False) -> Batch:
     """``old_logprobs`` under the actor before its update (the PPO ratio's denominator), and ``ref_logprobs``
     under the frozen reference when the run has one. ``leave_to_update``: the rows the actor's update reaches
     before its first optimizer step get theirs from that update's forward (the same policy, one forward fewer;
-    ``PolicyWorker.compute_logprobs``): only when no phase before ``update`` reads ``old_logprobs``."""
+    ``PolicyWorker.compute_logprobs``): only when no phase before ``update`` reads ``old_logprobs``.
+    ``bypass`` (``algo.bypass_mode``, verl's): ``old_logprobs`` are the rollout engine's, no actor pass -- the
+    loss's ratio is pi / pi_rollout and its weights correct for the engine's mismatch (e.g. loss ``reinforce``)."""
     with timer("old_logprob"):
-        batch = batch.union(roles.actor.dp_split(PolicyWorker.compute_logprobs, batch, leave_to_update=leave_to_update))
+        if bypass:
+            batch["old_logprobs"] = batch["rollout_logprobs"]
+        else:
+            batch = batch.union(roles.actor.dp_split(PolicyWorker.compute_logprobs, batch,
+                                                     leave_to_update=leave_to_update))
     if roles.ref is not None:
         with timer("ref"):
             batch["ref_logprobs"] = roles.ref.dp_split(PolicyWorker.compute_logprobs, batch)["old_logprobs"]

@@ -42,6 +42,8 @@ def test_a_consistent_config_has_no_problems():
     ({"trainer__async__one_step_off": True}, "trainer.async.one_step_off generates the next step's samples while the "
      "actor updates, so the rollout needs processes of its own (a pool of its own, trainer.backend=ray), but "
      "placement.roles.rollout is the actor's pool 'main'"),
+    ({"actor__loss__name": "dro"}, "actor.loss.name=dro needs actor.loss.dro_beta > 0"),
+    ({"actor__loss__reinforce_is": "seq"}, "actor.loss.reinforce_is='seq': one of '' (none), token, sequence"),
     ({"actor__ulysses_sp": 4}, "actor.ulysses_sp=4 does not divide the actor pool's 2 ranks (1 x 2)"),
 ])
 def test_each_disagreement_is_named_with_its_keys_and_fix(change, message):

@@ -39,7 +39,7 @@ def _clipped_surrogate(ratio, adv, cfg):
 # losses that aggregate their own way whatever actor.loss_agg_mode says: core.checks refuses any mode but the
 # default and the loss's own (sppo is verl's recipe's, whose "token-mean" is this same mean over samples)
 FIXED_AGGREGATION = {"gspo": "seq-mean-token-mean", "geo_mean": "the mean over sequences",
-                     "sppo": "seq-mean-token-sum"}
+                     "sppo": "seq-mean-token-sum", "sapo": "seq-mean-token-mean"}
 
 
 @POLICY_LOSSES.register("vanilla")
@@ -200,6 +200,109 @@ def sppo(logprobs, batch, cfg, norm):
     seq_adv = (adv * mask).sum(-1) / length
     losses = ((log_ratio * mask).sum(-1) - cfg.sppo_eta * seq_adv) ** 2
     return seq_mean(losses, norm), {"ppo_kl": masked_mean(-log_ratio, mask).detach()}
+
+
+@POLICY_LOSSES.register("sapo")
+def sapo(logprobs, batch, cfg, norm):
+    """SAPO: a smooth gate on the ratio instead of PPO's hard clip.
+
+    r = exp(logp - logp_old);  tau = tau_pos if A > 0 else tau_neg;  l = -A * (4 / tau) * sigmoid(tau (r - 1)).
+    Its gradient -A 4 s (1 - s) r grad(logp) (s the sigmoid) is the policy gradient at r = 1 and fades smoothly
+    as r leaves 1. Aggregation fixed to seq-mean-token-mean (verl). Shapes (B, T).
+    Paper: SAPO, arXiv:2511.20347 (as verl's ``sapo`` loss).
+    Example: A = 1, tau = 1, r = e^0.5 = 1.6487 -> -4 sigmoid(0.6487) = -2.6269; r = 1 -> -2.
+    """
+    log_ratio, adv, mask = _inputs(logprobs, batch)
+    tau = torch.where(adv > 0, cfg.sapo_tau_pos, cfg.sapo_tau_neg).to(logprobs.dtype)
+    losses = -adv * torch.sigmoid(tau * (log_ratio.exp() - 1)) * 4 / tau
+    metrics = {"ppo_kl": masked_mean(-log_ratio, mask).detach()}
+    return AGGREGATIONS["seq-mean-token-mean"](losses, mask, norm), metrics
+
+
+@POLICY_LOSSES.register("dro")
+def dro(logprobs, batch, cfg, norm):
+    """DRO: the policy gradient with a quadratic penalty on the log-ratio to the old policy.
+
+    l = -(A logp - beta / 2 (logp - logp_old)^2);  gradient -(A - beta (logp - logp_old)) grad(logp). The log-ratio
+    is not clamped (verl). Shapes (B, T). ``dro_beta`` > 0 (checked before Ray).
+    Paper: direct reward optimisation, as verl's ``dro`` loss (verl cites none; docs/algo/dro.md).
+    Example: beta = 0.1, logp = -1, logp_old = -1.5, A = 2 -> -(-2 - 0.05 x 0.25) = 2.0125.
+    """
+    if cfg.dro_beta <= 0:
+        raise ValueError(f"actor.loss.dro_beta must be > 0 with loss dro, got {cfg.dro_beta}")
+    batch.require("old_logprobs", "advantages", "response_mask")
+    mask = batch["response_mask"].to(logprobs.dtype)
+    log_ratio = logprobs - batch["old_logprobs"]
+    losses = -(batch["advantages"] * logprobs - 0.5 * cfg.dro_beta * log_ratio ** 2)
+    return aggregate(losses, mask, norm), {"ppo_kl": masked_mean(-log_ratio, mask).detach()}
+
+
+def _dppo(logprobs, batch, cfg, norm, inside: Callable):
+    """DPPO's loss given its trust region ``inside(p, p_old, adv) -> bool (B, T)`` (see dppo_tv / dppo_kl)."""
+    log_ratio, adv, mask = _inputs(logprobs, batch)
+    ratio = log_ratio.exp()
+    weight = ratio.clamp(max=cfg.dppo_is_cap).detach()
+    valid = inside(logprobs.detach().exp(), batch["old_logprobs"].exp(), adv).to(logprobs.dtype)
+    metrics = {"pg_clipfrac": masked_mean(1 - valid, mask),                       # outside the trust region
+               "pg_is_capped_frac": masked_mean(((ratio > cfg.dppo_is_cap).to(mask.dtype) * valid), mask),
+               "ppo_kl": masked_mean(-log_ratio, mask)}
+    return aggregate(-adv * weight * logprobs * valid, mask, norm), {k: v.detach() for k, v in metrics.items()}
+
+
+@POLICY_LOSSES.register("dppo_tv")
+def dppo_tv(logprobs, batch, cfg, norm):
+    """DPPO-Binary-TV: the truncated-IS policy gradient on the tokens whose probability moved within a total-
+    variation trust region; the others are dropped (no gradient), where PPO's clip keeps a one-sided one.
+
+    p = exp(logp), w = sg(min(r, C));  inside = (p - p_old <= delta_high) for A > 0, (p - p_old >= -delta_low) else;
+    l = -A w logp [inside].  Metrics: pg_clipfrac (outside), pg_is_capped_frac (inside with r > C). Shapes (B, T).
+    Paper: Qi et al. 2026, "Rethinking the Trust Region in LLM RL" (arXiv:2602.04879).
+    Example: delta 0.2, C 3, p_old 0.2 -> p 0.5: A = 1 -> outside, 0;  A = -1 -> inside, l = 2.5 ln 0.5 = -1.7329.
+    """
+    return _dppo(logprobs, batch, cfg, norm, lambda p, q, adv: torch.where(
+        adv > 0, p - q <= cfg.dppo_delta_high, p - q >= -cfg.dppo_delta_low))
+
+
+@POLICY_LOSSES.register("dppo_kl")
+def dppo_kl(logprobs, batch, cfg, norm):
+    """DPPO-Binary-KL: as dppo_tv with the trust region the KL between Bernoulli(p_old) and Bernoulli(p) of the
+    sampled token, only against moves the advantage pushes (p up for A > 0, down otherwise).
+
+    kl = p_old ln(p_old / p) + (1 - p_old) ln((1 - p_old) / (1 - p));  inside = kl <= delta_high or p <= p_old for
+    A > 0, kl <= delta_low or p >= p_old else;  l = -A sg(min(r, C)) logp [inside].  Shapes (B, T).
+    Paper: Qi et al. 2026 (arXiv:2602.04879).
+    Example: delta 0.05, p_old 0.2 -> p 0.5: kl = 0.1927; A = 1 -> outside, 0;  A = -1 -> inside (p >= p_old),
+    l = 2.5 ln 0.5 = -1.7329.
+    """
+    def inside(p, q, adv):
+        kl = q * (q.log() - p.log()) + (1 - q) * ((1 - q + 1e-8).log() - (1 - p + 1e-8).log())
+        return torch.where(adv > 0, (kl <= cfg.dppo_delta_high) | (p <= q), (kl <= cfg.dppo_delta_low) | (p >= q))
+
+    return _dppo(logprobs, batch, cfg, norm, inside)
+
+
+@POLICY_LOSSES.register("reinforce")
+def reinforce(logprobs, batch, cfg, norm):
+    """REINFORCE with truncated importance weights: l = -w A logp, w = sg(min(pi / pi_old, cap)) per token
+    (``reinforce_is: token``) or per sequence (``sequence``: the product of its token ratios, each token getting
+    its sequence's), or w = 1 (``""``: GPG's plain gradient). With ``algo.bypass_mode`` pi_old is the rollout
+    engine's policy: the weights correct for sampling from it. Metrics: is_weight_mean, is_capped_frac, ppo_kl.
+    Shapes (B, T).
+    Paper: Williams 1992; truncated IS as in Yao et al. 2025 (TIS) and verl's bypass mode (``loss_type: reinforce``).
+    Example: cap 2, logp = [-1, -1], logp_old = [-1.5, -0.5], A = 1 -> token weights [e^0.5, e^-0.5] =
+    [1.6487, 0.6065], l = [1.6487, 0.6065]; sequence: w = e^0 = 1 on both, l = [1, 1].
+    """
+    if cfg.reinforce_is not in ("", "token", "sequence"):
+        raise ValueError(f"actor.loss.reinforce_is must be '', 'token' or 'sequence', got {cfg.reinforce_is!r}")
+    log_ratio, adv, mask = _inputs(logprobs, batch)
+    log_w = log_ratio.detach()
+    if cfg.reinforce_is == "sequence":
+        log_w = (log_w * mask).sum(-1, keepdim=True).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).expand_as(log_w)
+    raw = log_w.exp() if cfg.reinforce_is else torch.ones_like(log_w)
+    weight = raw.clamp(max=cfg.reinforce_is_cap)
+    metrics = {"is_weight_mean": masked_mean(weight, mask),
+               "is_capped_frac": masked_mean((raw > weight).float(), mask), "ppo_kl": masked_mean(-log_ratio, mask)}
+    return aggregate(-weight * adv * logprobs, mask, norm), {k: v.detach() for k, v in metrics.items()}
 
 
 def value_loss(vpreds: torch.Tensor, batch: Batch, clip: float, norm: LossNorm) -> tuple[torch.Tensor, dict]:

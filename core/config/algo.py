@@ -69,6 +69,21 @@ class PolicyLossConfig:
     cispo_clip_high: float = 0.28
     # SPPO: eta scaling the advantage target of the squared loss
     sppo_eta: float = 1.0
+    # SAPO: temperatures of the soft gate for positive / negative advantages (verl: actor.tau_pos / tau_neg)
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
+    # DRO: beta of the quadratic log-ratio penalty; must be > 0 with loss dro (verl's example: 0.05)
+    dro_beta: float = 0.0
+    # DPPO: trust-region bounds on the sampled token's probability change (dppo_tv: p - p_old; dppo_kl: the binary
+    # KL) for negative / positive advantages (verl reads clip_ratio_low / high; its examples: 0.15 TV, 0.05 KL), and
+    # the cap of the stop-gradient importance weight (verl: clip_ratio_c, 3)
+    dppo_delta_low: float = 0.2
+    dppo_delta_high: float = 0.2
+    dppo_is_cap: float = 3.0
+    # REINFORCE: importance weights pi / pi_old of each token ("token") or of the whole sequence ("sequence"), or
+    # none (""), truncated at reinforce_is_cap (TIS)
+    reinforce_is: str = "token"
+    reinforce_is_cap: float = 2.0
     # mixed into Clip-Cov's random token choice (each call also draws from the process's torch RNG)
     seed: int = 0
 
@@ -107,6 +122,9 @@ class AlgoConfig:
     sync_timeout_s: float = 300.0
     # truncated importance sampling (Yao et al. 2025): scale advantages by min(pi_old / pi_rollout, cap); 0 = off
     tis_cap: float = 0.0
+    # verl's bypass mode: old_logprobs are the rollout engine's (no separate old-log-prob pass); the loss's ratio is
+    # then pi / pi_rollout (with loss reinforce: its truncated IS weights correct the engine's mismatch)
+    bypass_mode: bool = False
     # KL to the reference as a reward penalty with a fixed or adaptive coefficient (classic PPO-RLHF)
     kl_in_reward: KLInRewardConfig = field(default_factory=KLInRewardConfig)
     # held-out validation sampling: greedy, one sample by default (max_new_tokens 0 = the training value)

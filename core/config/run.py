@@ -69,7 +69,8 @@ class RunConfig:
 
     def __post_init__(self):
         a = self.trainer.async_
-        if a.one_step_off and self.algo.tis_cap == 0 and a.tis_cap > 0:  # stale samples: truncated IS by default
+        # stale samples: truncated IS by default (not in bypass mode: the loss weighs by pi / pi_rollout there)
+        if a.one_step_off and self.algo.tis_cap == 0 and a.tis_cap > 0 and not self.algo.bypass_mode:
             object.__setattr__(self, "algo", replace(self.algo, tis_cap=a.tis_cap))
 
     def has_reference(self) -> bool:

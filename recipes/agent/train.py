@@ -40,7 +40,8 @@ def step(roles: Roles, draw: Callable[[], Batch], cfg: AlgoConfig, reward_fn: Ca
         scored = score(roles, batch, cfg, reward_fn, timer)
         # 3. log-probs of the model's tokens under the actor (and the reference when the run has one); the rows of
         #    the actor's first mini-batch are left to its update's own forward when nothing reads them first
-        batch = logprobs(roles, batch, timer, leave_to_update=update_actor and kl_ctrl is None and cfg.tis_cap == 0)
+        batch = logprobs(roles, batch, timer, leave_to_update=update_actor and kl_ctrl is None and cfg.tis_cap == 0,
+                         bypass=cfg.bypass_mode)
         # 4. KL to the reference as a reward penalty, only when algo.kl_in_reward.coef > 0
         kl = reward_kl_penalty(batch, kl_ctrl, cfg)
         # 5. advantages: each conversation's score against its group's (algo.adv)

@@ -36,7 +36,8 @@ def step(roles: Roles, draw: Callable[[], Batch], cfg: AlgoConfig, reward_fn: Ca
         # 2. score each response with the rule reward; the outcome goes on its last valid token
         scored = score(roles, batch, cfg, reward_fn, timer)
         # 3. log-probs under the actor before the update (the first mini-batch's: from the update's own forward)
-        batch = logprobs(roles, batch, timer, leave_to_update=update_actor and cfg.tis_cap == 0)
+        batch = logprobs(roles, batch, timer, leave_to_update=update_actor and cfg.tis_cap == 0,
+                         bypass=cfg.bypass_mode)
         # 4. advantages: each reward against the whole batch's soft-mean (not a group's)
         advantages(batch, cfg, timer)
         # 5. the squared-loss update on every DP rank and the weight sync to the rollout engine

@@ -43,7 +43,7 @@ def step(roles: Roles, draw: Callable[[], Batch], cfg: AlgoConfig, reward_fn: Ca
         # 3. the actor's log-probs before its update -- policy steps only; the first mini-batch's are left to the
         #    update's own forward
         if update_actor:
-            batch = logprobs(roles, batch, timer, leave_to_update=cfg.tis_cap == 0)
+            batch = logprobs(roles, batch, timer, leave_to_update=cfg.tis_cap == 0, bypass=cfg.bypass_mode)
         # 4. the critic's value of every response prefix
         values(roles, batch, timer)
         # 5. decoupled, length-adaptive GAE: returns with lam_critic (1: Monte-Carlo), advantages with lam_i

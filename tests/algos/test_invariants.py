@@ -17,12 +17,13 @@ from core.protocol import Batch
 LOSSES = POLICY_LOSSES.names()
 MODES = AGGREGATIONS.names()
 # the aggregation an objective fixes for itself, whatever the configured mode (see their docstrings)
-OWN_MODE = {"gspo": "seq-mean-token-mean", "geo_mean": "seq-mean-token-mean", "sppo": "seq-mean-token-sum"}
+OWN_MODE = {"gspo": "seq-mean-token-mean", "geo_mean": "seq-mean-token-mean", "sppo": "seq-mean-token-sum",
+            "sapo": "seq-mean-token-mean"}
 # these two pick tokens by covariance within the batch they are given, so a micro-batch split changes which
 # tokens are picked: invariance to the split does not hold by design (Cui et al. 2025 select per batch)
 BATCH_DEPENDENT = {"clip_cov", "kl_cov"}
 # a clip window no random token reaches, so clip_cov's random cut is off where a test needs plain PPO
-CFG = PolicyLossConfig(clip_cov_lb=1e6, clip_cov_ub=1e7)
+CFG = PolicyLossConfig(clip_cov_lb=1e6, clip_cov_ub=1e7, dro_beta=0.05)
 
 
 def data(seed=0, B=8, T=6, seq_adv=False):
@@ -49,9 +50,9 @@ def loss_and_grad(name, logp, old, adv, mask, norm, cfg=CFG, rows=None):
 @pytest.mark.parametrize("name", LOSSES)
 def test_zero_advantage_gives_zero_gradient(name):
     logp, old, adv, mask = data(1)
-    if name in ("kl_cov", "sppo"):
-        # kl_cov's KL term and sppo's regression onto eta*A pull the policy back to pi_old even when A = 0;
-        # their policy-gradient part vanishes, which shows at ratio 1
+    if name in ("kl_cov", "sppo", "dro"):
+        # kl_cov's KL term, sppo's regression onto eta*A and dro's quadratic penalty pull the policy back to pi_old
+        # even when A = 0; their policy-gradient part vanishes, which shows at ratio 1
         old = logp.clone()
     _, grad = loss_and_grad(name, logp, old, torch.zeros_like(adv), mask, LossNorm.of(mask))
     assert torch.count_nonzero(grad) == 0

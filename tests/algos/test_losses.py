@@ -192,3 +192,59 @@ def test_value_clipfrac_counts_clipped_tokens_only_not_rounding():
     loss, m = value_loss(new, b, 0.2, LossNorm("token-mean", 64 * 16, 64, 1, 16.0))
     assert float(m["vf_clipfrac"]) == 0.0
     assert float(loss) == float(0.5 * ((new - b["returns"]) ** 2).mean())
+
+
+def test_sapo_soft_gate_and_its_gradient():
+    """l = -A (4 / tau) sigmoid(tau (r - 1)); d l / d logp = -A 4 s (1 - s) r: at r = 1 the policy gradient -A."""
+    sig = 1 / (1 + math.exp(-(math.exp(0.5) - 1)))
+    loss, _ = run("sapo", [[0.5]], [[1.0]])
+    assert loss.item() == pytest.approx(-4 * sig)                           # -2.6269 (docstring)
+    loss, _ = run("sapo", [[0.0]], [[-1.0]])                                # tau_neg = 1.05 at r = 1: A 4 / 2.1
+    assert loss.item() == pytest.approx(4 * 0.5 / 1.05)
+    logp = torch.tensor([[-1.0]], dtype=torch.float64, requires_grad=True)
+    one = torch.ones(1, 1, dtype=torch.float64)
+    b = Batch({"old_logprobs": one * -1.5, "advantages": one, "response_mask": one})
+    POLICY_LOSSES["sapo"](logp, b, C, LossNorm.of(b["response_mask"]))[0].backward()
+    r = math.exp(0.5)
+    assert logp.grad.item() == pytest.approx(-4 * sig * (1 - sig) * r)
+
+
+def test_dro_quadratic_penalty_and_its_required_beta():
+    loss, m = run("dro", [[0.5]], [[2.0]], cfg=PolicyLossConfig(dro_beta=0.1))
+    assert loss.item() == pytest.approx(2.0125)                             # -(2 x -1 - 0.05 x 0.25)
+    assert m["ppo_kl"].item() == pytest.approx(-0.5)
+    with pytest.raises(ValueError, match="actor.loss.dro_beta must be > 0"):
+        run("dro", [[0.5]], [[2.0]])
+
+
+@pytest.mark.parametrize("name,delta", [("dppo_tv", 0.2), ("dppo_kl", 0.05)])
+def test_dppo_drops_tokens_outside_the_trust_region_and_truncates_the_weight(name, delta):
+    """p_old 0.2 -> p 0.5 (r 2.5): the TV move 0.3 > 0.2 and the binary KL 0.1927 > 0.05 are outside for A > 0
+    (the advantage pushes p up) and inside for A < 0 (p >= p_old there); l = -A min(r, C) logp."""
+    cfg = PolicyLossConfig(dppo_delta_low=delta, dppo_delta_high=delta)
+    lp, old = math.log(0.5), math.log(0.2)
+    loss, m = run(name, [[lp - old]], [[1.0]], logp=[[lp]], cfg=cfg)
+    assert loss.item() == 0.0 and m["pg_clipfrac"].item() == 1.0
+    loss, m = run(name, [[lp - old]], [[-1.0]], logp=[[lp]], cfg=cfg)
+    assert loss.item() == pytest.approx(2.5 * lp) and m["pg_clipfrac"].item() == 0.0    # -1.7329
+    capped = PolicyLossConfig(dppo_delta_low=delta, dppo_delta_high=delta, dppo_is_cap=2.0)
+    loss, m = run(name, [[lp - old]], [[-1.0]], logp=[[lp]], cfg=capped)
+    assert loss.item() == pytest.approx(2.0 * lp) and m["pg_is_capped_frac"].item() == 1.0
+    kl = 0.2 * math.log(0.2 / 0.5) + 0.8 * math.log(0.8 / 0.5)
+    assert kl == pytest.approx(0.19275, abs=1e-5)
+    # a small move stays inside on both sides
+    loss, m = run(name, [[0.01]], [[1.0]], logp=[[math.log(0.2)]], cfg=cfg)
+    assert m["pg_clipfrac"].item() == 0.0 and loss.item() == pytest.approx(-math.exp(0.01) * math.log(0.2))
+
+
+def test_reinforce_token_and_sequence_importance_weights():
+    lr, lp = [[0.5, -0.5]], [[-1.0, -1.0]]
+    loss, m = run("reinforce", lr, [[1.0, 1.0]], logp=lp)
+    assert loss.item() == pytest.approx((math.exp(0.5) + math.exp(-0.5)) / 2)   # [1.6487, 0.6065], token-mean
+    assert m["is_weight_mean"].item() == pytest.approx((math.exp(0.5) + math.exp(-0.5)) / 2)
+    loss, _ = run("reinforce", lr, [[1.0, 1.0]], logp=lp, cfg=PolicyLossConfig(reinforce_is="sequence"))
+    assert loss.item() == pytest.approx(1.0)                                      # the product e^0 = 1
+    loss, m = run("reinforce", [[1.0, 0.0]], [[1.0, 1.0]], logp=lp, cfg=PolicyLossConfig(reinforce_is_cap=2.0))
+    assert loss.item() == pytest.approx((2.0 + 1.0) / 2) and m["is_capped_frac"].item() == 0.5
+    loss, _ = run("reinforce", lr, [[1.0, 1.0]], logp=lp, cfg=PolicyLossConfig(reinforce_is=""))
+    assert loss.item() == pytest.approx(1.0)                                      # GPG: -A logp

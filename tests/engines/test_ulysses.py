@@ -14,26 +14,11 @@ import torch
 from core.config import ActorConfig, OptimConfig
 from core.engines.fsdp import FSDPActor
 from core.engines.policy import PolicyWorker
-from core.protocol import Batch
 from core.worker import RoleSpec
 from core.worker_group import ResourcePool, WorkerGroup
+from tests.engines.test_micro_batches import uneven_batch
 
 pytestmark = pytest.mark.ray
-
-
-def uneven_batch(prompt_lens, response_lens, Tp=8, Tr=6, seed=0) -> Batch:
-    """Left-padded prompts of ``prompt_lens`` in width Tp, right-padded responses of ``response_lens`` in Tr."""
-    g = torch.Generator().manual_seed(seed)
-    B = len(prompt_lens)
-    ids = torch.randint(3, 100, (B, Tp + Tr), generator=g)
-    attn = torch.zeros(B, Tp + Tr, dtype=torch.long)
-    for b, (p, r) in enumerate(zip(prompt_lens, response_lens)):
-        attn[b, Tp - p:Tp + r] = 1
-    ids = ids * attn
-    return Batch({"input_ids": ids, "attention_mask": attn, "position_ids": (attn.cumsum(-1) - 1).clamp(min=0),
-                  "responses": ids[:, Tp:], "response_mask": attn[:, Tp:].float(),
-                  "old_logprobs": torch.full((B, Tr), -3.0),
-                  "advantages": torch.linspace(-1, 1, B)[:, None].expand(B, Tr).contiguous()})
 
 
 @pytest.fixture(scope="module")

@@ -119,3 +119,38 @@ def test_a_reward_error_names_the_data_row_and_the_group(tiny_model_dir, tmp_pat
             step(roles, prompts_from_rows(rows), STEP, fails_on_row_3)
     finally:
         group.shutdown()
+
+
+def test_bypass_mode_takes_the_rollouts_logprobs_and_reinforce_weighs_the_mismatch(tiny_model_dir):
+    """algo.bypass_mode: no old-log-prob pass, ``old_logprobs`` are the engine's; the reinforce loss's metrics are
+    the engine-vs-trainer mismatch it corrects (a bf16 engine against the fp32 actor; lr 0 keeps the actor where
+    the update's forward saw it): ppo_kl = mean(rollout - trainer), is_weight_mean = mean(min(pi / pi_rollout, 2))."""
+    from dataclasses import replace
+
+    from core.algos.ops import masked_mean
+    from core.engines.policy import PolicyWorker
+
+    specs = role_specs(tiny_model_dir)
+    actor = replace(specs["actor"].kwargs["cfg"], optim=OptimConfig(lr=0.0), ppo_mini_batch_size=16,
+                    micro_batch_size=16, loss=PolicyLossConfig(name="reinforce"), kl_loss_coef=0.0)
+    specs["actor"] = RoleSpec(FSDPActor, {"cfg": actor})
+    specs["rollout"] = RoleSpec(RolloutWorker, {"cfg": RolloutConfig(model=str(tiny_model_dir), dtype="bfloat16",
+                                                                     max_prompt_length=128)})
+    placement = place(PlacementConfig({"main": PoolConfig(slots_per_node=1)},
+                                      {"actor": "main", "rollout": "main", "ref": "main"}), specs, "local")
+    try:
+        roles = Roles(actor=placement["actor"], rollout=placement["rollout"], ref=placement["ref"])
+        rows = [{"prompt": [{"role": "user", "content": f"Q{i} " + "xy" * i}], "data_source": "t",
+                 "ground_truth": "", "extra_info": {}} for i in range(4)]
+        algo = replace(STEP, sampling=replace(STEP.sampling, n=4), bypass_mode=True)
+        batch, m = step(roles, prompts_from_rows(rows), algo, char_overlap)
+        trainer = roles.actor.dp_split(PolicyWorker.compute_logprobs, batch)["old_logprobs"]
+    finally:
+        placement.shutdown()
+    assert torch.equal(batch["old_logprobs"], batch["rollout_logprobs"]) and "old_from_update" not in batch
+    mask, rollout = batch["response_mask"], batch["rollout_logprobs"]
+    gap = float(masked_mean(rollout - trainer, mask))
+    assert float(((rollout - trainer).abs() * mask).max()) > 1e-3           # the bf16 engine's mismatch
+    assert m["actor/ppo_kl"] == pytest.approx(gap, rel=1e-4, abs=1e-7)
+    weight = float(masked_mean((trainer - rollout).exp().clamp(max=2.0), mask))
+    assert m["actor/is_weight_mean"] == pytest.approx(weight, rel=1e-5) and weight != 1.0

@@ -10,7 +10,7 @@ import hashlib
 import json
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -18,6 +18,7 @@ import torch
 
 from core.algos import (AdaptiveKLController, FixedKLController, apply_kl_reward_penalty, compute_advantages,
                         scores_to_token_rewards, truncated_is_weights, value_targets_explained_variance)
+from core.algos.advantages import BASELINE_ESTIMATORS
 from core.config import AlgoConfig, SamplingParams
 from core.engines.critic import ValueWorker
 from core.engines.policy import PolicyWorker
@@ -70,8 +71,11 @@ def step(roles: Roles, prompts: Batch, cfg: AlgoConfig, reward_fn: Callable = de
     with timer("step"):
         # 1. generate n responses per prompt, with the rollout engine's log-probs of the sampled tokens
         batch = generate(roles, prompts, cfg.sampling, timer)
-        # 2. score each response with the verifiable reward; the outcome goes on its last valid token
+        # 2. score each response with the verifiable reward; the outcome goes on its last valid token (ReMax: and
+        #    each prompt's greedy response, its baseline)
         scored = score(roles, batch, cfg, reward_fn, timer)
+        if cfg.adv.estimator in BASELINE_ESTIMATORS:
+            greedy_baselines(roles, prompts, batch, cfg, reward_fn, timer)
         # 3. log-probs of the same tokens under the actor before the update, and under the reference if any; the
         #    rows of the actor's first mini-batch are left to its update's own forward when nothing reads them first
         batch = logprobs(roles, batch, timer, leave_to_update=update_actor and kl_ctrl is None and cfg.tis_cap == 0,
@@ -119,6 +123,20 @@ def score(roles: Roles, batch: Batch, cfg: AlgoConfig, reward_fn: Callable, time
                                       + cfg.reward_model_weight * batch["rm_scores"], scored.scores)
     batch["token_rewards"] = scores_to_token_rewards(batch["scores"], batch["response_mask"])
     return scored
+
+
+def greedy_baselines(roles: Roles, prompts: Batch, batch: Batch, cfg: AlgoConfig, reward_fn: Callable,
+                     timer: Timer) -> None:
+    """``reward_baselines`` (B,): the score of each prompt's greedy response (temperature 0, one sample), on each of
+    its n samples -- ReMax's baseline (Li et al. 2023, arXiv:2310.10505), for the estimators that read it
+    (``BASELINE_ESTIMATORS``). A failing reward fails the step as in ``score``."""
+    with timer("gen_baseline"):
+        greedy = replace(cfg.sampling, n=1, temperature=0.0)
+        out = roles.rollout.dp_split(RolloutWorker.generate, prompts, greedy)
+        texts = list(roles.rollout.dp_split(RolloutWorker.decode, out)["response_text"])
+        scored = score_batch(reward_fn, out["data_source"], texts, out["ground_truth"], reward_extra_infos(out),
+                             cfg.reward_workers, cfg.reward_timeout_s, cfg.reward_fallback, sample_names(out))
+        batch["reward_baselines"] = scored.scores.to(batch["scores"].dtype).repeat_interleave(cfg.sampling.n)
 
 
 def reward_extra_infos(batch: Batch) -> list:

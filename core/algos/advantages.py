@@ -70,6 +70,8 @@ def gae_scan(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, ga
 
 # the estimators that read batch["values"]: a run with one of them needs a critic (core.checks)
 VALUE_ESTIMATORS = frozenset({"gae", "decoupled_gae", "length_adaptive_gae"})
+# estimators that read ``reward_baselines``: core's step scores each prompt's greedy response for them
+BASELINE_ESTIMATORS = frozenset({"remax"})
 
 
 @ADVANTAGES.register("gae")

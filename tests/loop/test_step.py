@@ -30,6 +30,12 @@ def char_overlap(data_source, solution_str, ground_truth, extra_info=None):
     return sum(c.isupper() for c in chars) / max(1, len(chars))
 
 
+def ord_mod7(data_source, solution_str, ground_truth, extra_info=None):
+    """A reward that differs between most texts and between ground truths of different lengths (a tiny random
+    model's greedy answers to different prompts may be the same)."""
+    return (sum(map(ord, solution_str)) + len(ground_truth)) % 7 / 7
+
+
 def role_specs(model_dir):
     actor = ActorConfig(model=str(model_dir), dtype="float32", ppo_mini_batch_size=8, micro_batch_size=2,
                         optim=OptimConfig(lr=1e-3), loss=PolicyLossConfig(), kl_loss_coef=0.01)
@@ -154,3 +160,34 @@ def test_bypass_mode_takes_the_rollouts_logprobs_and_reinforce_weighs_the_mismat
     assert m["actor/ppo_kl"] == pytest.approx(gap, rel=1e-4, abs=1e-7)
     weight = float(masked_mean((trainer - rollout).exp().clamp(max=2.0), mask))
     assert m["actor/is_weight_mean"] == pytest.approx(weight, rel=1e-5) and weight != 1.0
+
+
+def test_remax_scores_each_prompts_greedy_response_as_the_baseline(tiny_model_dir):
+    """algo.adv.estimator=remax in core's step: each prompt's greedy response (temperature 0, one sample) is
+    generated and scored, its score is ``reward_baselines`` on the prompt's n samples, and the advantage is the
+    return minus it (ReMax, no whitening)."""
+    from dataclasses import replace
+
+    from core.roles import RolloutWorker as RW
+
+    placement = place(PlacementConfig({"main": PoolConfig(slots_per_node=1)},
+                                      {"actor": "main", "rollout": "main", "ref": "main"}),
+                      role_specs(tiny_model_dir), "local")
+    try:
+        roles = Roles(actor=placement["actor"], rollout=placement["rollout"], ref=placement["ref"])
+        rows = [{"prompt": [{"role": "user", "content": f"Q{i} " + "xy" * i}], "data_source": "t",
+                 "ground_truth": "g" * (i + 1), "extra_info": {}} for i in range(3)]
+        prompts = prompts_from_rows(rows)
+        greedy = roles.rollout.dp_split(RW.generate, prompts, replace(STEP.sampling, n=1, temperature=0.0))
+        texts = roles.rollout.dp_split(RW.decode, greedy)["response_text"]
+        want = [ord_mod7("t", t, r["ground_truth"]) for t, r in zip(texts, rows)]
+        algo = replace(STEP, sampling=replace(STEP.sampling, n=3), adv=AdvantageConfig(estimator="remax"))
+        batch, m = step(roles, prompts, algo, ord_mod7)
+    finally:
+        placement.shutdown()
+    assert len(set(want)) == 3                                     # distinct: a baseline on another prompt fails
+    assert batch["reward_baselines"].tolist() == pytest.approx([w for w in want for _ in range(3)])
+    mask = batch["response_mask"]
+    returns = batch["token_rewards"].flip(-1).cumsum(-1).flip(-1) * mask
+    torch.testing.assert_close(batch["advantages"], (returns - batch["reward_baselines"][:, None]) * mask)
+    assert "timing_s/gen_baseline" in m

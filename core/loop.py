@@ -19,6 +19,7 @@ import torch
 from core.algos import (AdaptiveKLController, FixedKLController, apply_kl_reward_penalty, compute_advantages,
                         scores_to_token_rewards, truncated_is_weights, value_targets_explained_variance)
 from core.algos.advantages import BASELINE_ESTIMATORS
+from core.algos.filters import pf_ppo_rows
 from core.config import AlgoConfig, SamplingParams
 from core.engines.critic import ValueWorker
 from core.engines.policy import PolicyWorker
@@ -78,7 +79,7 @@ def step(roles: Roles, prompts: Batch, cfg: AlgoConfig, reward_fn: Callable = de
             greedy_baselines(roles, prompts, batch, cfg, reward_fn, timer)
         # 3. log-probs of the same tokens under the actor before the update, and under the reference if any; the
         #    rows of the actor's first mini-batch are left to its update's own forward when nothing reads them first
-        batch = logprobs(roles, batch, timer, leave_to_update=update_actor and kl_ctrl is None and cfg.tis_cap == 0,
+        batch = logprobs(roles, batch, timer, leave_to_update=old_left_to_update(cfg, update_actor, kl_ctrl),
                          bypass=cfg.bypass_mode)
         # 4. KL to the reference as a reward penalty (with a KL controller); the critic's values (with a critic)
         kl = reward_kl_penalty(batch, kl_ctrl, cfg)
@@ -186,12 +187,28 @@ def values(roles: Roles, batch: Batch, timer: Timer) -> None:
 
 def advantages(batch: Batch, cfg: AlgoConfig, timer: Timer) -> None:
     """``advantages`` and ``returns`` (B, R) by ``cfg.adv.estimator``; scaled by truncated importance weights
-    min(pi_old / pi_rollout, cap) when ``cfg.tis_cap`` > 0 (the engine samples from a slightly different policy)."""
+    min(pi_old / pi_rollout, cap) when ``cfg.tis_cap`` > 0 (the engine samples from a slightly different policy).
+    With ``cfg.pf_ppo.enable`` the batch's rows are then resampled by score, in place (PF-PPO; the draw is seeded
+    by the step's sampling seed)."""
     with timer("adv"):
         batch["advantages"], batch["returns"] = compute_advantages(batch, cfg.adv)
         if cfg.tis_cap > 0:
             batch["advantages"] = batch["advantages"] * truncated_is_weights(
                 batch["old_logprobs"], batch["rollout_logprobs"], batch["response_mask"], cfg.tis_cap)
+        if cfg.pf_ppo.enable:
+            if "old_from_update" in batch:
+                raise ValueError("algo.pf_ppo resamples the rows after the old log-probs were left to the update's "
+                                 "first forward: this step must compute them (core.loop.old_left_to_update)")
+            batch.reindex_(pf_ppo_rows(batch, cfg.pf_ppo.method, cfg.pf_ppo.weight_pow,
+                                       torch.Generator().manual_seed(cfg.sampling.seed)))
+
+
+def old_left_to_update(cfg: AlgoConfig, update_actor: bool = True, kl_ctrl=None) -> bool:
+    """May the actor's update fill in its first mini-batch's old log-probs (``logprobs(leave_to_update=)``)? Only
+    when the actor updates and nothing before the update reads or reorders them: no KL-in-reward controller, no
+    truncated IS, no PF-PPO resampling, no bypass mode (old log-probs are the rollout's there)."""
+    return (update_actor and kl_ctrl is None and cfg.tis_cap == 0 and not cfg.pf_ppo.enable
+            and not cfg.bypass_mode)
 
 
 def update(roles: Roles, batch: Batch, cfg: AlgoConfig, timer: Timer, update_actor: bool = True) -> dict[str, float]:

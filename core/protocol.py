@@ -282,6 +282,12 @@ class Batch:
     def unpad(self, pad: int) -> "Batch":
         return self if pad == 0 else self.index(slice(0, len(self) - pad))
 
+    def reindex_(self, idx: torch.Tensor) -> None:
+        """In place: this batch's rows become ``self.index(idx)``. For a phase that resamples the step's batch
+        (PF-PPO) and whose callers keep their variable; every other op returns a new Batch."""
+        picked = self.index(idx)
+        self.tensors, self.non_tensors = picked.tensors, picked.non_tensors
+
     def repeat(self, n: int, interleave: bool = True) -> "Batch":
         """n copies of every row: interleaved ``a a b b`` (group sampling keeps a group adjacent) or tiled ``a b a b``."""
         idx = torch.arange(len(self))

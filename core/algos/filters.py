@@ -40,6 +40,12 @@ def pf_ppo_resample(batch: Batch, method: str = "pow", weight_pow: float = 2.0,
     Paper: Shen et al. 2024, "Policy Filtration in RLHF to Fine-Tune LLM for Code Generation" (arXiv:2409.06957).
     Example (max_min): scores [0, 0.5, 1] -> weights [1, 0, 1]: the 0.5 sample is (almost) never drawn.
     """
+    return batch.index(pf_ppo_rows(batch, method, weight_pow, generator))
+
+
+def pf_ppo_rows(batch: Batch, method: str = "pow", weight_pow: float = 2.0,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """The row indices ``pf_ppo_resample`` draws (B,), with replacement."""
     batch.require("scores")
     s = batch["scores"].double()
     if method == "pow":
@@ -50,5 +56,4 @@ def pf_ppo_resample(batch: Batch, method: str = "pow", weight_pow: float = 2.0,
         w = torch.where(s == s.max(), 0.4, 0.1).double()
     else:
         raise ValueError(f"PF-PPO method must be pow, max_min or max_random, got {method!r}")
-    idx = torch.multinomial(w + 1e-8, len(s), replacement=True, generator=generator)
-    return batch.index(idx)
+    return torch.multinomial(w + 1e-8, len(s), replacement=True, generator=generator)

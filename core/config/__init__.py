@@ -11,7 +11,8 @@ import types
 import typing
 from typing import Any, TypeVar
 
-from core.config.algo import AdvantageConfig, AlgoConfig, KLInRewardConfig, PolicyLossConfig, SamplingParams
+from core.config.algo import (AdvantageConfig, AlgoConfig, KLInRewardConfig, PFPPOConfig, PolicyLossConfig,
+                              SamplingParams)
 from core.config.roles import (OFFLOAD_MODES, STRATEGIES, ActorConfig, AgentConfig, CriticConfig, LoraConfig,
                                MegatronConfig, OptimConfig, RewardModelConfig, RolloutConfig, check_offload_mode)
 from core.config.run import DataConfig, RewardConfig, RunConfig
@@ -22,7 +23,7 @@ T = TypeVar("T")
 __all__ = ["validate", "RunConfig", "TrainerConfig", "DataConfig", "PlacementConfig", "PoolConfig", "ActorConfig",
            "OptimConfig", "AgentConfig", "CriticConfig", "RewardModelConfig", "RolloutConfig", "AlgoConfig",
            "SamplingParams", "AdvantageConfig", "PolicyLossConfig", "KLInRewardConfig", "RewardConfig", "OFFLOAD_MODES",
-           "check_offload_mode", "MegatronConfig", "STRATEGIES", "LoraConfig", "AsyncConfig"]
+           "check_offload_mode", "MegatronConfig", "STRATEGIES", "LoraConfig", "AsyncConfig", "PFPPOConfig"]
 
 
 def validate(schema: type[T], tree: Any, where: str = "config") -> T:

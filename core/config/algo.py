@@ -102,6 +102,20 @@ class KLInRewardConfig:
 
 
 @dataclass(frozen=True)
+class PFPPOConfig:
+    # PF-PPO policy filtration (Shen et al. 2024, arXiv:2409.06957): the updates train on a same-size resample of
+    # the batch, with replacement, weighted by each sample's score (core.algos.pf_ppo_resample)
+    enable: bool = False
+    # pow (|score|^weight_pow), max_min (only the batch's best and worst), max_random (0.4 best, 0.1 the rest)
+    method: str = "pow"
+    weight_pow: float = 2.0
+
+    def __post_init__(self):
+        if self.method not in ("pow", "max_min", "max_random"):
+            raise ValueError(f"algo.pf_ppo.method must be pow, max_min or max_random, got {self.method!r}")
+
+
+@dataclass(frozen=True)
 class AlgoConfig:
     # generation: n samples per prompt, temperature, lengths
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -125,6 +139,8 @@ class AlgoConfig:
     # verl's bypass mode: old_logprobs are the rollout engine's (no separate old-log-prob pass); the loss's ratio is
     # then pi / pi_rollout (with loss reinforce: its truncated IS weights correct the engine's mismatch)
     bypass_mode: bool = False
+    # PF-PPO resampling of the batch by score, after the advantages (verl: algorithm.use_pf_ppo / pf_ppo)
+    pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)
     # KL to the reference as a reward penalty with a fixed or adaptive coefficient (classic PPO-RLHF)
     kl_in_reward: KLInRewardConfig = field(default_factory=KLInRewardConfig)
     # held-out validation sampling: greedy, one sample by default (max_new_tokens 0 = the training value)

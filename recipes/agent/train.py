@@ -21,8 +21,8 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from core.config import AlgoConfig  # noqa: E402
-from core.loop import (Roles, Timer, advantages, generate, logprobs, reward_kl_penalty,  # noqa: E402
-                       score, step_metrics, update)
+from core.loop import (Roles, Timer, advantages, generate, logprobs, old_left_to_update,  # noqa: E402
+                       reward_kl_penalty, score, step_metrics, update)
 from core.protocol import Batch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -40,7 +40,7 @@ def step(roles: Roles, draw: Callable[[], Batch], cfg: AlgoConfig, reward_fn: Ca
         scored = score(roles, batch, cfg, reward_fn, timer)
         # 3. log-probs of the model's tokens under the actor (and the reference when the run has one); the rows of
         #    the actor's first mini-batch are left to its update's own forward when nothing reads them first
-        batch = logprobs(roles, batch, timer, leave_to_update=update_actor and kl_ctrl is None and cfg.tis_cap == 0,
+        batch = logprobs(roles, batch, timer, leave_to_update=old_left_to_update(cfg, update_actor, kl_ctrl),
                          bypass=cfg.bypass_mode)
         # 4. KL to the reference as a reward penalty, only when algo.kl_in_reward.coef > 0
         kl = reward_kl_penalty(batch, kl_ctrl, cfg)

@@ -20,7 +20,8 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from core.config import AlgoConfig  # noqa: E402
-from core.loop import Roles, Timer, advantages, generate, logprobs, score, step_metrics, update  # noqa: E402
+from core.loop import (Roles, Timer, advantages, generate, logprobs, old_left_to_update, score,  # noqa: E402
+                       step_metrics, update)
 from core.protocol import Batch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -36,7 +37,7 @@ def step(roles: Roles, draw: Callable[[], Batch], cfg: AlgoConfig, reward_fn: Ca
         # 2. score each response with the rule reward; the outcome goes on its last valid token
         scored = score(roles, batch, cfg, reward_fn, timer)
         # 3. log-probs under the actor before the update (the first mini-batch's: from the update's own forward)
-        batch = logprobs(roles, batch, timer, leave_to_update=update_actor and cfg.tis_cap == 0,
+        batch = logprobs(roles, batch, timer, leave_to_update=old_left_to_update(cfg, update_actor),
                          bypass=cfg.bypass_mode)
         # 4. advantages: each reward against the whole batch's soft-mean (not a group's)
         advantages(batch, cfg, timer)

@@ -25,7 +25,8 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 from core.algos import length_adaptive_lambda  # noqa: E402
 from core.checks import ConfigError  # noqa: E402
 from core.config import AlgoConfig  # noqa: E402
-from core.loop import Roles, Timer, advantages, generate, logprobs, score, step_metrics, update, values  # noqa: E402
+from core.loop import (Roles, Timer, advantages, generate, logprobs, old_left_to_update, score,  # noqa: E402
+                       step_metrics, update, values)
 from core.protocol import Batch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -43,7 +44,7 @@ def step(roles: Roles, draw: Callable[[], Batch], cfg: AlgoConfig, reward_fn: Ca
         # 3. the actor's log-probs before its update -- policy steps only; the first mini-batch's are left to the
         #    update's own forward
         if update_actor:
-            batch = logprobs(roles, batch, timer, leave_to_update=cfg.tis_cap == 0, bypass=cfg.bypass_mode)
+            batch = logprobs(roles, batch, timer, leave_to_update=old_left_to_update(cfg), bypass=cfg.bypass_mode)
         # 4. the critic's value of every response prefix
         values(roles, batch, timer)
         # 5. decoupled, length-adaptive GAE: returns with lam_critic (1: Monte-Carlo), advantages with lam_i

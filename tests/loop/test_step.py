@@ -191,3 +191,34 @@ def test_remax_scores_each_prompts_greedy_response_as_the_baseline(tiny_model_di
     returns = batch["token_rewards"].flip(-1).cumsum(-1).flip(-1) * mask
     torch.testing.assert_close(batch["advantages"], (returns - batch["reward_baselines"][:, None]) * mask)
     assert "timing_s/gen_baseline" in m
+
+
+def test_pf_ppo_resamples_the_step_batch_in_place_after_the_advantages():
+    """algo.pf_ppo (max_min): after the advantages phase the step's batch (the caller's object) holds only its best-
+    and worst-scored rows, every column moved together, the draw seeded by the step's sampling seed; a batch whose
+    old log-probs were left to the update is refused (the rows would no longer be the update's first ones)."""
+    from dataclasses import replace
+
+    from core.config import PFPPOConfig
+    from core.loop import Timer, advantages
+    from core.protocol import Batch
+
+    def batch_of():
+        scores = torch.tensor([0.0, 0.5, 1.0, 0.25, 1.0, 0.0, 0.75, 0.5])
+        mask = torch.ones(8, 3)
+        return Batch({"scores": scores, "token_rewards": torch.zeros(8, 3).index_put_((torch.arange(8),
+                      torch.full((8,), 2)), scores), "response_mask": mask, "row": torch.arange(8)},
+                     {"uid": ["a", "a", "b", "b", "c", "c", "d", "d"]})
+
+    cfg = replace(STEP, adv=AdvantageConfig(estimator="grpo"), pf_ppo=PFPPOConfig(enable=True, method="max_min"))
+    b = batch_of()
+    advantages(b, cfg, Timer())
+    assert len(b) == 8 and set(b["scores"].tolist()) == {0.0, 1.0}
+    assert torch.equal(b["scores"], batch_of()["scores"][b["row"]])       # the rows moved whole
+    again = batch_of()
+    advantages(again, cfg, Timer())
+    assert torch.equal(again["row"], b["row"])                              # seeded by the step's sampling seed
+    left = batch_of()
+    left["old_from_update"] = torch.ones(8, dtype=torch.bool)
+    with pytest.raises(ValueError, match="algo.pf_ppo resamples the rows after the old log-probs were left"):
+        advantages(left, cfg, Timer())

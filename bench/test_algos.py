@@ -78,7 +78,7 @@ def test_advantages_and_losses_throughput(full_size, report):
 
     def fwd_bwd(name):
         leaf = logp.clone().requires_grad_(True)
-        POLICY_LOSSES[name](leaf, batch, PolicyLossConfig(), norm)[0].backward()
+        POLICY_LOSSES[name](leaf, batch, PolicyLossConfig(dro_beta=0.05), norm)[0].backward()  # dro needs a beta
 
     for name in POLICY_LOSSES.names():
         t = median_time(lambda: fwd_bwd(name), repeat)

@@ -21,7 +21,9 @@ are reported at once:
 - ``trainer.async.one_step_off``: the rollout on a pool of its own, on Ray; ``actor.ulysses_sp`` divides the actor
   pool's ranks (and, once the model is located, its attention heads);
 - ``actor.strategy`` / ``critic.strategy: megatron``: tp x pp divides the role pool's ranks (what this version can
-  run of the layout is ``core.engines.megatron_actor.run_problem``, checked once the model is located).
+  run of the layout is ``core.engines.megatron_actor.run_problem``, checked once the model is located);
+- PRIME's implicit PRM (``implicit_prm``) has a pool, starts from ``actor.model`` (the reference's);
+  its loss is not the actor's; estimator ``prime`` only with it.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from collections import Counter
 
 from core.algos import ADVANTAGES, AGGREGATIONS, KL_KINDS, POLICY_LOSSES
 from core.algos.advantages import VALUE_ESTIMATORS
-from core.algos.losses import FIXED_AGGREGATION
+from core.algos.losses import FIXED_AGGREGATION, REWARD_MODEL_LOSSES
 from core.config import ActorConfig, RunConfig
 from core.data.dataset import TRUNCATIONS
 
@@ -112,7 +114,28 @@ def problems(cfg: "RunConfig") -> list[str]:
                    f"rollout needs processes of its own (a pool of its own, trainer.backend=ray), but {why}; add a "
                    "pool for the rollout (placement.pools / placement.roles.rollout), or set "
                    "trainer.async.one_step_off=false")
-    out += _agent_problems(cfg) + _megatron_problems(cfg)
+    out += _agent_problems(cfg) + _megatron_problems(cfg) + _implicit_prm_problems(cfg)
+    return out
+
+
+def _implicit_prm_problems(cfg: "RunConfig") -> list[str]:
+    """PRIME: the implicit PRM has a pool and starts from the reference's model; its loss and the estimator that
+    reads its rewards go with it, not without."""
+    p, out = cfg.implicit_prm, []
+    if cfg.actor.loss.name in REWARD_MODEL_LOSSES:
+        out.append(f"actor.loss.name={cfg.actor.loss.name!r} is the implicit PRM's loss (it reads no advantages): the "
+                   "prm role trains with it when implicit_prm.enable is true; pick a policy loss for the actor")
+    if cfg.algo.adv.estimator == "prime" and not p.enable:
+        out.append("algo.adv.estimator=prime reads the implicit PRM's process_rewards, but implicit_prm.enable is "
+                   "false; set it true (and placement.roles.prm), or pick another estimator (e.g. rloo)")
+    if not p.enable:
+        return out
+    if p.model and p.model != cfg.actor.model:
+        out.append(f"implicit_prm.model={p.model!r} but actor.model={cfg.actor.model!r}: its rewards are log-ratios "
+                   "to the reference policy, which is actor.model, so it must start from that model; leave it empty")
+    if "prm" not in cfg.placement.roles:
+        out.append(f"implicit_prm.enable is true but placement.roles has no pool for prm (it maps "
+                   f"{dict(cfg.placement.roles)}); add prm: <pool>")
     return out
 
 

@@ -33,13 +33,16 @@ from core.worker_group import RoleGroup
 
 @dataclass
 class Roles:
-    """Handles of the roles of a run; ``ref``, ``critic`` and ``reward_model`` exist only when the run asks for them."""
+    """Handles of the roles of a run; ``ref``, ``critic``, ``reward_model`` and ``prm`` exist only when the run asks
+    for them."""
 
     actor: RoleGroup
     rollout: RoleGroup
     ref: RoleGroup | None = None
     critic: RoleGroup | None = None
     reward_model: RoleGroup | None = None
+    # PRIME's implicit process reward model (implicit_prm.enable; core.implicit_prm)
+    prm: RoleGroup | None = None
     # trainer.async.one_step_off: the rollout generating the next step's samples during this step's update
     ahead: RolloutAhead | None = None
 

@@ -150,6 +150,8 @@ KNOWN: dict[str, dict] = {
 }
 for _alias, _base in (("Qwen/Qwen2.5-Math-7B", "Qwen/Qwen2.5-7B"), ("Qwen/Qwen2.5-32B-Instruct", "Qwen/Qwen2.5-32B"),
                       ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B"),
+                      # PRIME's SFT model: Qwen2.5-Math-7B-Base fine-tuned, the same architecture
+                      ("PRIME-RL/Eurus-2-7B-SFT", "Qwen/Qwen2.5-7B"),
                       ("sfairXC/FsfairX-LLaMA3-RM-v0.1", "meta-llama/Meta-Llama-3-8B-Instruct")):
     KNOWN[_alias] = KNOWN[_base]
 

@@ -60,7 +60,9 @@ def run_shape(cfg, pool_name: str | None = None) -> RunShape:
                     **({"reward_model": model_shape(cfg.reward_model.model), "rm_offload": cfg.reward_model.offload,
                         "rm_tokens_per_micro": cfg.reward_model.max_tokens_per_micro,
                         "rm_dtype_bytes": 4 if cfg.reward_model.dtype == "float32" else 2}
-                       if cfg.use_reward_model and "reward_model" in here else {}))
+                       if cfg.use_reward_model and "reward_model" in here else {}),
+                    **({"prm": True, "prm_offload": cfg.implicit_prm.offload,
+                        "prm_checkpointing": cfg.implicit_prm.gradient_checkpointing} if "prm" in here else {}))
 
 
 def _critic_shape(cfg, max_seq: int, here: bool) -> dict:

@@ -36,6 +36,8 @@ training phase, per GPU (``offload``: none | idle | full, ``core.config.OFFLOAD_
     critic (use_critic)        4Pc/W + 4Pc/W + 8Pc/W  (its fp32 weights, gradients and moments, by critic.offload as
                                above) + its update's gathered layers, embeddings (4 V h) and activations where they
                                exceed the actor's (the updates take turns); kept during rollout with offload none
+    implicit PRM (PRIME)       4P/W + 4P/W + 8P/W  (a trained copy of the policy, by implicit_prm.offload; one rank: +
+                               2P bf16 copy); its update's transients are the actor's (same model; they take turns)
 Megatron (actor.strategy megatron; G = tp x pp GPUs per model replica): fp32 weights, gradients and AdamW moments
     of 1/G of the model each (4 + 4 + 8) P / G, a bf16 autocast copy 2P / G, the reference 4P / G; activations with
     the TP split and pp micro-batches in flight; vocab-parallel logits; one layer gathered for the weight sync
@@ -108,6 +110,11 @@ class RunShape:
     rm_tokens_per_micro: int = 8192
     # bytes per reward-model weight: its compute dtype (2: bf16, 4: float32)
     rm_dtype_bytes: int = 2
+    # PRIME's implicit PRM (implicit_prm) on the same GPUs: a trained copy of the policy, its offload mode and
+    # activation checkpointing
+    prm: bool = False
+    prm_offload: str = "none"
+    prm_checkpointing: bool = True
     # which other roles this pool holds (split placement: a plan per pool)
     actor: bool = True
     rollout: bool = True
@@ -177,6 +184,8 @@ def plan(m: ModelShape, r: RunShape) -> Plan:
         host, parked, resident = (a + b for a, b in zip((host, parked, resident), _critic_terms(r, W, p)))
     if r.reward_model is not None:
         host, parked, resident = (a + b for a, b in zip((host, parked, resident), _reward_model_terms(r, W, p)))
+    if r.prm:
+        host, parked, resident = (a + b for a, b in zip((host, parked, resident), _prm_terms(m, r, W, p)))
     weights = _rollout_terms(m, r, resident, p) if r.rollout else 0.0
     gpu = r.gpu_memory_gb * GB
     limit = gpu - r.reserve_gb * GB
@@ -310,18 +319,7 @@ def _critic_terms(r: RunShape, W: int, p: Plan) -> tuple[float, float, float]:
     c = r.critic
     check_offload_mode(r.critic_offload, "critic")
     W, g = (r.critic_shards, "G") if r.critic_shards else (W, "W")
-    host = parked = resident = 0.0
-    states = {f"critic fp32 master weights (4Pc/{g})": 4 * c.params / W, f"critic fp32 gradients (4Pc/{g})":
-              4 * c.params / W, f"critic AdamW moments (8Pc/{g})": 8 * c.params / W}
-    for item, b in states.items():
-        if r.critic_offload == "full":
-            host += b
-            continue
-        p.lines.append((item, b, "train"))
-        if r.critic_offload == "none":
-            resident += b
-        elif not item.startswith("critic fp32 gradients"):
-            parked += b
+    host, parked, resident = _trained_states("critic", f"Pc/{g}", c.params / W, r.critic_offload, p)
     Tc = r.critic_tokens_per_micro
     c_layer = Tc * (14 * c.hidden + 4 * c.kv_heads * c.head_dim + 8 * c.intermediate)
     c_act = (2 * Tc * c.hidden * c.layers + c_layer) if r.critic_checkpointing else c_layer * c.layers
@@ -337,6 +335,35 @@ def _critic_terms(r: RunShape, W: int, p: Plan) -> tuple[float, float, float]:
     p.lines.append(("critic update, beyond the actor's transient terms" if a_transient else
                     "critic update (layers, embeddings, activations)", max(0.0, c_transient - a_transient),
                     "train"))
+    return host, parked, resident
+
+
+def _trained_states(role: str, unit: str, params: float, offload: str, p: Plan) -> tuple[float, float, float]:
+    """A trained model's fp32 weights, gradients and AdamW moments (4 + 4 + 8 bytes per parameter of the share
+    ``params``), placed by its offload mode: the lines, and (host, parked, resident) bytes."""
+    host = parked = resident = 0.0
+    for item, b in ((f"{role} fp32 master weights (4{unit})", 4 * params), (f"{role} fp32 gradients (4{unit})",
+                    4 * params), (f"{role} AdamW moments (8{unit})", 8 * params)):
+        if offload == "full":
+            host += b
+            continue
+        p.lines.append((item, b, "train"))
+        if offload == "none":
+            resident += b
+        elif "gradients" not in item:  # idle: parked between calls; gradients are freed after each step
+            parked += b
+    return host, parked, resident
+
+
+def _prm_terms(m: ModelShape, r: RunShape, W: int, p: Plan) -> tuple[float, float, float]:
+    """The implicit PRM's lines (PRIME; a copy of the policy, FSDP2): its trained states by implicit_prm.offload and,
+    on one rank, its bf16 copy. Its update's gathered layers, logits and activations are the actor's terms (the
+    same model and engine; the two updates take turns), counted once with the actor's on its pool."""
+    check_offload_mode(r.prm_offload, "implicit_prm")
+    host, parked, resident = _trained_states("implicit PRM", "P/W", m.params / W, r.prm_offload, p)
+    if one_rank(W, r.prm_offload, r.prm_checkpointing):
+        p.lines.append(("implicit PRM bf16 compute copy, one rank (2P)", 2 * m.params, "train"))
+        resident += 2 * m.params
     return host, parked, resident
 
 

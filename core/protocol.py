@@ -31,6 +31,8 @@ scores              (B,)         float   outcome reward of each sample (the rewa
                                          model, its weighted sum with ``rm_scores``: ``core.loop.score``)
 rm_scores           (B,)         float   the reward model's score of each sample (``RewardModelWorker``)
 function_scores     (B,)         float   with a reward model: the reward function's own score of each sample
+prm_logprobs        (B, Tr)      float   the implicit PRM's log-probs of the response tokens (``core.implicit_prm``)
+process_rewards     (B, Tr)      float   its dense rewards: beta (prm_logprobs - ref_logprobs), normalised
 num_turns           (B,)         float   agent rollouts: model turns of each trajectory (``core.agent_loop``)
 num_tool_calls      (B,)         float   ... tool calls it made
 num_tool_errors     (B,)         float   ... calls that failed (unparsable, unknown tool, error, timeout, flood)
@@ -79,6 +81,8 @@ KEYS: dict[str, str] = {
     "scores": "(B,) float: outcome reward per sample",
     "rm_scores": "(B,) float: the reward model's score per sample",
     "function_scores": "(B,) float: with a reward model, the reward function's score per sample",
+    "prm_logprobs": "(B, Tr) float: log-probs under the implicit PRM",
+    "process_rewards": "(B, Tr) float: the implicit PRM's dense rewards",
     "num_turns": "(B,) float: agent rollouts, model turns per trajectory",
     "num_tool_calls": "(B,) float: agent rollouts, tool calls per trajectory",
     "num_tool_errors": "(B,) float: agent rollouts, failed tool calls per trajectory",

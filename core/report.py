@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 # the phases of core.loop.step, in dataflow order (a phase a run did not have is left out)
-PHASES = ("gen", "reward", "gen_baseline", "old_logprob", "ref", "values", "adv", "update_critic", "update_actor",
-          "gen_wait", "sync_weights")
+PHASES = ("gen", "reward", "gen_baseline", "old_logprob", "ref", "values", "update_prm", "prm", "adv", "update_critic",
+          "update_actor", "gen_wait", "sync_weights")
 
 
 def read_metrics(path: str | Path) -> list[dict]:

@@ -26,13 +26,14 @@ from core.engines.fsdp import FSDPActor
 from core.engines.lora import LoraReference
 from core.engines.policy import PolicyWorker
 from core.engines.reward_model import RewardModelWorker
+from core.implicit_prm import prm_actor_config
 from core.loop import Roles, kl_controller, prompts_from_rows, step, sync_rollout, validate
 from core.one_step_off import RolloutAhead
 from core.report import report
 from core.roles import RolloutWorker
 from core.tracking import make_trackers
 from core.worker import RoleSpec
-from core.worker_group import init_ray
+from core.worker_group import RoleGroup, init_ray
 
 AHEAD_FILE = "rollout_ahead.pt"  # in a one-step-off run's checkpoint: the next step's samples, generated ahead
 
@@ -105,6 +106,8 @@ def role_specs(cfg: RunConfig) -> dict[str, RoleSpec]:
         specs["critic"] = critic_spec(cfg.critic)
     if cfg.use_reward_model:
         specs["reward_model"] = RoleSpec(RewardModelWorker, {"cfg": cfg.reward_model, "policy_model": cfg.actor.model})
+    if cfg.implicit_prm.enable:  # PRIME's implicit PRM: a policy on the FSDP engine whose loss is implicit_prm
+        specs["prm"] = policy_spec(prm_actor_config(cfg))
     return specs
 
 
@@ -264,7 +267,8 @@ def start_roles(cfg: RunConfig, trackers: list) -> tuple:
         roles = Roles(actor=placement["actor"], rollout=placement["rollout"],
                       ref=placement["ref"] if "ref" in placement else None,
                       critic=placement["critic"] if "critic" in placement else None,
-                      reward_model=placement["reward_model"] if "reward_model" in placement else None)
+                      reward_model=placement["reward_model"] if "reward_model" in placement else None,
+                      prm=placement["prm"] if "prm" in placement else None)
         if cfg.trainer.backend == "ray" and (cfg.trainer.save_freq or cfg.trainer.resume_mode != "disable"):
             check_shared_output(Path(cfg.trainer.output_dir), roles)  # before step 1, not at the first save
     except BaseException:
@@ -288,9 +292,8 @@ def resume(cfg: RunConfig, out: Path, roles: Roles, rows: list[dict], kl_ctrl) -
         set_aside_metrics(out / "metrics.jsonl")
         return 0, stream, []
     state = checkpoint.driver_state(resumed)
-    roles.actor.call_all(PolicyWorker.load_checkpoint, str(resumed / "actor"))
-    if roles.critic is not None:
-        roles.critic.call_all(ValueWorker.load_checkpoint, str(resumed / "critic"))
+    for name, group, worker in trained_roles(roles):
+        group.call_all(worker.load_checkpoint, str(resumed / name))
     sync_rollout(roles, cfg.algo.sync_timeout_s)
     stream = PromptStream(rows, cfg.data.prompts_per_step, cfg.data.shuffle, cfg.trainer.seed, **state["stream"])
     if roles.ahead is not None:  # the samples generated ahead when the checkpoint was saved (none: made at step 1)
@@ -323,9 +326,8 @@ def count_nonfinite(metrics: dict, count: int, limit: int, out: Path) -> int:
 def save(out: Path, step_no: int, roles: Roles, stream: "PromptStream", kl_ctrl, cfg: RunConfig) -> None:
     """A checkpoint after ``step_no``: every saving rank's shards, then the driver's state, committed atomically."""
     tmp = checkpoint.begin(out, step_no)
-    roles.actor.call_all(PolicyWorker.save_checkpoint, str(tmp / "actor"))
-    if roles.critic is not None:
-        roles.critic.call_all(ValueWorker.save_checkpoint, str(tmp / "critic"))
+    for name, group, worker in trained_roles(roles):
+        group.call_all(worker.save_checkpoint, str(tmp / name))
     state = {"step": step_no, "stream": stream.state(), "model": cfg.actor.model}
     if cfg.actor.lora.rank:  # export rebuilds the adapted model from it
         state["lora"] = asdict(cfg.actor.lora)
@@ -336,18 +338,25 @@ def save(out: Path, step_no: int, roles: Roles, stream: "PromptStream", kl_ctrl,
     checkpoint.commit(tmp, state, cfg.trainer.save_keep, saved_ranks(roles))
 
 
+def trained_roles(roles: Roles) -> list[tuple[str, RoleGroup, type]]:
+    """(name, group, worker interface) of each role whose weights train, so checkpoints hold them: the actor, and
+    the critic and the implicit PRM when the run has them."""
+    out = [("actor", roles.actor, PolicyWorker)]
+    out += [("critic", roles.critic, ValueWorker)] if roles.critic is not None else []
+    return out + ([("prm", roles.prm, PolicyWorker)] if roles.prm is not None else [])
+
+
 def saved_ranks(roles: Roles) -> dict[str, int]:
     """The roles that write checkpoint shards, and how many ranks each."""
-    return {"actor": roles.actor.world_size} | ({"critic": roles.critic.world_size} if roles.critic else {})
+    return {name: group.world_size for name, group, _ in trained_roles(roles)}
 
 
 def check_shared_output(out: Path, roles: Roles) -> None:
     """Every rank that saves reads a file the driver wrote under ``out`` and writes one back that the driver must
     see (``core.checkpoint.write_probe``): on a node-local ``output_dir`` the run stops here, naming the rank."""
     folder, token = checkpoint.write_probe(out)
-    answers = roles.actor.call_all(PolicyWorker.answer_probe, str(folder), token)
-    if roles.critic is not None:
-        answers += roles.critic.call_all(ValueWorker.answer_probe, str(folder), token)
+    answers = [a for name, group, worker in trained_roles(roles)
+               for a in group.call_all(worker.answer_probe, str(folder), token, name)]
     names = [f"{role}_rank{r}" for role, n in saved_ranks(roles).items() for r in range(n)]
     checkpoint.check_probes(folder, token, names, answers)
 

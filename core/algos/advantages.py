@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from core.config import AdvantageConfig
-from core.algos.ops import group_ids, group_stats, masked_mean, masked_whiten
+from core.algos.ops import group_ids, group_stats, masked_mean, masked_whiten, scores_to_token_rewards
 from core.algos.registry import Registry
 from core.protocol import Batch
 
@@ -300,6 +300,41 @@ def sppo(batch, cfg):
         base = (torch.logsumexp(cfg.sppo_beta * scores, 0) - n.log()) / cfg.sppo_beta
     adv = (scores - base)[:, None] * mask
     return adv, adv
+
+
+def _leave_one_out(rewards: torch.Tensor, mask: torch.Tensor, gid: torch.Tensor) -> torch.Tensor:
+    """verl's ``masked_rloo``: with m_i each sample's mean over its valid positions and S the group's sum of them,
+    every valid entry r of sample i becomes (n r - S) / (n - 1) = r - mean_{j != i} m_j + (r - m_i) / (n - 1); a group
+    of one keeps r. Zero off the mask."""
+    m = masked_mean(rewards, mask, -1)
+    total = torch.zeros(int(gid.max()) + 1, dtype=m.dtype).index_add_(0, gid, m)[gid][:, None]
+    n = torch.bincount(gid).to(m.dtype)[gid][:, None]
+    return torch.where(n > 1, (n * rewards - total) / (n - 1).clamp(min=1), rewards) * mask
+
+
+@ADVANTAGES.register("prime")
+def prime(batch, cfg):
+    """PRIME: leave-one-out baselines on the implicit PRM's dense rewards and on the outcome, summed, then returns.
+
+    R_t = c_p LOO(r^prm)_t + c_o LOO(r^o)_t, LOO as verl's ``masked_rloo`` (``_leave_one_out``: dense rewards against
+    the other samples' per-token means; the outcome, on the last valid token, leave-one-out exactly); returns
+    G_t = sum_{s >= t} gamma^(s-t) R_s; A = whiten(G) over valid tokens. c_p = prime_process_coef, c_o =
+    prime_outcome_coef (verl: reward_dpo_coef, reward_gt_coef, both 5). Keys: process_rewards (B, T: the implicit
+    PRM's, ``core.implicit_prm``), token_rewards, response_mask, uid.
+    Paper: Cui et al. 2025, "Process Reinforcement through Implicit Rewards" (arXiv:2502.01456), Eq. 5-6; as verl's
+    recipe/prime ``compute_rloo_advantage_return`` (whose dense baseline adds (r - m_i) / (n - 1) to the paper's).
+    Example (c_p = c_o = 1, gamma 1, one group of 2): r^prm = [[0.2, 0.4], [0, 0.2]] -> m = [0.3, 0.1], LOO =
+    [[0, 0.4], [-0.4, 0]]; outcome [1, 0] -> [1, -1] on the last token; R = [[0, 1.4], [-0.4, -1]], G = [[1.4, 1.4],
+    [-1.4, -1]], A = (G - 0.1) / 1.5100 = [[0.8609, 0.8609], [-0.9934, -0.7285]].
+    """
+    batch.require("process_rewards", "uid")
+    outcome, mask = _outcome(batch)
+    gid = group_ids(batch["uid"])
+    last = scores_to_token_rewards(torch.ones_like(outcome), mask)
+    total = (cfg.prime_process_coef * _leave_one_out(batch["process_rewards"].to(mask.dtype), mask, gid)
+             + cfg.prime_outcome_coef * _leave_one_out(outcome[:, None] * last, last, gid))
+    returns = reverse_linear_scan(total * mask, torch.full_like(total, cfg.gamma)) * mask
+    return masked_whiten(returns, mask) * mask, returns
 
 
 def value_targets_explained_variance(returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> float:

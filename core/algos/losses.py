@@ -305,6 +305,35 @@ def reinforce(logprobs, batch, cfg, norm):
     return aggregate(-weight * adv * logprobs, mask, norm), {k: v.detach() for k, v in metrics.items()}
 
 
+# not a policy's loss: the implicit PRM's (PRIME), trained on outcome labels through the same update loop; it reads
+# no advantages, so the policy-gradient invariants do not apply to it (core.checks keeps it off the actor)
+REWARD_MODEL_LOSSES = frozenset({"implicit_prm"})
+
+
+@POLICY_LOSSES.register("implicit_prm")
+def implicit_prm(logprobs, batch, cfg, norm):
+    """PRIME's implicit-PRM loss: cross-entropy of each sample's implicit outcome reward against its outcome label.
+
+    z_i = beta * sum_t (logp_it - logp_ref_it) m_it (the implicit reward, beta = prm_beta); L = mean_i BCE(sigmoid(z_i),
+    y_i) = mean_i [softplus(z_i) - y_i z_i] over the mini-batch's sequences, y_i = ``scores`` in [0, 1] (the verifier's
+    outcome). Keys: ref_logprobs, scores, response_mask. ``logprobs`` are the reward model's (the ``prm`` role: a
+    causal LM started from the SFT policy). Metrics: prm_acc (sign of z agrees with y > 0.5), implicit_reward_mean.
+    Paper: Cui et al. 2025, "Process Reinforcement through Implicit Rewards" (arXiv:2502.01456), Eq. 4 (ce loss);
+    verl's recipe/prime ``compute_ce_dpo_loss_rm`` (the same loss; here computed from logits, stable for large |z|).
+    Example: beta 0.5, logp [[-1, -2]], ref [[-2, -2]], y = 1 -> z = 0.5, L = log(1 + e^0.5) - 0.5 = 0.4741; y = 0 ->
+    0.9741; dL/dlogp_t = beta (sigmoid(z) - y) = 0.5 (0.6225 - 1) = -0.1888 per token.
+    """
+    batch.require("ref_logprobs", "scores", "response_mask")
+    mask = batch["response_mask"].to(logprobs.dtype)
+    y = batch["scores"].to(logprobs.dtype)
+    if bool(((y < 0) | (y > 1)).any()):
+        raise ValueError(f"implicit_prm: outcome labels (scores) must be in [0, 1], got {y.min():g} .. {y.max():g}")
+    z = cfg.prm_beta * ((logprobs - batch["ref_logprobs"]) * mask).sum(-1)
+    loss = seq_mean(torch.nn.functional.softplus(z) - y * z, norm)
+    metrics = {"prm_acc": ((z > 0) == (y > 0.5)).to(z.dtype).mean(), "implicit_reward_mean": z.mean()}
+    return loss, {k: v.detach() for k, v in metrics.items()}
+
+
 def value_loss(vpreds: torch.Tensor, batch: Batch, clip: float, norm: LossNorm) -> tuple[torch.Tensor, dict]:
     """Clipped value loss: 0.5 * agg( max((V - G)^2, (clip(V, V_old - c, V_old + c) - G)^2) ).
 

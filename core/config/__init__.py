@@ -13,8 +13,9 @@ from typing import Any, TypeVar
 
 from core.config.algo import (AdvantageConfig, AlgoConfig, KLInRewardConfig, PFPPOConfig, PolicyLossConfig,
                               SamplingParams)
-from core.config.roles import (OFFLOAD_MODES, STRATEGIES, ActorConfig, AgentConfig, CriticConfig, LoraConfig,
-                               MegatronConfig, OptimConfig, RewardModelConfig, RolloutConfig, check_offload_mode)
+from core.config.roles import (OFFLOAD_MODES, STRATEGIES, ActorConfig, AgentConfig, CriticConfig, ImplicitPRMConfig,
+                               LoraConfig, MegatronConfig, OptimConfig, RewardModelConfig, RolloutConfig,
+                               check_offload_mode)
 from core.config.run import DataConfig, RewardConfig, RunConfig
 from core.config.schema import AsyncConfig, PlacementConfig, PoolConfig, TrainerConfig
 
@@ -23,7 +24,7 @@ T = TypeVar("T")
 __all__ = ["validate", "RunConfig", "TrainerConfig", "DataConfig", "PlacementConfig", "PoolConfig", "ActorConfig",
            "OptimConfig", "AgentConfig", "CriticConfig", "RewardModelConfig", "RolloutConfig", "AlgoConfig",
            "SamplingParams", "AdvantageConfig", "PolicyLossConfig", "KLInRewardConfig", "RewardConfig", "OFFLOAD_MODES",
-           "check_offload_mode", "MegatronConfig", "STRATEGIES", "LoraConfig", "AsyncConfig", "PFPPOConfig"]
+           "check_offload_mode", "MegatronConfig", "ImplicitPRMConfig", "STRATEGIES", "LoraConfig", "AsyncConfig", "PFPPOConfig"]
 
 
 def validate(schema: type[T], tree: Any, where: str = "config") -> T:

@@ -46,6 +46,10 @@ class AdvantageConfig:
     sppo_beta: float = 1.0
     # GPG: normalising constant f_norm
     gpg_f_norm: float = 1.0
+    # PRIME: weights of the implicit PRM's dense rewards and of the outcome, each leave-one-out (verl's
+    # reward_dpo_coef, reward_gt_coef)
+    prime_process_coef: float = 5.0
+    prime_outcome_coef: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,8 @@ class PolicyLossConfig:
     # none (""), truncated at reinforce_is_cap (TIS)
     reinforce_is: str = "token"
     reinforce_is_cap: float = 2.0
+    # implicit_prm (PRIME's reward-model loss, the prm role's; core.implicit_prm): beta of its implicit reward
+    prm_beta: float = 0.05
     # mixed into Clip-Cov's random token choice (each call also draws from the process's torch RNG)
     seed: int = 0
 

@@ -160,6 +160,53 @@ class RewardModelConfig:
             raise ValueError(f"reward_model.max_tokens_per_micro must be >= 1, got {self.max_tokens_per_micro}")
 
 
+# when PRIME's implicit PRM learns from a step's batch relative to scoring it (core.implicit_prm)
+PRM_UPDATE_MODES = ("before", "after", "none")
+
+
+@dataclass(frozen=True)
+class ImplicitPRMConfig:
+    # PRIME's implicit process reward model (Cui et al. 2025, arXiv:2502.01456; core/implicit_prm.py): a causal LM,
+    # trained online on each step's outcome labels, whose dense reward per response token is
+    # beta * (log pi_prm - log pi_ref). false: the run has no such role
+    enable: bool = False
+    # HF id or local folder it starts from; empty = actor.model (PRIME starts it from the SFT policy; its reference
+    # is the run's reference policy, so it must be that model)
+    model: str = ""
+    # compute dtype: auto (bf16 where the hardware has it), float32, bfloat16
+    dtype: str = "auto"
+    # its optimizer (verl's PRIME: AdamW, lr 1e-6, gradient clip 10)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6, grad_clip=10.0))
+    # beta of the implicit reward (verl: beta_train), in its loss and in the rewards it gives
+    beta: float = 0.05
+    # before: learn from the step's batch, then score it (verl's default, "double forward"); after: score, then
+    # learn; none: score only (a frozen PRM)
+    update: str = "before"
+    # batch_norm: divide the rewards by the largest |reward-to-go| of the step's batch (verl's prime_norm); none
+    norm: str = "batch_norm"
+    # samples per optimizer step, over all data-parallel ranks; samples per forward/backward on one rank
+    ppo_mini_batch_size: int = 8
+    micro_batch_size: int = 4
+    # > 0: cut micro-batches by this token budget instead (dynamic batching)
+    max_tokens_per_micro: int = 0
+    # adjacent samples of one prompt run as one row, the prompt encoded once (core.engines.shared_prompt; exact)
+    share_prompt: bool = True
+    # recompute activations in backward to save memory
+    gradient_checkpointing: bool = False
+    # CUDA only: none | idle | full -- where its sharded weights and optimizer state live (as actor.offload)
+    offload: str = "none"
+    seed: int = 0
+
+    def __post_init__(self):
+        check_offload_mode(self.offload, "implicit_prm")
+        if self.update not in PRM_UPDATE_MODES:
+            raise ValueError(f"implicit_prm.update must be one of {PRM_UPDATE_MODES}, got {self.update!r}")
+        if self.norm not in ("batch_norm", "none"):
+            raise ValueError(f"implicit_prm.norm must be batch_norm or none, got {self.norm!r}")
+        if self.beta <= 0:
+            raise ValueError(f"implicit_prm.beta must be > 0, got {self.beta}")
+
+
 @dataclass(frozen=True)
 class CriticConfig:
     # HF id or local folder of the backbone (normally the actor's model)

@@ -2,7 +2,7 @@
 
     trainer: TrainerConfig   data: DataConfig   placement: PlacementConfig   actor: ActorConfig
     use_ref, use_critic      critic: CriticConfig   rollout: RolloutConfig   algo: AlgoConfig   reward: RewardConfig
-    use_reward_model         reward_model: RewardModelConfig
+    use_reward_model         reward_model: RewardModelConfig   implicit_prm: ImplicitPRMConfig
 
 A recipe with a section of its own (DAPO's ``dapo:``) keeps it as a dataclass in its train.py, validated beside
 this one (``core.train.load_recipe_config``), not as a subclass.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from core.config.algo import AlgoConfig
-from core.config.roles import ActorConfig, CriticConfig, RewardModelConfig, RolloutConfig
+from core.config.roles import ActorConfig, CriticConfig, ImplicitPRMConfig, RewardModelConfig, RolloutConfig
 from core.config.schema import PlacementConfig, TrainerConfig
 
 
@@ -63,6 +63,8 @@ class RunConfig:
     # a reward model scoring (prompt, response) pairs beside the reward function (algo.reward_model_weight ...)
     use_reward_model: bool = False
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    # PRIME's implicit process reward model, trained online (a role of its own: placement.roles.prm)
+    implicit_prm: ImplicitPRMConfig = field(default_factory=ImplicitPRMConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -74,12 +76,14 @@ class RunConfig:
             object.__setattr__(self, "algo", replace(self.algo, tis_cap=a.tis_cap))
 
     def has_reference(self) -> bool:
-        """A frozen reference policy is placed: asked for, or needed by a KL loss or a KL reward penalty."""
-        return self.use_ref or self.actor.kl_loss_coef > 0 or self.algo.kl_in_reward.coef > 0
+        """A frozen reference policy is placed: asked for, or needed by a KL loss, a KL reward penalty or an implicit
+        PRM (its rewards are log-ratios to the reference)."""
+        return (self.use_ref or self.actor.kl_loss_coef > 0 or self.algo.kl_in_reward.coef > 0
+                or self.implicit_prm.enable)
 
     def placed_roles(self) -> dict[str, str]:
         """{role: pool} of the roles this run has (``placement.roles`` may name more: a recipe's map covers the
         reference, critic and reward model whether or not a run turns them on)."""
         has = {"actor": True, "rollout": True, "ref": self.has_reference(), "critic": self.use_critic,
-               "reward_model": self.use_reward_model}
+               "reward_model": self.use_reward_model, "prm": self.implicit_prm.enable}
         return {role: pool for role, pool in self.placement.roles.items() if has.get(role, False)}

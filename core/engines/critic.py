@@ -140,9 +140,10 @@ class ValueWorker:
     def load_checkpoint(self, path: str) -> None:
         raise NotImplementedError
 
-    def answer_probe(self, folder: str, token: str) -> str:
-        """This rank's half of the check that ``output_dir`` is shared storage (``core.checkpoint.write_probe``)."""
-        return answer_probe(folder, token, f"critic_rank{self.ctx.rank}")
+    def answer_probe(self, folder: str, token: str, role: str = "critic") -> str:
+        """This rank's half of the check that ``output_dir`` is shared storage (``core.checkpoint.write_probe``),
+        answering as ``<role>_rank<rank>`` (the implicit PRM is a policy too: role ``prm``)."""
+        return answer_probe(folder, token, f"{role}_rank{self.ctx.rank}")
 
 
 class FSDPCritic(FSDPEngine, ValueWorker):

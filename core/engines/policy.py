@@ -271,9 +271,10 @@ class PolicyWorker:
         """Collective: the state ``save_checkpoint`` wrote, into this policy."""
         raise NotImplementedError
 
-    def answer_probe(self, folder: str, token: str) -> str:
-        """This rank's half of the check that ``output_dir`` is shared storage (``core.checkpoint.write_probe``)."""
-        return answer_probe(folder, token, f"actor_rank{self.ctx.rank}")
+    def answer_probe(self, folder: str, token: str, role: str = "actor") -> str:
+        """This rank's half of the check that ``output_dir`` is shared storage (``core.checkpoint.write_probe``),
+        answering as ``<role>_rank<rank>`` (the implicit PRM is a policy too: role ``prm``)."""
+        return answer_probe(folder, token, f"{role}_rank{self.ctx.rank}")
 
     # ---------------------------------------------------------------------------------- weight export (HF names)
     def bucket_plan(self, bucket_bytes: int = 64 << 20, changed_only: bool = False) -> list[list[str]]:

@@ -237,7 +237,8 @@ def test_sppo_softmean_baseline():
 @pytest.mark.parametrize("name", sorted(set(ADVANTAGES.names()) - {"remax"}))
 def test_outputs_vanish_on_masked_tokens(name):
     b = outcome_batch([1, 0, 0.5, 1], uid=["a", "a", "b", "b"], lengths=[3, 1, 2, 3],
-                      values=torch.rand(4, 3, generator=torch.Generator().manual_seed(0)))
+                      values=torch.rand(4, 3, generator=torch.Generator().manual_seed(0)),
+                      process_rewards=torch.rand(4, 3, generator=torch.Generator().manual_seed(1)))  # prime's
     adv, ret = ADVANTAGES[name](b, C)
     assert adv.shape == ret.shape == (4, 3)
     assert torch.all(adv[b["response_mask"] == 0] == 0) and torch.all(ret[b["response_mask"] == 0] == 0)

@@ -1,7 +1,8 @@
 """Invariants every policy loss must keep, checked on random batches for all registry entries.
 
 - zero advantages -> zero gradient;
-- ratio 1 and no clipping -> the plain policy-gradient gradient of agg(-A logp);
+- ratio 1 and no clipping -> the plain policy-gradient gradient of agg(-A logp)
+  (these two: not for the implicit PRM's loss, which reads labels, not advantages: ``REWARD_MODEL_LOSSES``);
 - masked tokens change nothing (loss, gradient of valid tokens) and get zero gradient;
 - splitting a mini-batch into micro-batches, and into 2 simulated data-parallel ranks (gradients averaged),
   leaves loss and gradient unchanged, for every aggregation mode.
@@ -12,9 +13,11 @@ import torch
 
 from core.config import PolicyLossConfig
 from core.algos import AGGREGATIONS, POLICY_LOSSES, LossNorm
+from core.algos.losses import REWARD_MODEL_LOSSES
 from core.protocol import Batch
 
 LOSSES = POLICY_LOSSES.names()
+POLICY_GRADIENT = sorted(set(LOSSES) - REWARD_MODEL_LOSSES)
 MODES = AGGREGATIONS.names()
 # the aggregation an objective fixes for itself, whatever the configured mode (see their docstrings)
 OWN_MODE = {"gspo": "seq-mean-token-mean", "geo_mean": "seq-mean-token-mean", "sppo": "seq-mean-token-sum",
@@ -41,13 +44,15 @@ def loss_and_grad(name, logp, old, adv, mask, norm, cfg=CFG, rows=None):
     parts = rows or [slice(None)]
     total = 0
     for r in parts:
-        b = Batch({"old_logprobs": old[r], "advantages": adv[r], "response_mask": mask[r]})
+        # ref_logprobs and labels in [0, 1] (from the first token's advantage, never masked) for the implicit PRM
+        b = Batch({"old_logprobs": old[r], "advantages": adv[r], "response_mask": mask[r], "ref_logprobs": old[r],
+                   "scores": (adv[r][:, 0] > 0).to(adv.dtype)})
         total = total + POLICY_LOSSES[name](leaf[r], b, cfg, norm)[0]
     total.backward()
     return total.detach(), leaf.grad
 
 
-@pytest.mark.parametrize("name", LOSSES)
+@pytest.mark.parametrize("name", POLICY_GRADIENT)
 def test_zero_advantage_gives_zero_gradient(name):
     logp, old, adv, mask = data(1)
     if name in ("kl_cov", "sppo", "dro"):
@@ -59,7 +64,7 @@ def test_zero_advantage_gives_zero_gradient(name):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", LOSSES)
+@pytest.mark.parametrize("name", POLICY_GRADIENT)
 def test_ratio_one_gives_the_plain_policy_gradient(name, mode):
     logp, _, adv, mask = data(2, seq_adv=True)
     _, grad = loss_and_grad(name, logp, logp.clone(), adv, mask, LossNorm.of(mask, mode))

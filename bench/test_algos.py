@@ -29,7 +29,10 @@ def make_batch(B, T, n=8):
     logp = -torch.rand(B, T, generator=g) * 2
     return Batch({"token_rewards": scores_to_token_rewards(scores, mask), "response_mask": mask,
                   "values": torch.randn(B, T, generator=g), "reward_baselines": torch.rand(B, generator=g),
-                  "old_logprobs": logp + 0.1 * torch.randn(B, T, generator=g), "scores": scores},
+                  "old_logprobs": logp + 0.1 * torch.randn(B, T, generator=g), "scores": scores,
+                  # PRIME's: the implicit PRM's dense rewards (estimator prime) and the reference (loss implicit_prm)
+                  "process_rewards": 0.01 * torch.randn(B, T, generator=g),
+                  "ref_logprobs": logp + 0.1 * torch.randn(B, T, generator=g)},
                  {"uid": np.array([f"p{i // n}" for i in range(B)], dtype=object)}), logp
 
 

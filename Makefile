@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-slow test-vllm bench selfcheck lock clean
+.PHONY: setup demo test test-slow test-vllm test-multinode bench selfcheck lock clean
 
 setup: $(STAMP)
 
@@ -41,6 +41,11 @@ $(VLLM_STAMP): constraints-vllm.txt pyproject.toml
 
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest -q -m "not slow and not gpu" tests/vllm tests/engines/test_vllm_rollout.py
+
+# Multi-node for real: a 2-node Ray cluster of network namespaces on this machine (root and iproute2; else
+# ray.cluster_utils, said in the output), runs across the nodes, a node lost mid-run (tests/test_multinode.py)
+test-multinode: $(STAMP)
+	$(PY) -m pytest -q -s -rs -m multinode tests/test_multinode.py
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow

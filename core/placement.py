@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from core.config.schema import PlacementConfig
 from core.worker import RoleSpec
-from core.worker_group import LocalWorkerGroup, ResourcePool, RoleGroup, WorkerGroup
+from core.worker_group import LocalWorkerGroup, ResourcePool, RoleGroup, WorkerGroup, check_capacity
 
 
 class Placement:
@@ -34,7 +34,7 @@ class Placement:
 
 
 def place(cfg: PlacementConfig, specs: dict[str, RoleSpec], backend: str = "ray",
-          timeout_s: float | None = None) -> Placement:
+          timeout_s: float | None = None, node_loss_timeout_s: float = 60.0) -> Placement:
     """Start one worker group per pool that has roles on it (``backend='local'``: one in-process group)."""
     missing = sorted(set(specs) - set(cfg.roles))
     if missing:
@@ -44,14 +44,21 @@ def place(cfg: PlacementConfig, specs: dict[str, RoleSpec], backend: str = "ray"
         return Placement([group], {name: group.role(name) for name in specs})
     if backend != "ray":
         raise ValueError(f"trainer.backend must be 'ray' or 'local', got {backend!r}")
+    import ray
+
+    used = {p: c for p, c in cfg.pools.items() if any(cfg.roles[name] == p for name in specs)}
+    pools = {p: ResourcePool(c.nnodes, c.slots_per_node, c.device, c.cpus_per_slot) for p, c in used.items()}
+    check_capacity(pools, ray.nodes())  # every pool at once, before any is placed
     groups, roles = [], {}
-    for pool_name, pool_cfg in cfg.pools.items():
-        hosted = {name: spec for name, spec in specs.items() if cfg.roles[name] == pool_name}
-        if not hosted:
-            continue
-        pool = ResourcePool(pool_cfg.nnodes, pool_cfg.slots_per_node, pool_cfg.device, pool_cfg.cpus_per_slot)
-        kw = {} if timeout_s is None else {"timeout_s": timeout_s}
-        group = WorkerGroup(pool, hosted, name=pool_name, **kw)
-        groups.append(group)
-        roles |= {name: group.role(name) for name in hosted}
+    try:
+        for pool_name, pool in pools.items():
+            hosted = {name: spec for name, spec in specs.items() if cfg.roles[name] == pool_name}
+            kw = {"node_loss_timeout_s": node_loss_timeout_s} | ({} if timeout_s is None else {"timeout_s": timeout_s})
+            group = WorkerGroup(pool, hosted, name=pool_name, **kw)
+            groups.append(group)
+            roles |= {name: group.role(name) for name in hosted}
+    except BaseException:  # a later pool that cannot start releases the earlier ones
+        for g in groups:
+            g.shutdown()
+        raise
     return Placement(groups, roles)

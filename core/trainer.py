@@ -33,7 +33,7 @@ from core.report import report
 from core.roles import RolloutWorker
 from core.tracking import make_trackers
 from core.worker import RoleSpec
-from core.worker_group import RoleGroup, init_ray
+from core.worker_group import RoleGroup, WorkerError, init_ray
 
 AHEAD_FILE = "rollout_ahead.pt"  # in a one-step-off run's checkpoint: the next step's samples, generated ahead
 
@@ -193,12 +193,27 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
                 if t.save_freq and due(i + 1, t.save_freq, t.total_steps):
                     save(out, i + 1, roles, stream, kl_ctrl, cfg)
                 bar.update(1)
+    except WorkerError as e:  # a worker (or a whole node) lost, a call that failed or hung: say where to resume
+        raise RunStopped(stopped_message(out, e)) from e
     finally:
         placement.shutdown()
         for tracker in trackers:
             tracker.close()
     print("summary:\n" + report(history, out / "curves.png"), flush=True)
     return history
+
+
+class RunStopped(RuntimeError):
+    """A run stopped by a worker failure; the message names the failure and the checkpoint to resume from."""
+
+
+def stopped_message(out: Path, e: WorkerError) -> str:
+    """What failed (role, rank, node: the error's first line) and where the run can go on from."""
+    last = checkpoint.find(out, "auto")
+    resume = (f"the last checkpoint is {last} (intact: checkpoints are committed whole). Bring the lost worker or node "
+              f"back (ray status) and run the same command again: trainer.resume_mode=auto (the default) resumes from "
+              f"it" if last is not None else "no checkpoint was saved (trainer.save_freq): a rerun starts from step 0")
+    return f"the run stopped: {str(e).splitlines()[0]}\n{resume}"
 
 
 def load_inputs(cfg: RunConfig, out: Path) -> tuple[Callable, list[dict], list[dict]]:
@@ -262,8 +277,9 @@ def start_roles(cfg: RunConfig, trackers: list) -> tuple:
     placement = None
     try:
         if cfg.trainer.backend == "ray":
-            init_ray()
-        placement = place(cfg.placement, role_specs(cfg), cfg.trainer.backend, cfg.trainer.call_timeout_s)
+            init_ray(cfg.trainer.ray_address, cfg.trainer.runtime_env)
+        placement = place(cfg.placement, role_specs(cfg), cfg.trainer.backend, cfg.trainer.call_timeout_s,
+                          cfg.trainer.node_loss_timeout_s)
         roles = Roles(actor=placement["actor"], rollout=placement["rollout"],
                       ref=placement["ref"] if "ref" in placement else None,
                       critic=placement["critic"] if "critic" in placement else None,

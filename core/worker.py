@@ -63,6 +63,42 @@ def node_ip() -> str:
         return "127.0.0.1"
 
 
+def interface_of(ip: str) -> str | None:
+    """The network interface of this machine that carries ``ip`` (None: none does)."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == ip for a in addrs):
+            return name
+    return None
+
+
+def bind_collectives_to(ip: str, cuda: bool) -> str | None:
+    """Make gloo (and NCCL's sockets on GPU) use the interface that carries this node's Ray IP. Left to itself, gloo
+    advertises the address its hostname resolves to -- loopback on many nodes -- and ranks on other nodes never
+    reach it ("Gloo connectFullMesh failed ... Connection refused, remote=[127.0.0.1]"). A GLOO_SOCKET_IFNAME /
+    NCCL_SOCKET_IFNAME already set (by the user, for every node) wins. Returns the interface chosen."""
+    iface = interface_of(ip)
+    if iface is not None:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
+        if cuda:
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", iface)
+    return iface
+
+
+def source_digest() -> str:
+    """A hash of this process's ``core`` package (its .py files and C++ sources, by path and content): the code a
+    worker runs. The driver compares every rank's with its own (``core.worker_group``)."""
+    import hashlib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".cpp", ".h") and "__pycache__" not in p.parts):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def _quiet_progress_bars() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
@@ -102,10 +138,16 @@ class WorkerHost:
     def pid(self) -> int:
         return os.getpid()
 
+    def whereabouts(self) -> tuple[int, str, str, str]:
+        """(pid, node IP, host name, digest of the ``core`` code this process imported), for the driver's checks and
+        for naming a lost rank's node."""
+        return os.getpid(), node_ip(), socket.gethostname(), source_digest()
+
     def setup(self, master_addr: str, master_port: int, specs: dict[str, RoleSpec], timeout_s: float) -> None:
         """Join the group's torch.distributed world, then build every hosted role."""
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.local_rank))
+        bind_collectives_to(node_ip(), self.device.type == "cuda")
         if not dist.is_initialized():
             # on GPU, gloo serves collectives on host tensors too (FSDP2 CPU offload: grad-norm, full_tensor)
             backend = "cpu:gloo,cuda:nccl" if self.device.type == "cuda" else "gloo"

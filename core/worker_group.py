@@ -32,6 +32,8 @@ from core.protocol import Batch
 from core.worker import RoleSpec, WorkerHost, free_port
 
 DEFAULT_TIMEOUT_S = 1800.0
+# what a rank's error says when a collective lost its peer (gloo's sockets, NCCL's communicator)
+BROKEN_COLLECTIVE = re.compile(r"gloo|nccl|Connection (closed|reset)|Broken pipe|ProcessGroup", re.IGNORECASE)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours its traceback headers
 
 
@@ -67,6 +69,38 @@ class ResourcePool:
 
     def bundle(self) -> dict[str, float]:
         return {"CPU": self.cpus_per_slot} | ({"GPU": 1.0} if self.device == "cuda" else {})
+
+    def node_bundle(self) -> dict[str, float]:
+        """What one of its nodes must hold: ``slots_per_node`` slots."""
+        return {k: v * self.slots_per_node for k, v in self.bundle().items()}
+
+
+def check_capacity(pools: dict[str, ResourcePool], nodes: list[dict]) -> None:
+    """Before anything is placed: every pool finds ``nnodes`` distinct alive nodes that can each hold its node bundle,
+    and the pools together fit the cluster's totals. ``nodes``: ``ray.nodes()``. Raises naming what each pool asks
+    and what Ray sees, node by node."""
+    alive = sorted((n for n in nodes if n.get("Alive")), key=lambda n: n["NodeManagerAddress"])
+
+    def holds(node: dict, need: dict[str, float]) -> bool:
+        return all(node["Resources"].get(k, 0.0) >= v for k, v in need.items())
+
+    problems = []
+    for name, pool in pools.items():
+        fit = sum(holds(n, pool.node_bundle()) for n in alive)
+        if fit < pool.nnodes:
+            problems.append(f"pool {name!r} asks for {pool.nnodes} node(s) x {pool.slots_per_node} slot(s) of "
+                            f"{pool.bundle()} (a node must hold {pool.node_bundle()}), but only {fit} node(s) can")
+    for key in ("CPU", "GPU"):
+        need = sum(p.node_bundle().get(key, 0.0) * p.nnodes for p in pools.values())
+        have = sum(n["Resources"].get(key, 0.0) for n in alive)
+        if need > have:
+            problems.append(f"the pools need {need:g} {key} in all, the cluster has {have:g}")
+    if problems:
+        seen = "; ".join(f"{n['NodeManagerAddress']} ({', '.join(f'{k} {v:g}' for k, v in sorted(n['Resources'].items()) if k in ('CPU', 'GPU'))})"
+                         for n in alive) or "none"
+        raise RuntimeError("the Ray cluster cannot hold the placement: " + "; ".join(problems)
+                           + f". Ray sees {len(alive)} alive node(s): {seen}. Start more nodes (ray start --address="
+                           "<head>:6379 on each), or change placement.pools (nnodes, slots_per_node, cpus_per_slot)")
 
 
 def _method_name(role: str, role_cls: type, method: Callable) -> str:
@@ -133,21 +167,51 @@ class RoleGroup:
         return lambda: _merge(wait()[:: self.mp_size], pad)
 
 
-def init_ray(**kwargs) -> None:
-    """``ray.init`` for a run, unless Ray is up already: no dashboard, and the workers' output reaches the driver's
-    console (warnings included: a sharded-load fallback decides whether a large job fits), each line prefixed by
-    Ray with the worker's repr, e.g. ``(main[actor,rollout,ref] rank 1 pid=4242)``."""
+# never shipped with a working_dir runtime_env: environments, run outputs, git history (the rest of .gitignore too)
+SHIP_EXCLUDES = [".venv", ".venv-vllm", "outputs", ".git", "bench/results", "*.safetensors", "*.gguf", "*.parquet"]
+
+
+def init_ray(address: str = "", runtime_env: dict | None = None, **kwargs) -> None:
+    """``ray.init`` for a run, unless Ray is up already: the cluster at ``address`` (``trainer.ray_address``; empty:
+    RAY_ADDRESS if set, else a new local Ray without dashboard), with ``runtime_env`` for every worker (a
+    ``working_dir`` ships the driver's checkout to every node; environments and outputs excluded). The workers'
+    output reaches the driver's console (warnings included: a sharded-load fallback decides whether a large job
+    fits), each line prefixed by Ray with the worker's repr, e.g. ``(main[actor,rollout,ref] rank 1 pid=4242)``."""
+    import os
+
     import ray
 
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=True, **kwargs)
+    if ray.is_initialized():
+        return
+    env = dict(runtime_env or {})
+    if "working_dir" in env:
+        env["excludes"] = SHIP_EXCLUDES + list(env.get("excludes", []))
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    local = {} if address else {"include_dashboard": False}
+    ray.init(address=address, runtime_env=env or None, log_to_driver=True, **local, **kwargs)
+
+
+def check_same_code(group: str, where: list[tuple[int, str, str, str]]) -> None:
+    """Every rank imported the driver's ``core`` (``WorkerHost.whereabouts``' digest): a node with another checkout
+    or version fails here, named, instead of training with other code."""
+    from core.worker import source_digest
+
+    mine = source_digest()
+    other = [(rank, ip, host, digest) for rank, (_, ip, host, digest) in enumerate(where) if digest != mine]
+    if other:
+        rank, ip, host, digest = other[0]
+        raise RuntimeError(
+            f"worker group {group!r}: rank {rank} on node {ip} ({host}) runs other code than the driver (core/ "
+            f"digest {digest}, the driver's {mine}; {len(other)} rank(s) differ). Every node must import the same "
+            "version: the same checkout at the same path on every machine, or let Ray ship the driver's with "
+            "trainer.runtime_env={working_dir: .} (README, Multi-node)")
 
 
 class WorkerGroup:
     """One Ray actor (a ``WorkerHost``) per rank of a pool, in one torch.distributed world, hosting ``specs``."""
 
     def __init__(self, pool: ResourcePool, specs: dict[str, RoleSpec], name: str = "group",
-                 timeout_s: float = DEFAULT_TIMEOUT_S, ready_timeout_s: float = 300.0):
+                 timeout_s: float = DEFAULT_TIMEOUT_S, ready_timeout_s: float = 300.0, node_loss_timeout_s: float = 60.0):
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -155,30 +219,35 @@ class WorkerGroup:
         if not ray.is_initialized():
             raise RuntimeError("WorkerGroup needs Ray: call ray.init() first (or use trainer.backend=local)")
         self.pool, self.specs, self.name, self.timeout_s = pool, dict(specs), name, timeout_s
+        self.node_loss_timeout_s = node_loss_timeout_s
         self.world_size = pool.world_size
-        self._pgs = [placement_group([pool.bundle()] * pool.slots_per_node, strategy="STRICT_PACK")
-                     for _ in range(pool.nnodes)]
+        check_capacity({name: pool}, ray.nodes())
+        # one bundle per node holding its slots, each on a node of its own (STRICT_SPREAD): a pool of 2 nodes never
+        # lands on one big node, and a node's ranks are local ranks 0.. of that node
+        self._pgs = [placement_group([pool.node_bundle()] * pool.nnodes, strategy="STRICT_SPREAD")]
         try:
-            ray.get([pg.ready() for pg in self._pgs], timeout=ready_timeout_s)
+            ray.get(self._pgs[0].ready(), timeout=ready_timeout_s)
         except ray.exceptions.GetTimeoutError:
             raise RuntimeError(f"worker group {name!r}: pool of {pool.nnodes} node(s) x {pool.slots_per_node} "
-                               f"slots of {pool.bundle()} not placed in {ready_timeout_s:.0f}s; cluster has "
-                               f"{ray.cluster_resources()}") from None
+                               f"slots of {pool.bundle()} not placed in {ready_timeout_s:.0f}s (each node on a "
+                               f"distinct Ray node); free now: {ray.available_resources()}") from None
         threads = max(1, int(pool.cpus_per_slot))
         host_cls = ray.remote(WorkerHost)
         self._hosts = []
         for rank in range(self.world_size):
             node, local_rank = divmod(rank, pool.slots_per_node)
-            strategy = PlacementGroupSchedulingStrategy(self._pgs[node], placement_group_bundle_index=local_rank)
+            strategy = PlacementGroupSchedulingStrategy(self._pgs[0], placement_group_bundle_index=node)
             opts = dict(num_cpus=pool.cpus_per_slot, num_gpus=1 if pool.device == "cuda" else 0,
                         scheduling_strategy=strategy, max_restarts=0)
             self._hosts.append(host_cls.options(**opts).remote(rank, self.world_size, local_rank, pool.device, threads,
                                                                f"{name}[{','.join(self.specs)}]"))
         ranks, roles, t = list(range(self.world_size)), ",".join(self.specs), ready_timeout_s
+        where = self._wait([h.whereabouts.remote() for h in self._hosts], ranks, roles, "WorkerHost.whereabouts", t)
+        self.pids, self.node_ips = [w[0] for w in where], [w[1] for w in where]
+        check_same_code(name, where)
         addr, port = self._wait([self._hosts[0].address.remote()], [0], roles, "WorkerHost.address", t)[0]
         self._wait([h.setup.remote(addr, port, self.specs, timeout_s) for h in self._hosts], ranks, roles,
                    "WorkerHost.setup", t)
-        self.pids = self._wait([h.pid.remote() for h in self._hosts], ranks, roles, "WorkerHost.pid", t)
 
     def role(self, name: str) -> RoleGroup:
         if name not in self.specs:
@@ -219,11 +288,13 @@ class WorkerGroup:
                 ray.get(ready[0])
             except RayTaskError as e:
                 # a peer killed mid-collective makes this rank's all-reduce fail too, sometimes before Ray has
-                # reported the death: the dead peer is the cause to name, so give the others a moment to show it
-                died = self._first_death(pending, role, method, grace_s=3.0)
+                # reported the death: the dead peer is the cause to name, so give the others a moment to show it --
+                # longer when the collective itself broke: a whole node lost takes Ray's health checks to declare
+                cause = e.cause if getattr(e, "cause", None) is not None else e
+                grace = self.node_loss_timeout_s if BROKEN_COLLECTIVE.search(str(cause)) else 3.0
+                died = self._first_death(pending, role, method, grace_s=grace)
                 if died is not None:
                     raise died from None
-                cause = e.cause if getattr(e, "cause", None) is not None else e
                 tb = _ANSI.sub("", getattr(e, "traceback_str", "") or str(e))
                 raise WorkerError(role, rank, method, f"{type(cause).__name__}: {cause}".splitlines()[0], tb) from None
             except RayActorError as e:
@@ -234,7 +305,8 @@ class WorkerGroup:
 
     def _died(self, role: str, rank: int, method: str, e: Exception) -> WorkerDiedError:
         pid = self.pids[rank] if hasattr(self, "pids") else "?"
-        return WorkerDiedError(role, rank, method, f"worker process (pid {pid}) died: "
+        node = f" on node {self.node_ips[rank]}" if hasattr(self, "node_ips") else ""
+        return WorkerDiedError(role, rank, method, f"worker process (pid {pid}){node} died: "
                                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}")
 
     def _first_death(self, pending: dict, role: str, method: str, grace_s: float) -> WorkerDiedError | None:

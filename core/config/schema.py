@@ -101,6 +101,15 @@ class TrainerConfig:
     n_gpus_per_node: int = 0
     # one-step-off-policy async training (YAML key: async)
     async_: AsyncConfig = field(default_factory=AsyncConfig)
+    # the Ray cluster to join: "" = RAY_ADDRESS if set, else a new local Ray; "auto" = the cluster started on this
+    # machine (ray start); or <head-ip>:6379 (the driver runs on a node of that cluster)
+    ray_address: str = ""
+    # Ray's runtime_env for every worker, e.g. {working_dir: ., excludes: [outputs]}: Ray ships the driver's checkout
+    # to every node (a cluster without a shared checkout; README, Multi-node); empty = the nodes' own files
+    runtime_env: dict = field(default_factory=dict)
+    # after a collective breaks (a peer gone), wait up to this long for Ray to name the lost worker or node before
+    # reporting the broken call itself
+    node_loss_timeout_s: float = 60.0
 
     def __post_init__(self):
         if self.backend not in ("ray", "local"):

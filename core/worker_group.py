@@ -296,7 +296,9 @@ class WorkerGroup:
                 if died is not None:
                     raise died from None
                 tb = _ANSI.sub("", getattr(e, "traceback_str", "") or str(e))
-                raise WorkerError(role, rank, method, f"{type(cause).__name__}: {cause}".splitlines()[0], tb) from None
+                node = f" (on node {self.node_ips[rank]})" if hasattr(self, "node_ips") else ""
+                raise WorkerError(role, rank, method, f"{type(cause).__name__}: {cause}".splitlines()[0] + node,
+                                  tb) from None
             except RayActorError as e:
                 raise self._died(role, rank, method, e) from None
             except GetTimeoutError:

@@ -81,6 +81,9 @@ def test_a_gloo_group_across_two_nodes_binds_each_rank_to_its_node_ip(cluster):
     if cluster.kind == "namespaces":  # one rank on each node, each bound to the veth carrying its node's IP
         assert sorted(ip for ip, _ in where) == cluster.ips[:2]
         assert all(iface == f"{cluster.tag}e{cluster.ips.index(ip)}" for ip, iface in where)
+    # a driver on the other node (not the head) joins the same cluster by its address
+    r = cluster.python(GROUP.format(address=cluster.address, nnodes=2, runtime_env=None), node=1)
+    assert r.returncode == 0 and "SUM [3.0, 3.0]" in r.stdout, r.stderr[-3000:]
 
 
 def test_a_pool_the_cluster_cannot_hold_fails_before_placing_saying_what_ray_sees(cluster):

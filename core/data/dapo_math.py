@@ -4,9 +4,7 @@ last line "Answer: x"), scored by the ``math_dapo`` reward (+1 / -1)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from core.data.prepare import read_jsonl
+from core.data.prepare import read_table
 
 # DAPO-Math-17k's own prompt wording (the hub rows carry it already; raw records and AIME get it here)
 TEMPLATE_DAPO = ("Solve the following math problem step by step. The last line of your response should be of the "
@@ -42,18 +40,5 @@ def dapo_math_rows(records: list[dict], where: str) -> list[dict]:
 
 
 def read_dapo_math(src: str) -> tuple[list[dict], str]:
-    if src == "hub":
-        try:
-            import datasets
-        except ImportError:
-            raise RuntimeError("--src hub needs `datasets` (pip install -e '.[hub]') and a network; or pass "
-                               "--src FILE (a .parquet / .jsonl of DAPO-Math-17k)") from None
-        return [dict(r) for r in datasets.load_dataset(DAPO_HUB, split="train")], f"hub:{DAPO_HUB}"
-    path = Path(src)
-    if path.suffix == ".parquet":
-        import pandas as pd
-
-        return pd.read_parquet(path).to_dict("records"), str(path)
-    if path.suffix == ".jsonl":
-        return read_jsonl(path), str(path)
-    raise ValueError(f"--src {src}: expected 'hub', a .parquet or a .jsonl file")
+    """DAPO-Math-17k's rows from the hub (``src`` 'hub') or a local .parquet / .jsonl."""
+    return read_table(src, DAPO_HUB)

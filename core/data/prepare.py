@@ -77,6 +77,26 @@ def read_records(name: str, split: str, src: str | Path) -> tuple[list[dict], st
     return read_jsonl(path), str(path)
 
 
+def read_table(src: str, hub: str) -> tuple[list[dict], str]:
+    """A training set's rows from the HF hub (``src`` 'hub': ``hub``'s train split; needs `datasets` and a network)
+    or a local .parquet / .jsonl file, and a label naming where they came from (for error messages)."""
+    if src == "hub":
+        try:
+            import datasets
+        except ImportError:
+            raise RuntimeError(f"--src hub needs `datasets` (pip install -e '.[hub]') and a network; or pass "
+                               f"--src FILE (a .parquet / .jsonl of {hub})") from None
+        return [dict(r) for r in datasets.load_dataset(hub, split="train")], f"hub:{hub}"
+    path = Path(src)
+    if path.suffix == ".parquet":
+        import pandas as pd
+
+        return pd.read_parquet(path).to_dict("records"), str(path)
+    if path.suffix == ".jsonl":
+        return read_jsonl(path), str(path)
+    raise ValueError(f"--src {src}: expected 'hub', a .parquet or a .jsonl file")
+
+
 def read_jsonl(path: Path) -> list[dict]:
     """One record per non-blank line; a bad line is an error naming the file and line number."""
     records = []

@@ -19,30 +19,11 @@ import argparse
 from pathlib import Path
 
 from core.data import arith
-from core.data.prepare import DEFAULT_SRC, prepare, read_jsonl, write_parquet
+from core.data.prepare import DEFAULT_SRC, prepare, read_table, write_parquet
 
 TEMPLATE = "{question} Let's think step by step and output the final answer after \"####\"."
 TEMPLATE_BOXED = "{question}\n\nPresent the answer in LaTex format: \\boxed{{Your answer}}"
 EURUS_HUB = "PRIME-RL/Eurus-2-RL-Data"
-
-
-def read_rows(src: str) -> tuple[list[dict], str]:
-    """Eurus-2-RL-Data's rows from the hub or a local .parquet / .jsonl, and where they came from."""
-    if src == "hub":
-        try:
-            import datasets
-        except ImportError:
-            raise RuntimeError("--src hub needs `datasets` (pip install -e '.[hub]') and a network; or pass "
-                               "--src FILE (a .parquet / .jsonl of Eurus-2-RL-Data)") from None
-        return [dict(r) for r in datasets.load_dataset(EURUS_HUB, split="train")], f"hub:{EURUS_HUB}"
-    path = Path(src)
-    if path.suffix == ".parquet":
-        import pandas as pd
-
-        return pd.read_parquet(path).to_dict("records"), str(path)
-    if path.suffix == ".jsonl":
-        return read_jsonl(path), str(path)
-    raise ValueError(f"--src {src}: expected 'hub', a .parquet or a .jsonl file")
 
 
 def eurus_math_rows(records: list[dict], where: str) -> list[dict]:
@@ -72,7 +53,7 @@ if __name__ == "__main__":
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
     if a.task == "eurus":
-        records, where = read_rows(a.src or "hub")
+        records, where = read_table(a.src or "hub", EURUS_HUB)
         rows = eurus_math_rows(records, where)
         write_parquet(rows, Path(a.out) / "eurus_math" / "train.parquet")
         print(f"eurus math train: {len(rows)} of {len(records)} rows ({where}) -> {Path(a.out) / 'eurus_math'}")

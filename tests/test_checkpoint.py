@@ -122,7 +122,9 @@ def steady(rows: list[dict]) -> dict[int, dict]:
     return {m["step"]: {k: v for k, v in m.items() if not k.startswith(VOLATILE)} for m in rows}
 
 
-@pytest.mark.parametrize("backend", ["local", "ray"], ids=["1-rank", "ray-2-ranks"])
+# the Ray variants (~1 min 45 s together) run under make test-slow; make test-multinode resumes a 2-rank Ray run
+# exactly after losing a node (tests/test_multinode.py)
+@pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.slow)], ids=["1-rank", "ray-2-ranks"])
 @pytest.mark.parametrize("critic", [False, True], ids=["grpo", "ppo-with-critic"])
 def test_a_run_killed_between_saves_resumes_to_the_uninterrupted_metrics(tmp_path, tiny_model_dir, critic, backend):
     """World size 1 in one process, and FSDP2 world size 2 on two Ray workers (each rank's RNG, shards and optimizer

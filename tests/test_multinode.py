@@ -25,7 +25,7 @@ import pytest
 
 from core.report import read_metrics
 from tests.multinode import ROOT, Cluster
-from tests.test_checkpoint import write_run
+from tests.test_checkpoint import steady, write_run
 
 pytestmark = [pytest.mark.ray, pytest.mark.multinode]
 
@@ -114,12 +114,6 @@ def test_a_node_with_other_code_is_named_and_runtime_env_ships_the_drivers(clust
 
 
 # ---------------------------------------------------------------------------------------------- whole runs
-# wall-clock times and process memory: the only figures two runs may differ in
-VARYING = ("timing_s/", "perf/", "sync/seconds", "sync/peak_memory", "sync/retained_memory")
-
-
-def steady(rows: list[dict]) -> dict[int, dict]:
-    return {m["step"]: {k: v for k, v in m.items() if not k.startswith(VARYING)} for m in rows if m["step"] > 0}
 
 
 def train(cluster, conf: Path, out: Path, *overrides: str, timeout_s: float = 300.0):

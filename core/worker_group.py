@@ -96,8 +96,11 @@ def check_capacity(pools: dict[str, ResourcePool], nodes: list[dict]) -> None:
         if need > have:
             problems.append(f"the pools need {need:g} {key} in all, the cluster has {have:g}")
     if problems:
-        seen = "; ".join(f"{n['NodeManagerAddress']} ({', '.join(f'{k} {v:g}' for k, v in sorted(n['Resources'].items()) if k in ('CPU', 'GPU'))})"
-                         for n in alive) or "none"
+        def shown(node: dict) -> str:
+            held = ", ".join(f"{k} {v:g}" for k, v in sorted(node["Resources"].items()) if k in ("CPU", "GPU"))
+            return f"{node['NodeManagerAddress']} ({held})"
+
+        seen = "; ".join(map(shown, alive)) or "none"
         raise RuntimeError("the Ray cluster cannot hold the placement: " + "; ".join(problems)
                            + f". Ray sees {len(alive)} alive node(s): {seen}. Start more nodes (ray start --address="
                            "<head>:6379 on each), or change placement.pools (nnodes, slots_per_node, cpus_per_slot)")
@@ -211,7 +214,8 @@ class WorkerGroup:
     """One Ray actor (a ``WorkerHost``) per rank of a pool, in one torch.distributed world, hosting ``specs``."""
 
     def __init__(self, pool: ResourcePool, specs: dict[str, RoleSpec], name: str = "group",
-                 timeout_s: float = DEFAULT_TIMEOUT_S, ready_timeout_s: float = 300.0, node_loss_timeout_s: float = 60.0):
+                 timeout_s: float = DEFAULT_TIMEOUT_S, ready_timeout_s: float = 300.0,
+                 node_loss_timeout_s: float = 60.0):
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -224,9 +228,9 @@ class WorkerGroup:
         check_capacity({name: pool}, ray.nodes())
         # one bundle per node holding its slots, each on a node of its own (STRICT_SPREAD): a pool of 2 nodes never
         # lands on one big node, and a node's ranks are local ranks 0.. of that node
-        self._pgs = [placement_group([pool.node_bundle()] * pool.nnodes, strategy="STRICT_SPREAD")]
+        self._pg = placement_group([pool.node_bundle()] * pool.nnodes, strategy="STRICT_SPREAD")
         try:
-            ray.get(self._pgs[0].ready(), timeout=ready_timeout_s)
+            ray.get(self._pg.ready(), timeout=ready_timeout_s)
         except ray.exceptions.GetTimeoutError:
             raise RuntimeError(f"worker group {name!r}: pool of {pool.nnodes} node(s) x {pool.slots_per_node} "
                                f"slots of {pool.bundle()} not placed in {ready_timeout_s:.0f}s (each node on a "
@@ -236,7 +240,7 @@ class WorkerGroup:
         self._hosts = []
         for rank in range(self.world_size):
             node, local_rank = divmod(rank, pool.slots_per_node)
-            strategy = PlacementGroupSchedulingStrategy(self._pgs[0], placement_group_bundle_index=node)
+            strategy = PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=node)
             opts = dict(num_cpus=pool.cpus_per_slot, num_gpus=1 if pool.device == "cuda" else 0,
                         scheduling_strategy=strategy, max_restarts=0)
             self._hosts.append(host_cls.options(**opts).remote(rank, self.world_size, local_rank, pool.device, threads,
@@ -337,8 +341,7 @@ class WorkerGroup:
 
         for h in self._hosts:
             ray.kill(h, no_restart=True)
-        for pg in self._pgs:
-            remove_placement_group(pg)
+        remove_placement_group(self._pg)
         self._hosts = []
 
 

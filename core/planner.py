@@ -218,7 +218,6 @@ def _policy_terms(m: ModelShape, r: RunShape, W: int, p: Plan) -> tuple[float, f
     kept on the GPU through the rollout)."""
     if r.strategy == "megatron":
         return _megatron_policy_terms(m, r, W, p)
-    host = parked = 0.0
     sharded = {"fp32 master weights (4P/W)": 4 * m.params / W, "fp32 gradients (4P/W)": 4 * m.params / W,
                "AdamW moments (8P/W)": 8 * m.params / W} if r.actor else {}
     if r.lora_rank and r.actor:  # frozen base, trainable adapters; the reference is the actor with them off
@@ -227,13 +226,7 @@ def _policy_terms(m: ModelShape, r: RunShape, W: int, p: Plan) -> tuple[float, f
                    "fp32 gradients, adapters only (4Pa/W)": 4 * Pa / W, "AdamW moments, adapters (8Pa/W)": 8 * Pa / W}
     elif r.reference:
         sharded["reference fp32 shards (4P/W)"] = 4 * m.params / W
-    for item, b in sharded.items():
-        if r.offload == "full":
-            host += b
-            continue
-        p.lines.append((item, b, "train"))
-        if r.offload == "idle" and not item.startswith("fp32 gradients"):
-            parked += b   # gradients are freed after each optimizer step: nothing of them to park
+    host, parked, resident = _place_states(sharded, r.offload, p)
     copies = 0.0
     if r.actor or r.reference:  # a reference alone on its pool: the same terms, an upper bound (forward only)
         if one_rank(W, r.offload, r.gradient_checkpointing):
@@ -257,7 +250,7 @@ def _policy_terms(m: ModelShape, r: RunShape, W: int, p: Plan) -> tuple[float, f
             p.lines.append(("vision encoder activations" + (" (checkpointed)" if r.gradient_checkpointing else ""),
                             v_act, "train"))
         p.lines.append(("logits (6 T V + chunk work)", 6 * T * m.vocab + CHUNK_WORK, "train"))
-    return host, parked, (sum(sharded.values()) + copies if r.offload == "none" else 0.0)
+    return host, parked, resident + (copies if r.offload == "none" else 0.0)
 
 
 def _megatron_policy_terms(m: ModelShape, r: RunShape, W: int, p: Plan) -> tuple[float, float, float]:
@@ -338,21 +331,29 @@ def _critic_terms(r: RunShape, W: int, p: Plan) -> tuple[float, float, float]:
     return host, parked, resident
 
 
-def _trained_states(role: str, unit: str, params: float, offload: str, p: Plan) -> tuple[float, float, float]:
-    """A trained model's fp32 weights, gradients and AdamW moments (4 + 4 + 8 bytes per parameter of the share
-    ``params``), placed by its offload mode: the lines, and (host, parked, resident) bytes."""
+def _place_states(items: dict[str, float], offload: str, p: Plan) -> tuple[float, float, float]:
+    """Sharded training states (line -> bytes per GPU) placed by an FSDP2 offload mode: full on the host for good,
+    idle parked on the host between calls (gradients are freed after each step: nothing of them to park), none on
+    the GPU throughout. Adds the lines; returns (host, parked, resident) bytes."""
     host = parked = resident = 0.0
-    for item, b in ((f"{role} fp32 master weights (4{unit})", 4 * params), (f"{role} fp32 gradients (4{unit})",
-                    4 * params), (f"{role} AdamW moments (8{unit})", 8 * params)):
+    for item, b in items.items():
         if offload == "full":
             host += b
             continue
         p.lines.append((item, b, "train"))
         if offload == "none":
             resident += b
-        elif "gradients" not in item:  # idle: parked between calls; gradients are freed after each step
+        elif "gradients" not in item:
             parked += b
     return host, parked, resident
+
+
+def _trained_states(role: str, unit: str, params: float, offload: str, p: Plan) -> tuple[float, float, float]:
+    """A trained model's fp32 weights, gradients and AdamW moments (4 + 4 + 8 bytes per parameter of the share
+    ``params``), placed by its offload mode (``_place_states``)."""
+    return _place_states({f"{role} fp32 master weights (4{unit})": 4 * params,
+                          f"{role} fp32 gradients (4{unit})": 4 * params,
+                          f"{role} AdamW moments (8{unit})": 8 * params}, offload, p)
 
 
 def _prm_terms(m: ModelShape, r: RunShape, W: int, p: Plan) -> tuple[float, float, float]:

@@ -15,7 +15,7 @@ positions on 2 cores, where two batched matmuls took 0.45 ms. So:
   explicit mask take it too, each query row on its own: SDPA's CPU flash kernel took 2.7 ms per layer for the
   bench's 64 prompt tails (16 queries x 43 keys), this one 0.9 ms; 1,024 x 1,024 causal, 14.5 vs 10.6 ms.
 - anything else (teacher-forced forwards, training, a prefill with no mask (causal), sliding windows,
-  soft-capping, sinks): SDPA, exactly as transformers runs it.
+  soft-capping, sinks), and everything on a GPU: SDPA, exactly as transformers runs it.
 
 Head order follows ``repeat_kv``: query head h reads KV head h // G.
 """
@@ -47,7 +47,8 @@ def decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
             and (attention_mask is not None or q_len == 1)
             and (attention_mask is None or attention_mask.dtype != torch.bool) and cpu_kernels.available()):
         return cpu_kernels.decode_attention(query, key, value, attention_mask, scale), None
-    if sdpa_only or q_len != 1:
+    # on a GPU one SDPA kernel beats the ~9 small ones below (a decode step there is bound by kernel count)
+    if sdpa_only or q_len != 1 or query.device.type != "cpu":
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                       **kwargs)
     # a strided cache view made CPU bmm 3.4x slower (207 vs 61 us, 64 x 3 heads x 70 positions): copying

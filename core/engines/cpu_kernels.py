@@ -171,7 +171,7 @@ def _install_rms_norm(module: torch.nn.Module) -> int:
             or "forward" in module.__dict__):
         return 0
     own = module.forward
-    return _swap_forward(module, lambda x: torch.ops.hybridrl_cpu.rms_norm(x, w, eps) if _inference(x) else own(x),
+    return swap_forward(module, lambda x: torch.ops.hybridrl_cpu.rms_norm(x, w, eps) if _inference(x) else own(x),
                          w.shape[0], w.dtype)
 
 
@@ -182,14 +182,14 @@ def _install_gated_mlp(module: torch.nn.Module) -> int:
             or "forward" in module.__dict__):
         return 0
     own = module.forward
-    return _swap_forward(
+    return swap_forward(
         module, lambda x: down(torch.ops.hybridrl_cpu.silu_mul(gate(x), up(x))) if _inference(x) else own(x),
         gate.in_features, gate.weight.dtype)
 
 
-def _swap_forward(module: torch.nn.Module, forward, width: int, dtype: torch.dtype) -> int:
+def swap_forward(module: torch.nn.Module, forward, width: int, dtype: torch.dtype, device: str = "cpu") -> int:
     """Install ``forward`` on ``module`` (1) if it reproduces the module's own on a random (2, 3, width) input."""
-    x = _random(2, 3, width, dtype=dtype)
+    x = _random(2, 3, width, dtype=dtype).to(device)
     with torch.no_grad():
         if not _reproduces(module.forward(x), forward(x)):
             return 0

@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 import torch
 
 from core.config import SamplingParams
-from core.engines import attention, cpu_kernels
+from core.engines import attention, cpu_kernels, gpu_kernels
 from core.engines.decode_graphs import DecodeGraphs
 from core.engines.forward import keeps_logits
 from core.engines.kv_cache import SlotKVCache
@@ -69,8 +69,10 @@ class RolloutEngine:
             calibrate = lambda: model(input_ids=torch.tensor([[self.pad_id] * 2], device=self.device), use_cache=False)
             self.packed = PackedLinears(model, calibrate, rows_hint=max_batch_size)
         # bf16 or fp32 on CPU: norms, gated MLPs and rotary on fused kernels where they reproduce them (cpu_kernels)
+        # on a GPU: norms as one kernel each (a graphed decode step there is bound by kernel count: gpu_kernels)
         self.fused = (cpu_kernels.install(model) if self.device.type == "cpu"
-                      and self.dtype in cpu_kernels.KERNEL_DTYPES and cpu_kernels.available() else {})
+                      and self.dtype in cpu_kernels.KERNEL_DTYPES and cpu_kernels.available()
+                      else gpu_kernels.install(model) if self.device.type == "cuda" else {})
 
     def _eos_ids(self) -> list[int]:
         ids = self.model.generation_config.eos_token_id if self.model.generation_config else None
@@ -143,6 +145,8 @@ class RolloutEngine:
 
     def wake(self, max_len: int) -> int:
         """Allocate the KV cache for sequences of up to ``max_len`` tokens now; returns its bytes."""
+        if self.graphs is not None:  # fixed shapes attend over the whole cache: keep its rows aligned for SDPA
+            max_len = -(-max_len // 64) * 64
         if self.cache is None or self.cache.max_len < max_len:
             self.cache = None  # free the old one before allocating the new one
             if self.graphs is not None:

@@ -78,6 +78,7 @@ def test_cuda_graphs_replay_the_eager_step_and_follow_weight_updates(tiny_model_
     eager = RolloutEngine(model, tok, max_batch_size=8, decode_graphs=False)
     graphed = RolloutEngine(model, tok, max_batch_size=8)   # default on a GPU
     assert graphed.graphs is not None and graphed.graphs.capture
+    assert eager.fused == {"norms": 2 * 2 + 1}   # one fused kernel per norm on a GPU (gpu_kernels; shared model)
     assert_same(eager.generate(ids, p), graphed.generate(ids, p), atol=1e-4)
     assert len(graphed.graphs._graphs) > 1  # several buckets recorded as rows retired
     # an in-place weight update reaches the recorded graphs

@@ -52,7 +52,9 @@ def test_offloaded_updates_equal_the_resident_ones_on_gpu(tiny_model_dir):
                 idle_bytes.append(torch.cuda.memory_allocated())
             state = group.role("actor").call_all(FSDPActor.full_state_dict)[0]
             actor_obj = group._host.roles["actor"]
-            on_gpu = sum(p.to_local().numel() * 4 for p in actor_obj.model.parameters() if p.to_local().is_cuda)
+            # offload none on one rank: plain parameters (core/engines/one_rank.py); idle / full: FSDP2 shards
+            local = [p.to_local() if hasattr(p, "to_local") else p for p in actor_obj.model.parameters()]
+            on_gpu = sum(p.numel() * 4 for p in local if p.is_cuda)
             moments = sum(v.numel() * 4 for s in actor_obj.optim.state.values() for k, v in s.items()
                           if torch.is_tensor(v) and k != "step" and v.is_cuda)
             results[mode] = (metrics, sync, state, on_gpu, moments)

@@ -1,0 +1,40 @@
+"""Fused module replacements for the rollout engine on a GPU, where a recorded decode step is bound by how many
+kernels it runs, not by FLOPs or bytes (``core.engines.decode_graphs``).
+
+Measured on an H200 (SmolLM2-135M's architecture, bf16, 64 rows, a 128-column cache; ``bench/gpu_session.sh``):
+one graph replay ran ~1,350 kernels in 3.42 ms. transformers' RMSNorm is six or seven elementwise kernels (fp32
+cast, square, mean, rsqrt, two products, cast back), run twice per layer and once at the end;
+``torch.nn.functional.rms_norm`` is one. With it the replay took 2.57 ms and a 64 x 64-token generate 276 against
+336 ms.
+
+Like ``cpu_kernels.install``, a replacement goes in only where it reproduces the module on a random input (within
+1% of the output's largest magnitude: the fused kernel rounds once, transformers twice), so a norm with other math
+(Gemma's ``1 + weight``) keeps its own code; and only for inference: under autograd the module's own forward runs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from core.engines.cpu_kernels import swap_forward
+
+
+def install(model: torch.nn.Module, device_type: str = "cuda") -> dict[str, int]:
+    """Swap in fused forwards on ``model``'s modules whose weights are on ``device_type``; how many of each kind."""
+    return {"norms": sum(_install_rms_norm(m, device_type) for m in model.modules())}
+
+
+def _install_rms_norm(module: torch.nn.Module, device_type: str) -> int:
+    w = getattr(module, "weight", None)
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    if (not type(module).__name__.lower().endswith("rmsnorm") or not isinstance(w, torch.Tensor) or w.dim() != 1
+            or w.device.type != device_type or not isinstance(eps, float) or "forward" in module.__dict__):
+        return 0
+    own = module.forward
+
+    def fused(x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() or x.dtype != w.dtype:
+            return own(x)
+        return torch.nn.functional.rms_norm(x, w.shape, w, eps)
+
+    return swap_forward(module, fused, w.shape[0], w.dtype, device=w.device)

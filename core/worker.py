@@ -19,6 +19,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from core.memory import keep_freed_memory
+
 
 @dataclass(frozen=True)
 class RoleSpec:
@@ -125,6 +127,7 @@ class WorkerHost:
             self.device = torch.device("cuda", index)
         else:
             self.device = torch.device("cpu")
+            keep_freed_memory()  # big temporaries reuse heap pages instead of faulting in fresh ones every step
         self.roles: dict[str, Any] = {}
 
     def __repr__(self) -> str:

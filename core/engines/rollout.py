@@ -136,7 +136,9 @@ class RolloutEngine:
     # ----------------------------------------------------------------------------------------- memory
     def sleep(self) -> int:
         """Free the KV cache (between rollouts, so the colocated trainer gets the memory); returns bytes freed.
-        The next ``generate`` (or ``wake``) allocates it again."""
+        The next ``generate`` (or ``wake``) allocates it again. On CPU a worker keeps freed pages for its own reuse
+        (``core.memory.keep_freed_memory``: the trainer in the same process takes them without page faults);
+        ``core.memory.release_freed_memory`` hands them to the OS."""
         freed = self.cache.nbytes if self.cache is not None else 0
         if self.graphs is not None:
             self.graphs.drop()  # they hold the cache's memory

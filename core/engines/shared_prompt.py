@@ -27,6 +27,7 @@ layout's attention. Same keys for every query, so the same softmax up to summati
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -50,12 +51,14 @@ def prompt_groups(batch: Batch) -> list[list[int]]:
     return groups
 
 
-def pack(batch: Batch, groups: list[list[int]]) -> dict[str, torch.Tensor]:
+def pack(batch: Batch, groups: list[list[int]], flat: bool = False) -> dict[str, torch.Tensor]:
     """The packed model inputs of ``batch`` (already trimmed of padding columns) for these row groups:
     ``input_ids``, ``position_ids`` (rows, P + G R), the block mask ``allowed`` (rows, 1, W, W) as bools
     (query, key), ``keep`` (1 + G (R - 1),): the columns whose logits are needed, ``take`` (B, R): for each
     original row and response token, the index into ``keep`` of the logits that predict it, ``group`` (B,):
-    each original row's packed row, and ``parts``: the layout for attention by parts."""
+    each original row's packed row, and ``parts``: the layout for attention by parts.
+
+    ``flat``: the real tokens alone, as one row (``_flatten``): no padding goes through the model's linears."""
     B, W0 = batch["input_ids"].shape
     R = batch["responses"].shape[1]
     P, G, N = W0 - R, max(len(g) for g in groups), len(groups)
@@ -83,8 +86,29 @@ def pack(batch: Batch, groups: list[list[int]]) -> dict[str, torch.Tensor]:
         for j, b in enumerate(rows):
             take[b, 1:] = 1 + j * (R - 1) + torch.arange(R - 1)  # take[b, 0] = 0: the prompt's last column
             group[b] = r
-    return {"input_ids": ids, "position_ids": pos, "allowed": allowed[:, None], "keep": keep, "take": take,
-            "group": group, "parts": Parts.of(allowed[:, None], P, G, R)}
+    p = {"input_ids": ids, "position_ids": pos, "allowed": allowed[:, None], "keep": keep, "take": take,
+         "group": group, "parts": Parts.of(allowed[:, None], P, G, R)}
+    return _flatten(p, valid) if flat else p
+
+
+def _flatten(p: dict, valid: torch.Tensor) -> dict:
+    """The packed rows' real tokens (``valid``: (N, W)) as one row of T tokens, in row-major order: the model's
+    linears, norms and MLPs then see no padding (in the short GRPO bench a micro-batch's responses, padded to the
+    longest, were ~30% padding). Attention by parts gathers each part's padded layout from the flat tokens and
+    scatters its outputs back (``Parts.gather`` / ``scatter``): the same queries, keys, masks and positions, so
+    the same numbers. ``keep`` and ``take`` then index the flat row; a padding response token (masked downstream)
+    takes the first kept position. No ``allowed``: attention by parts does not read the block mask."""
+    N, W = valid.shape
+    order = valid.flatten().nonzero().squeeze(1)                      # (T,) each real token's packed position
+    gather = torch.zeros(N * W, dtype=torch.long)                     # packed position -> flat token (pads: 0)
+    gather[order] = torch.arange(len(order))
+    kept = torch.arange(N)[:, None] * W + p["keep"][None, :]          # (N, K) packed positions of needed logits
+    real = valid.flatten()[kept]                                      # (N, K)
+    index = (real.flatten().cumsum(0) - 1).view_as(real)              # each real kept position's index in keep
+    g, t = p["group"][:, None], p["take"]
+    return {"input_ids": p["input_ids"].flatten()[order][None], "position_ids": p["position_ids"].flatten()[order][None],
+            "allowed": None, "keep": gather[kept[real]], "take": torch.where(real[g, t], index[g, t], 0),
+            "group": torch.zeros_like(p["group"]), "parts": dataclasses.replace(p["parts"], gather=gather, scatter=order)}
 
 
 @dataclass(frozen=True)
@@ -97,6 +121,8 @@ class Parts:
     R: int
     prompt_mask: torch.Tensor
     slot_mask: torch.Tensor
+    gather: torch.Tensor | None = None    # flat rows (``_flatten``): packed position -> flat token
+    scatter: torch.Tensor | None = None   # flat token -> packed position
 
     @staticmethod
     def of(allowed: torch.Tensor, P: int, G: int, R: int) -> "Parts":
@@ -107,7 +133,13 @@ class Parts:
         return Parts(P, G, R, a[:, None, :P, :P], slot_mask.flatten(0, 1)[:, None])
 
     def to(self, device: torch.device) -> "Parts":
-        return Parts(self.P, self.G, self.R, self.prompt_mask.to(device), self.slot_mask.to(device))
+        move = lambda t: None if t is None else t.to(device)
+        return Parts(self.P, self.G, self.R, *map(move, (self.prompt_mask, self.slot_mask, self.gather, self.scatter)))
+
+    def unflatten(self, x: torch.Tensor) -> torch.Tensor:
+        """A flat row's (1, H, T, D) -> the packed rows' (N, H, W, D); padding positions hold token 0's."""
+        W = self.P + self.G * self.R
+        return x[0][:, self.gather].view(x.shape[1], -1, W, x.shape[-1]).transpose(0, 1)
 
     def split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(N, H, W, D) -> the prompt's (N, H, P, D) and the slots' (N G, H, R, D)."""
@@ -131,10 +163,13 @@ class Parts:
 def attention_by_parts(attend, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, parts: Parts):
     """``attend(q, k, v, mask) -> (B, q, H, D)`` run on the prompt and on the slots separately; the packed rows'
     (N, W, H, D) output."""
+    if parts.gather is not None:  # a flat row: the packed layout first, the real tokens' outputs back at the end
+        query, key, value = map(parts.unflatten, (query, key, value))
     q_prompt, q_slots = parts.split(query)
     prompt = attend(q_prompt, key[:, :, :parts.P], value[:, :, :parts.P], parts.prompt_mask)
     slots = attend(q_slots, parts.slot_keys(key), parts.slot_keys(value), parts.slot_mask)
-    return parts.join(prompt, slots)
+    out = parts.join(prompt, slots)
+    return out if parts.gather is None else out.flatten(0, 1)[parts.scatter][None]
 
 
 def attention_mask_4d(allowed: torch.Tensor, model) -> torch.Tensor:
@@ -149,7 +184,7 @@ def attention_mask_4d(allowed: torch.Tensor, model) -> torch.Tensor:
 def shared_prompt_logits(model, batch: Batch, groups: list[list[int]]) -> torch.Tensor:
     """(B, R, V) logits that predict each row's R response tokens (``batch`` trimmed of padding), from one packed
     forward per prompt group; row order is the batch's."""
-    p = pack(batch, groups)
+    p = pack(batch, groups, flat=_by_parts(model, batch))
     device = batch["input_ids"].device
     out = _packed_forward(model, p, device)
     return out.logits[p["group"].to(device)[:, None], p["take"].to(device)]  # (groups, keep, V) -> (B, R, V)
@@ -159,7 +194,7 @@ def shared_prompt_logprobs(model, batch: Batch, groups: list[list[int]], head, t
                            with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(B, R) log-probs of each row's response tokens (and entropies), the same packed forward with the LM head
     fused into the log-softmax (``core.engines.lm_head``: no (positions x vocabulary) tensor)."""
-    p = pack(batch, groups)
+    p = pack(batch, groups, flat=_by_parts(model, batch))
     device = batch["input_ids"].device
     # target (b, t) is predicted by kept column take[b, t] of packed row group[b]
     pos = (p["group"][:, None] * len(p["keep"]) + p["take"]).reshape(-1).to(device)
@@ -172,18 +207,24 @@ def shared_prompt_values(model, batch: Batch, groups: list[list[int]]) -> torch.
     """(B, R) outputs of a one-output head (a value model: ``AutoModelForTokenClassification``) at the positions
     that predict each row's R response tokens, from one packed forward per prompt group; row order is the batch's.
     Such a model computes its head at every position (no ``logits_to_keep``): one output each, so cheap."""
-    p = pack(batch, groups)
+    p = pack(batch, groups, flat=_by_parts(model, batch))
     device = batch["input_ids"].device
     out = _packed_forward(model, p, device, keep=False).logits[..., 0]           # (groups, packed width)
     return out[:, p["keep"].to(device)][p["group"].to(device)[:, None], p["take"].to(device)]
 
 
-def _packed_forward(model, p: dict, device: torch.device, keep: bool = True):
+def _by_parts(model, batch: Batch) -> bool:
+    """Does ``model`` attend by parts (our training attention), so that its rows can be flat? (Text positions: a
+    model with multi-axis positions keeps the padded rows.)"""
     from core.engines.train_attention import NAME  # here: train_attention imports this module
 
+    return getattr(model.config, "_attn_implementation", None) == NAME and batch["position_ids"].dim() == 2
+
+
+def _packed_forward(model, p: dict, device: torch.device, keep: bool = True):
     # our training attention takes the layout and attends by parts; any other ignores it (the dense block mask)
-    by_parts = ({"shared_prompt_parts": p["parts"].to(device)}
-                if getattr(model.config, "_attn_implementation", None) == NAME else {})
+    by_parts = {"shared_prompt_parts": p["parts"].to(device)} if _by_parts(model, p) else {}
+    mask = None if p["allowed"] is None else attention_mask_4d(p["allowed"], model).to(device)
     return model(input_ids=p["input_ids"].to(device), position_ids=p["position_ids"].to(device),
-                 attention_mask=attention_mask_4d(p["allowed"], model).to(device), use_cache=False,
+                 attention_mask=mask, use_cache=False,
                  **({"logits_to_keep": p["keep"].to(device)} if keep else {}), **by_parts)

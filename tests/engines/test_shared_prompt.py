@@ -54,6 +54,27 @@ def test_the_packed_row_holds_the_prompt_once_and_each_response_sees_only_the_pr
     assert p["take"].tolist() == [[0, 1], [0, 2]]
 
 
+def test_flat_rows_hold_each_prompt_once_and_the_real_response_tokens_only():
+    """Groups of 3, 2, 1 and 1 rows with uneven prompts and responses: one row of exactly the real tokens, and
+    ``keep`` / ``take`` find each response token's predicting position in it."""
+    b = trim_padding(grouped_batch(**UNEVEN))
+    groups = prompt_groups(b)
+    padded, flat = pack(b, groups), pack(b, groups, flat=True)
+    P = b["input_ids"].shape[1] - b["responses"].shape[1]
+    lengths = b["attention_mask"][:, P:].sum(-1).tolist()
+    real = sum(int(b["attention_mask"][g[0], :P].sum()) for g in groups) + sum(lengths)
+    assert flat["input_ids"].shape == (1, real) and real < padded["input_ids"].numel()
+    R = b["responses"].shape[1]
+    for row in range(len(b)):
+        for t in range(lengths[row]):
+            # the token at the kept position is the one before response token t (the prompt's last, or t - 1)
+            at = flat["input_ids"][0, flat["keep"][flat["take"][row, t]]]
+            before = b["input_ids"][row, P + t - 1]
+            assert at == before, (row, t)
+            assert flat["position_ids"][0, flat["keep"][flat["take"][row, t]]] == b["position_ids"][row, P + t - 1]
+    assert flat["take"].shape == (len(b), R)
+
+
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_shared_prompt_forward_gives_the_standard_logprobs_entropy_and_gradients(tiny_model_dir, attention):
     model = load_causal_lm(str(tiny_model_dir))
@@ -84,8 +105,8 @@ def test_a_response_that_could_see_another_would_change_its_logprobs(tiny_model_
         exact, _ = response_logprobs(model, b, share_prompt=True)
         real_pack = sp.pack
 
-        def leaky(batch, groups):
-            p = real_pack(batch, groups)
+        def leaky(batch, groups, **kw):
+            p = real_pack(batch, groups, **kw)
             W = p["allowed"].shape[-1]
             p["allowed"] = p["allowed"] | torch.ones(W, W, dtype=torch.bool).tril()
             return p

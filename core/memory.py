@@ -20,8 +20,9 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def release_freed_memory() -> None:
-    """Hand every free page glibc holds back to the OS (``malloc_trim(0)``): after a deliberate free (the rollout
-    engine's ``sleep``), since ``keep_freed_memory`` otherwise keeps them for this process's reuse."""
+    """Hand every free page glibc holds back to the OS (``malloc_trim(0)``), which ``keep_freed_memory`` otherwise
+    keeps for this process's reuse: on request (``peak_memory(trim=True)`` in benches; nothing in the training loop,
+    where it would bring the page faults back)."""
     try:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to hand back
@@ -36,7 +37,8 @@ def keep_freed_memory(trim_threshold_bytes: int = 1 << 30) -> bool:
     to the OS only past ``trim_threshold_bytes`` free at the heap's top. glibc maps each block over 32 MB on its own
     and unmaps it when freed, so every training step touched its big temporaries (the tied embedding's gradients,
     57 MB each in bf16; logits blocks) as new pages: ~270,000 page faults (~1 GB) per step of the short GRPO bench
-    on a 2-core EPYC, ~0.8 s of an 8.9 s step; with this, a few hundred. The cost: freed blocks stay with this
+    on a 2-core EPYC, ~0.8 s of an 8.9 s step; with this, a few hundred (tens of thousands in some steps once the
+    flat shared-prompt rows made micro-batch sizes vary). The cost: freed blocks stay with this
     process for its reuse, as with jemalloc or tcmalloc, and glibc's aligned allocations leave some holes before the
     heap settles (tests/test_memory.py: a loop of one 64 MB tensor settled at ~0.8 GB resident). CPU workers call it
     (``core.worker.WorkerHost``); ``release_freed_memory`` hands free pages back; ``HYBRIDRL_CPU_MALLOC=0`` leaves

@@ -163,14 +163,22 @@ def _random(*shape: int, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> 
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).mul_(3).to(dtype)
 
 
-def _install_rms_norm(module: torch.nn.Module) -> int:
+def rms_norm_parts(module: torch.nn.Module) -> tuple[torch.Tensor, float] | None:
+    """(weight, epsilon) of a module named ``*RMSNorm`` with a 1-D weight and a float epsilon whose forward is
+    still its class's (nothing installed yet); else None."""
     w = getattr(module, "weight", None)
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
     if (not type(module).__name__.lower().endswith("rmsnorm") or not isinstance(w, torch.Tensor) or w.dim() != 1
-            or w.dtype not in KERNEL_DTYPES or w.device.type != "cpu" or not isinstance(eps, float)
-            or "forward" in module.__dict__):
+            or not isinstance(eps, float) or "forward" in module.__dict__):
+        return None
+    return w, eps
+
+
+def _install_rms_norm(module: torch.nn.Module) -> int:
+    parts = rms_norm_parts(module)
+    if parts is None or parts[0].dtype not in KERNEL_DTYPES or parts[0].device.type != "cpu":
         return 0
-    own = module.forward
+    (w, eps), own = parts, module.forward
     return swap_forward(module, lambda x: torch.ops.hybridrl_cpu.rms_norm(x, w, eps) if _inference(x) else own(x),
                          w.shape[0], w.dtype)
 

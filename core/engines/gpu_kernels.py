@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from core.engines.cpu_kernels import swap_forward
+from core.engines.cpu_kernels import rms_norm_parts, swap_forward
 
 
 def install(model: torch.nn.Module, device_type: str = "cuda") -> dict[str, int]:
@@ -25,12 +25,10 @@ def install(model: torch.nn.Module, device_type: str = "cuda") -> dict[str, int]
 
 
 def _install_rms_norm(module: torch.nn.Module, device_type: str) -> int:
-    w = getattr(module, "weight", None)
-    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
-    if (not type(module).__name__.lower().endswith("rmsnorm") or not isinstance(w, torch.Tensor) or w.dim() != 1
-            or w.device.type != device_type or not isinstance(eps, float) or "forward" in module.__dict__):
+    parts = rms_norm_parts(module)
+    if parts is None or parts[0].device.type != device_type:
         return 0
-    own = module.forward
+    (w, eps), own = parts, module.forward
 
     def fused(x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() or x.dtype != w.dtype:

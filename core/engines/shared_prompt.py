@@ -106,9 +106,11 @@ def _flatten(p: dict, valid: torch.Tensor) -> dict:
     real = valid.flatten()[kept]                                      # (N, K)
     index = (real.flatten().cumsum(0) - 1).view_as(real)              # each real kept position's index in keep
     g, t = p["group"][:, None], p["take"]
-    return {"input_ids": p["input_ids"].flatten()[order][None], "position_ids": p["position_ids"].flatten()[order][None],
+    return {"input_ids": p["input_ids"].flatten()[order][None],
+            "position_ids": p["position_ids"].flatten()[order][None],
             "allowed": None, "keep": gather[kept[real]], "take": torch.where(real[g, t], index[g, t], 0),
-            "group": torch.zeros_like(p["group"]), "parts": dataclasses.replace(p["parts"], gather=gather, scatter=order)}
+            "group": torch.zeros_like(p["group"]),
+            "parts": dataclasses.replace(p["parts"], gather=gather, scatter=order)}
 
 
 @dataclass(frozen=True)
@@ -184,7 +186,7 @@ def attention_mask_4d(allowed: torch.Tensor, model) -> torch.Tensor:
 def shared_prompt_logits(model, batch: Batch, groups: list[list[int]]) -> torch.Tensor:
     """(B, R, V) logits that predict each row's R response tokens (``batch`` trimmed of padding), from one packed
     forward per prompt group; row order is the batch's."""
-    p = pack(batch, groups, flat=_by_parts(model, batch))
+    p = _pack_for(model, batch, groups)
     device = batch["input_ids"].device
     out = _packed_forward(model, p, device)
     return out.logits[p["group"].to(device)[:, None], p["take"].to(device)]  # (groups, keep, V) -> (B, R, V)
@@ -194,7 +196,7 @@ def shared_prompt_logprobs(model, batch: Batch, groups: list[list[int]], head, t
                            with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(B, R) log-probs of each row's response tokens (and entropies), the same packed forward with the LM head
     fused into the log-softmax (``core.engines.lm_head``: no (positions x vocabulary) tensor)."""
-    p = pack(batch, groups, flat=_by_parts(model, batch))
+    p = _pack_for(model, batch, groups)
     device = batch["input_ids"].device
     # target (b, t) is predicted by kept column take[b, t] of packed row group[b]
     pos = (p["group"][:, None] * len(p["keep"]) + p["take"]).reshape(-1).to(device)
@@ -207,23 +209,28 @@ def shared_prompt_values(model, batch: Batch, groups: list[list[int]]) -> torch.
     """(B, R) outputs of a one-output head (a value model: ``AutoModelForTokenClassification``) at the positions
     that predict each row's R response tokens, from one packed forward per prompt group; row order is the batch's.
     Such a model computes its head at every position (no ``logits_to_keep``): one output each, so cheap."""
-    p = pack(batch, groups, flat=_by_parts(model, batch))
+    p = _pack_for(model, batch, groups)
     device = batch["input_ids"].device
     out = _packed_forward(model, p, device, keep=False).logits[..., 0]           # (groups, packed width)
     return out[:, p["keep"].to(device)][p["group"].to(device)[:, None], p["take"].to(device)]
 
 
-def _by_parts(model, batch: Batch) -> bool:
-    """Does ``model`` attend by parts (our training attention), so that its rows can be flat? (Text positions: a
-    model with multi-axis positions keeps the padded rows.)"""
+def _attends_by_parts(model) -> bool:
+    """Does ``model`` run our training attention, which takes the layout and attends by parts?"""
     from core.engines.train_attention import NAME  # here: train_attention imports this module
 
-    return getattr(model.config, "_attn_implementation", None) == NAME and batch["position_ids"].dim() == 2
+    return getattr(model.config, "_attn_implementation", None) == NAME
+
+
+def _pack_for(model, batch: Batch, groups: list[list[int]]) -> dict:
+    """``pack``'s layout for ``model``: flat rows where it attends by parts and positions are text positions (a
+    model with multi-axis positions keeps the padded rows)."""
+    return pack(batch, groups, flat=_attends_by_parts(model) and batch["position_ids"].dim() == 2)
 
 
 def _packed_forward(model, p: dict, device: torch.device, keep: bool = True):
     # our training attention takes the layout and attends by parts; any other ignores it (the dense block mask)
-    by_parts = {"shared_prompt_parts": p["parts"].to(device)} if _by_parts(model, p) else {}
+    by_parts = {"shared_prompt_parts": p["parts"].to(device)} if _attends_by_parts(model) else {}
     mask = None if p["allowed"] is None else attention_mask_4d(p["allowed"], model).to(device)
     return model(input_ids=p["input_ids"].to(device), position_ids=p["position_ids"].to(device),
                  attention_mask=mask, use_cache=False,

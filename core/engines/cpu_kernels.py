@@ -51,7 +51,7 @@ from pathlib import Path
 import torch
 
 _SOURCES = [Path(__file__).parent / "csrc" / f for f in ("attention.cpp", "elementwise.cpp", "fp32.cpp", "linear.cpp",
-                                                                "ops.cpp", "train_attention.cpp")]
+                                                                "lm_head.cpp", "ops.cpp", "train_attention.cpp")]
 _state: dict[str, bool] = {}
 
 

@@ -58,18 +58,25 @@ class HeadLogprobs(torch.autograd.Function):
         f32 = dict(dtype=torch.float32, device=hidden.device)
         # per position, in logit units (x T): the running max, the sum of exp(x - max), the sum of exp(x - max) x
         peak, total = torch.full((M,), -torch.inf, **f32), torch.zeros(M, **f32)
-        moment = torch.zeros(M, **f32) if with_entropy else None
-        target = torch.empty(pos.shape[0], **f32)
-        for v0, v1, logits in _blocks(hidden, weight):
-            new_peak = torch.maximum(peak, logits.max(-1).values.float())
-            rescale = ((peak - new_peak) / T).exp_()
-            e = _exp((logits - new_peak[:, None]), T)            # fp32 by type promotion: no separate cast pass
-            total = total * rescale + e.sum(-1)
-            if with_entropy:
-                moment = moment * rescale + (e * logits).sum(-1)
-            peak = new_peak
-            q = ((ids >= v0) & (ids < v1)).nonzero()[:, 0]
-            target[q] = logits[pos[q], ids[q] - v0].float()
+        moment = torch.zeros(M if with_entropy else 0, **f32)
+        if _on_kernels(hidden):  # one pass per row and block, in cache (csrc/lm_head.cpp)
+            order, row_ptr, tok = _targets_by_row(pos, ids, M)
+            picked = torch.empty(pos.shape[0], **f32)
+            for v0, _, logits in _blocks(hidden, weight):
+                _fold(logits, v0, peak, total, moment, with_entropy, row_ptr, tok, picked, T)
+            target = torch.empty_like(picked).index_copy_(0, order, picked)
+        else:
+            target = torch.empty(pos.shape[0], **f32)
+            for v0, v1, logits in _blocks(hidden, weight):
+                new_peak = torch.maximum(peak, logits.max(-1).values.float())
+                rescale = ((peak - new_peak) / T).exp_()
+                e = _exp((logits - new_peak[:, None]), T)            # fp32 by type promotion: no separate cast pass
+                total = total * rescale + e.sum(-1)
+                if with_entropy:
+                    moment = moment * rescale + (e * logits).sum(-1)
+                peak = new_peak
+                q = ((ids >= v0) & (ids < v1)).nonzero()[:, 0]
+                target[q] = logits[pos[q], ids[q] - v0].float()
         logz = (peak + T * total.log()) / T                      # log sum exp(logits / T)
         mean = moment / total / T if with_entropy else None      # E_softmax[logits / T]
         ctx.save_for_backward(hidden, weight, pos, ids, logz, mean)
@@ -86,17 +93,50 @@ class HeadLogprobs(torch.autograd.Function):
         g_ent = (torch.zeros(M, **f32).index_add_(0, pos, grad_ent.float())
                  if mean is not None and grad_ent is not None else None)
         grad_x = torch.empty(M, weight.shape[0], dtype=hidden.dtype, device=hidden.device)
-        for v0, v1, logits in _blocks(hidden, weight):
-            p = _exp(logits - (logz * T)[:, None], T)             # softmax(logits / T), fp32
-            gx = p * -g_pos[:, None]                             # sum over targets of g (onehot(i) - p)
-            q = ((ids >= v0) & (ids < v1)).nonzero()[:, 0]
-            gx.index_put_((pos[q], ids[q] - v0), grad_logp[q].float(), accumulate=True)
-            if g_ent is not None:
-                gx -= g_ent[:, None] * p * _scale(logits - (mean * T)[:, None], T)
-            grad_x[:, v0:v1] = gx.div_(T)
+        if _on_kernels(hidden):
+            order, row_ptr, tok = _targets_by_row(pos, ids, M)
+            val, logz_t = grad_logp.float()[order], logz * T
+            with_ent = g_ent is not None
+            g_ent, mean_t = (g_ent, mean * T) if with_ent else (logz_t.new_empty(0), logz_t.new_empty(0))
+            for v0, v1, logits in _blocks(hidden, weight):
+                _grad(logits, v0, logz_t, g_pos, g_ent, mean_t, with_ent, row_ptr, tok, val, grad_x[:, v0:v1], T)
+        else:
+            for v0, v1, logits in _blocks(hidden, weight):
+                p = _exp(logits - (logz * T)[:, None], T)             # softmax(logits / T), fp32
+                gx = p * -g_pos[:, None]                             # sum over targets of g (onehot(i) - p)
+                q = ((ids >= v0) & (ids < v1)).nonzero()[:, 0]
+                gx.index_put_((pos[q], ids[q] - v0), grad_logp[q].float(), accumulate=True)
+                if g_ent is not None:
+                    gx -= g_ent[:, None] * p * _scale(logits - (mean * T)[:, None], T)
+                grad_x[:, v0:v1] = gx.div_(T)
         grad_hidden = grad_x @ weight if ctx.needs_input_grad[0] else None
         grad_weight = grad_x.T @ hidden if ctx.needs_input_grad[1] else None
         return grad_hidden, grad_weight, None, None, None, None
+
+
+def _fold(*args) -> None:
+    torch.ops.hybridrl_cpu.head_fold(*args)
+
+
+def _grad(*args) -> None:
+    torch.ops.hybridrl_cpu.head_grad(*args)
+
+
+def _on_kernels(hidden: torch.Tensor) -> bool:
+    """The block work on the fused CPU kernels (bf16 or fp32 on CPU, kernels built); else the PyTorch ops."""
+    from core.engines import cpu_kernels
+
+    return (hidden.device.type == "cpu" and hidden.dtype in (torch.bfloat16, torch.float32)
+            and cpu_kernels.available())
+
+
+def _targets_by_row(pos: torch.Tensor, ids: torch.Tensor, M: int):
+    """The targets grouped by position, as the kernels read them: (order: each CSR slot's target index, row_ptr
+    (M + 1): row r's slots are row_ptr[r]:row_ptr[r + 1], tok: each slot's vocabulary id)."""
+    order = torch.argsort(pos, stable=True)
+    row_ptr = torch.zeros(M + 1, dtype=torch.long, device=pos.device)
+    row_ptr[1:] = torch.bincount(pos, minlength=M).cumsum(0)
+    return order, row_ptr, ids[order].contiguous()
 
 
 def _blocks(hidden: torch.Tensor, weight: torch.Tensor):

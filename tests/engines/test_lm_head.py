@@ -1,11 +1,14 @@
 """The LM head fused into the log-softmax (core.engines.lm_head): the textbook values and gradients (fp32, several
 vocabulary blocks, several targets per position, temperature, entropy), bf16 within its rounding, and a model's log-probs,
-entropies and every parameter's gradient equal to the standard path's, with and without shared prompts."""
+entropies and every parameter's gradient equal to the standard path's, with and without shared prompts. The block
+work runs on the CPU kernels (csrc/lm_head.cpp) where they are built and on PyTorch ops otherwise: the unit tests
+take each path (``blocks``)."""
 
 import pytest
 import torch
 
 import core.engines.lm_head as lm_head
+from core.engines import cpu_kernels
 from core.engines.forward import response_logprobs
 from core.engines.lm_head import HeadLogprobs, fused_head
 from core.models import load_causal_lm
@@ -19,6 +22,28 @@ def textbook(hidden, weight, pos, ids, T):
     return logp, ent
 
 
+@pytest.fixture(params=["torch", "kernels"])
+def blocks(request, monkeypatch):
+    """Which code does the per-block work: PyTorch ops, or the fused CPU kernels (counted: each block's call)."""
+    calls = {"fold": 0, "grad": 0, "blocks": 0 if request.param == "torch" else 5}
+    if request.param == "torch":
+        monkeypatch.setattr(lm_head, "_on_kernels", lambda hidden: False)
+        return calls
+    if not cpu_kernels.available():
+        pytest.skip("the CPU kernels are not built here (HYBRIDRL_CPU_KERNELS=0 or no compiler)")
+    fold, grad = torch.ops.hybridrl_cpu.head_fold, torch.ops.hybridrl_cpu.head_grad
+
+    def counted(name, fn):
+        def call(*args):
+            calls[name] += 1
+            return fn(*args)
+        return call
+
+    monkeypatch.setattr(lm_head, "_fold", counted("fold", fold))
+    monkeypatch.setattr(lm_head, "_grad", counted("grad", grad))
+    return calls
+
+
 def case(dtype, M=10, D=6, V=23, seed=0):
     g = torch.Generator().manual_seed(seed)
     hidden = (torch.randn(M, D, generator=g) * 2).to(dtype).requires_grad_(True)
@@ -30,7 +55,7 @@ def case(dtype, M=10, D=6, V=23, seed=0):
 
 
 @pytest.mark.parametrize("with_entropy", [False, True])
-def test_fused_head_gives_the_textbook_logprobs_entropy_and_gradients_in_fp32(with_entropy, monkeypatch):
+def test_fused_head_gives_the_textbook_logprobs_entropy_and_gradients_in_fp32(with_entropy, blocks, monkeypatch):
     monkeypatch.setattr(lm_head, "BLOCK_VALUES", 10 * 5)  # blocks of 5 vocabulary rows: 5 blocks, the last of 3
     hidden, weight, pos, ids, w_logp, w_ent = case(torch.float32)
     logp, ent = HeadLogprobs.apply(hidden, weight, pos, ids, 0.7, with_entropy)
@@ -44,9 +69,10 @@ def test_fused_head_gives_the_textbook_logprobs_entropy_and_gradients_in_fp32(wi
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     assert got[0][4].abs().max() == 0  # a position with no target gets no gradient
+    assert blocks["fold"] == blocks["grad"] == blocks["blocks"]  # the kernels took each of the 5 blocks, both ways
 
 
-def test_fused_head_in_bf16_is_within_the_rounding_of_the_standard_path(monkeypatch):
+def test_fused_head_in_bf16_is_within_the_rounding_of_the_standard_path(blocks, monkeypatch):
     """bf16 logits normalised in fp32 on either path: the same log-probs up to the fp32 summation order; the
     gradients within bf16 rounding (each one matmul over the bf16 gradient of the logits, as autograd's)."""
     monkeypatch.setattr(lm_head, "BLOCK_VALUES", 10 * 5)

@@ -212,5 +212,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> train_attention_bwd(const at::Ten
                                                                    const at::Tensor& out, const at::Tensor& lse,
                                                                    const at::Tensor& mask, double scale);
 std::tuple<at::Tensor, at::Tensor> sample_rows(const at::Tensor& logits, double inv_temperature, const at::Tensor& u);
+void head_fold(const at::Tensor& logits, int64_t v0, at::Tensor peak, at::Tensor total, at::Tensor moment,
+               bool with_moment, const at::Tensor& row_ptr, const at::Tensor& tok, at::Tensor picked,
+               double temperature);
+void head_grad(const at::Tensor& logits, int64_t v0, const at::Tensor& logz_t, const at::Tensor& g_pos,
+               const at::Tensor& g_ent, const at::Tensor& mean_t, bool with_ent, const at::Tensor& row_ptr,
+               const at::Tensor& tok, const at::Tensor& val, at::Tensor out, double temperature);
 
 }  // namespace hybridrl

@@ -21,6 +21,10 @@ TORCH_LIBRARY(hybridrl_cpu, m) {
   m.def("train_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> (Tensor, Tensor)");
   m.def("train_attention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor mask, "
         "float scale) -> (Tensor, Tensor, Tensor)");
+  m.def("head_fold(Tensor logits, int v0, Tensor(a!) peak, Tensor(b!) total, Tensor(c!) moment, bool with_moment, "
+        "Tensor row_ptr, Tensor tok, Tensor(d!) picked, float temperature) -> ()");
+  m.def("head_grad(Tensor logits, int v0, Tensor logz_t, Tensor g_pos, Tensor g_ent, Tensor mean_t, bool with_ent, "
+        "Tensor row_ptr, Tensor tok, Tensor val, Tensor(a!) out, float temperature) -> ()");
   m.def("write_decode(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, Tensor pos) -> ()");
 }
 TORCH_LIBRARY_IMPL(hybridrl_cpu, CPU, m) {
@@ -36,4 +40,6 @@ TORCH_LIBRARY_IMPL(hybridrl_cpu, CPU, m) {
   m.impl("linear_packed", hybridrl::linear_packed);
   m.impl("train_attention_fwd", hybridrl::train_attention_fwd);
   m.impl("train_attention_bwd", hybridrl::train_attention_bwd);
+  m.impl("head_fold", hybridrl::head_fold);
+  m.impl("head_grad", hybridrl::head_grad);
 }

@@ -319,3 +319,68 @@ def test_fp32_engine_on_the_kernels_matches_a_teacher_forced_forward(tiny_model_
     logp = logits[:, Tp - 1:-1].log_softmax(-1).gather(-1, out["responses"][..., None]).squeeze(-1)
     diff = (logp - out["rollout_logprobs"]).abs()[out["response_mask"] > 0]
     assert diff.max() < 1e-4, diff.max()
+
+
+# ------------------------------------------------------------------ the gated MLP in training (install_training)
+@pytest.mark.parametrize("dtype", [bf16, f32])
+def test_silu_mul_backward_is_autograds_of_silu_times_up(dtype):
+    """Values and both gradients against autograd's silu(gate) * up: bf16 within one ulp on few elements (the
+    kernels' own exp), fp32 within 1e-5 relative; a row length off the 8-lane body (203) takes the tail too."""
+    g = torch.Generator().manual_seed(7)
+    gate = (torch.randn(3, 5, 203, generator=g) * 4).to(dtype).requires_grad_(True)
+    up = torch.randn(3, 5, 203, generator=g).to(dtype).requires_grad_(True)
+    dy = torch.randn(3, 5, 203, generator=g).to(dtype)
+    want = torch.autograd.grad(torch.nn.functional.silu(gate) * up, (gate, up), dy)
+    got = torch.autograd.grad(cpu_kernels.SiluMul.apply(gate, up), (gate, up), dy)
+    for a, w in zip(got, want):
+        assert a.dtype == dtype and a.shape == w.shape
+        if dtype == bf16:
+            diff = (a.float() - w.float()).abs()
+            assert bool((diff <= w.float().abs() * 2 ** -7 + 1e-30).all()) and (a != w).float().mean() < 0.02
+        else:
+            torch.testing.assert_close(a, w, atol=1e-6, rtol=1e-5)
+    # a wrong derivative (silu's value in place of its slope) is far outside that
+    assert (want[0].float() - (dy * up * torch.nn.functional.silu(gate)).float()).abs().max() > 0.5
+
+
+@pytest.mark.parametrize("dtype", [bf16, f32])
+def test_a_trainers_mlps_run_fused_and_give_the_standard_gradients(tiny_model_dir, dtype, monkeypatch):
+    """``install_training`` on a Llama: every MLP installed, the fused activation runs in forward and backward,
+    and the loss's gradient for every parameter equals the standard model's (bf16: within its rounding)."""
+    calls = {"fwd": 0}
+    apply = cpu_kernels.SiluMul.apply
+
+    def counted(*args):
+        calls["fwd"] += 1
+        return apply(*args)
+
+    monkeypatch.setattr(cpu_kernels.SiluMul, "apply", counted)
+    grads = []
+    for fused in (False, True):
+        model = load_causal_lm(str(tiny_model_dir), dtype=dtype)
+        if fused:
+            assert cpu_kernels.install_training(model) == model.config.num_hidden_layers
+        ids = torch.randint(3, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(8))
+        logits = model(ids).logits.float()
+        torch.log_softmax(logits, -1)[..., 5].sum().backward()
+        grads.append([p.grad.float().clone() for p in model.parameters()])
+    assert calls["fwd"] == 2 * model.config.num_hidden_layers  # each layer: its first input's check, then the forward
+    for a, b in zip(*grads):
+        tol = 2e-2 * b.abs().max().item() + 1e-6 if dtype == bf16 else 1e-5 * b.abs().max().item() + 1e-7
+        assert (a - b).abs().max().item() <= tol
+
+
+def test_a_trainers_mlp_of_other_math_keeps_its_own_forward(tiny_model_dir):
+    """A module with SiLU and the three projections whose forward is not silu(gate) * up (here a sum) fails its
+    first input's check and keeps its own forward; silu(gate) * up passes it and runs fused."""
+    mlp = load_causal_lm(str(tiny_model_dir), dtype=f32).model.layers[0].mlp
+    x = torch.randn(1, 4, mlp.gate_proj.in_features, generator=torch.Generator().manual_seed(9))
+
+    def summed(h):
+        return mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) + mlp.up_proj(h))
+
+    with torch.no_grad():
+        assert torch.equal(cpu_kernels._checked_mlp(mlp, summed)(x), summed(x))
+        fused = mlp.down_proj(cpu_kernels.SiluMul.apply(mlp.gate_proj(x), mlp.up_proj(x)))
+        assert torch.equal(cpu_kernels._checked_mlp(mlp, mlp.forward)(x), fused)
+        assert not torch.equal(fused, summed(x))

@@ -50,9 +50,8 @@ from pathlib import Path
 
 import torch
 
-_SOURCES = [Path(__file__).parent / "csrc" / f for f in (
-    "attention.cpp", "elementwise.cpp", "fp32.cpp", "gated_mlp.cpp", "linear.cpp", "lm_head.cpp", "ops.cpp",
-    "train_attention.cpp")]
+_SOURCES = [Path(__file__).parent / "csrc" / f for f in ("attention.cpp", "elementwise.cpp", "fp32.cpp", "linear.cpp",
+                                                                "lm_head.cpp", "ops.cpp", "train_attention.cpp")]
 _state: dict[str, bool] = {}
 
 
@@ -194,55 +193,6 @@ def _install_gated_mlp(module: torch.nn.Module) -> int:
     return swap_forward(
         module, lambda x: down(torch.ops.hybridrl_cpu.silu_mul(gate(x), up(x))) if _inference(x) else own(x),
         gate.in_features, gate.weight.dtype)
-
-
-class SiluMul(torch.autograd.Function):
-    """silu(gate) * up with its backward, each one kernel pass (``silu_mul``, ``silu_mul_bwd``) where autograd runs
-    silu, a product, silu's backward and two more products: the same roundings (bf16: within one ulp, the kernels'
-    own exp)."""
-
-    @staticmethod
-    def forward(ctx, gate, up):
-        ctx.save_for_backward(gate, up)
-        return torch.ops.hybridrl_cpu.silu_mul(gate, up)
-
-    @staticmethod
-    def backward(ctx, grad):
-        gate, up = ctx.saved_tensors
-        return torch.ops.hybridrl_cpu.silu_mul_bwd(grad.contiguous(), gate, up)
-
-
-def install_training(model: torch.nn.Module) -> int:
-    """Put a trainer's gated MLPs (``gate_proj``, ``up_proj``, ``down_proj``, a SiLU ``act_fn``) on ``SiluMul``, with
-    or without autograd, for bf16 and fp32 CPU inputs; returns how many. Each module checks on its first CPU input
-    that the fused forward gives its own (a forward of other math keeps its own code); weights may still be on
-    the meta device here (the caller fills them later), so nothing runs now."""
-    count = 0
-    for module in model.modules():
-        act = getattr(module, "act_fn", None)
-        if (not all(hasattr(module, n) for n in ("gate_proj", "up_proj", "down_proj")) or "forward" in module.__dict__
-                or type(act).__name__ not in ("SiLU", "SiLUActivation")):
-            continue
-        module.forward = _checked_mlp(module, module.forward)
-        count += 1
-    return count
-
-
-def _checked_mlp(module: torch.nn.Module, own):
-    verdict: dict[str, bool] = {}
-
-    def fused(x):
-        return module.down_proj(SiluMul.apply(module.gate_proj(x), module.up_proj(x)))
-
-    def forward(x):
-        if x.device.type != "cpu" or x.dtype not in KERNEL_DTYPES or not available():
-            return own(x)
-        if "ok" not in verdict:
-            with torch.no_grad():
-                verdict["ok"] = _reproduces(own(x), fused(x))
-        return fused(x) if verdict["ok"] else own(x)
-
-    return forward
 
 
 def swap_forward(module: torch.nn.Module, forward, width: int, dtype: torch.dtype, device: str = "cpu") -> int:

@@ -141,10 +141,9 @@ def load_sharded_causal_lm(name_or_path: str, ctx: WorkerContext, compute: torch
 
             inject(model, lora)
     if torch.device(ctx.device).type == "cpu":  # matmul attention for short training sequences (train_attention)
-        from core.engines import cpu_kernels, train_attention
+        from core.engines import train_attention
 
         model.set_attn_implementation(train_attention.NAME)
-        cpu_kernels.install_training(model)  # the gated MLP's activation and its backward, one kernel pass each
     if checkpointing:
         enable_checkpointing(model)
     if where is None:

@@ -197,7 +197,6 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                                           const at::Tensor& sin);
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up);
-std::tuple<at::Tensor, at::Tensor> silu_mul_bwd(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up);
 void write_decode(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& k_new, const at::Tensor& v_new,
                   const at::Tensor& pos);
 bool linear_native();

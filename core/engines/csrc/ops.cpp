@@ -11,7 +11,6 @@ TORCH_LIBRARY(hybridrl_cpu, m) {
   m.def("sample_rows(Tensor logits, float inv_temperature, Tensor u) -> (Tensor, Tensor)");
   m.def("rotary(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
-  m.def("silu_mul_bwd(Tensor grad, Tensor gate, Tensor up) -> (Tensor, Tensor)");
   m.def("linear_native() -> bool", hybridrl::linear_native);
   m.def("linear_f32_native() -> bool", hybridrl::linear_f32_native);
   m.def("isa() -> str", [] { return std::string(hybridrl::kernel_isa()); });
@@ -35,7 +34,6 @@ TORCH_LIBRARY_IMPL(hybridrl_cpu, CPU, m) {
   m.impl("sample_rows", hybridrl::sample_rows);
   m.impl("rotary", hybridrl::rotary);
   m.impl("silu_mul", hybridrl::silu_mul);
-  m.impl("silu_mul_bwd", hybridrl::silu_mul_bwd);
   m.impl("pack_linear", hybridrl::pack_linear);
   m.impl("pack_linear_into", hybridrl::pack_linear_into);
   m.impl("load_linear_rows", hybridrl::load_linear_rows);

@@ -23,8 +23,11 @@ TOLERANCE = 0.25
 
 
 def machine_kind() -> str:
-    """e.g. ``cpu-2c-avx512bf16``, ``cpu-2c-avx512bf16-fp32`` (bf16 turned off), ``cpu-2c-avx2``,
-    ``cuda-nvidia-h100-80gb-hbm3``: baselines are per kind."""
+    """e.g. ``cpu-2c-avx512bf16-mm256``, ``cpu-2c-avx512bf16-mm256-fp32`` (bf16 turned off), ``cpu-2c-avx2-mm64``,
+    ``cuda-nvidia-h100-80gb-hbm3``: baselines are per kind. A CPU kind carries its matmul speed tier (``mm<2^k>``:
+    the measured peak of its fastest dtype in GFLOP/s, rounded down to a power of two): two EPYCs with the same
+    flags measured 367-411 and 949-986 bf16 GFLOP/s, and the whole-step ratio against TRL read 3.8x on one and 5.4x
+    on the other with the same code -- a compute-bound step and a less compute-bound baseline slow down differently."""
     if torch.cuda.is_available():
         return "cuda-" + torch.cuda.get_device_name(0).lower().replace(" ", "-")
     import os
@@ -37,8 +40,28 @@ def machine_kind() -> str:
         "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "cpu")
     from core.models import cpu_has_fast_bf16
 
-    forced_fp32 = isa in ("amx", "avx512bf16") and not cpu_has_fast_bf16()  # HYBRIDRL_CPU_BF16=0: other ratios
-    return f"cpu-{os.cpu_count()}c-{isa}" + ("-fp32" if forced_fp32 else "")
+    bf16_hardware = isa in ("amx", "avx512bf16")
+    forced_fp32 = bf16_hardware and not cpu_has_fast_bf16()  # HYBRIDRL_CPU_BF16=0: other ratios
+    tier = matmul_tier(torch.bfloat16 if bf16_hardware else torch.float32)
+    return f"cpu-{os.cpu_count()}c-{isa}-mm{tier}" + ("-fp32" if forced_fp32 else "")
+
+
+def matmul_tier(dtype: torch.dtype, size: int = 1024) -> int:
+    """The CPU's 1024^3 matmul rate in ``dtype`` (best of three ~0.1 s windows), in GFLOP/s rounded down to a power
+    of two."""
+    import math
+    import time
+
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    a @ b
+    best = 0.0
+    for _ in range(3):
+        t, n = time.perf_counter(), 0
+        while n == 0 or time.perf_counter() - t < 0.1:
+            a @ b
+            n += 1
+        best = max(best, 2 * size**3 * n / (time.perf_counter() - t))
+    return 2 ** int(math.log2(max(best / 1e9, 1.0)))
 
 
 def tracked_ratios(records: list[dict]) -> dict[str, dict[str, tuple[float, str]]]:

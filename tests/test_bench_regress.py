@@ -4,11 +4,14 @@ a deliberate slowdown of the real rollout bench fails the comparison against the
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench.regress import compare, load_baseline, machine_kind, write_report
+from core.models import cpu_has_fast_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,6 +41,23 @@ def test_report_lists_every_tracked_ratio_with_its_change(tmp_path):
 def test_machine_kind_names_the_device_and_the_bf16_hardware():
     kind = machine_kind()
     assert kind.startswith(("cpu-", "cuda-")) and (not kind.startswith("cpu-") or kind.split("-")[1].endswith("c"))
+
+
+def test_a_cpu_kind_carries_its_matmul_speed_tier():
+    """``-mm<tier>``: a power of two at or below the measured 1024^3 matmul peak of the CPU's fastest dtype (within
+    the drift of two measurements), so two machines of one flag set whose peaks differ by 2.5x get different
+    baselines."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU kind is named by its device")
+    tier = int(machine_kind().split("-mm")[1].split("-")[0])
+    dtype = torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+    a = torch.randn(1024, 1024, dtype=dtype)
+    a @ a
+    t = time.perf_counter()
+    for _ in range(5):
+        a @ a
+    rate = 2 * 1024**3 * 5 / (time.perf_counter() - t) / 1e9
+    assert tier & (tier - 1) == 0 and rate / 4 <= tier <= rate * 1.5
 
 
 @pytest.mark.slow

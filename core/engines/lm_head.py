@@ -17,6 +17,14 @@ holds), then the hidden states' and the weight's gradients as one matmul each. R
 logits in the compute dtype (bf16 on bf16 CPUs), normalised in fp32, the logits' gradient rounded to the compute
 dtype before the two matmuls.
 
+On CPU each block's row work is one kernel pass per row (``csrc/lm_head.cpp``: ``head_fold`` -- max, exp-sum,
+entropy moment and the targets' logits; ``head_grad`` -- the logits' gradient, rounded once), where the PyTorch ops
+below make ~6 elementwise passes over (positions x block) fp32 temporaries. Alone, a long-workload micro-batch's head
+(3,700 positions, bf16) went 0.98 -> 0.70 s forward (now at its matmuls' speed), 2.3 -> 2.1 s backward; in whole
+phases, interleaved on one batch, the reference and old-log-prob passes took ~3% less and the update no measurable
+time less. The PyTorch ops remain the path on GPUs and without the kernels (``HYBRIDRL_CPU_KERNELS=0``); both are
+tested against the textbook values.
+
 Targets are (position, token) pairs, several per position allowed: the shared-prompt layout's prompt position
 predicts the first token of every sample of the group.
 

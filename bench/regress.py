@@ -23,11 +23,12 @@ TOLERANCE = 0.25
 
 
 def machine_kind() -> str:
-    """e.g. ``cpu-2c-avx512bf16-mm256``, ``cpu-2c-avx512bf16-mm256-fp32`` (bf16 turned off), ``cpu-2c-avx2-mm64``,
+    """e.g. ``cpu-2c-avx512bf16-mm256``, ``cpu-2c-avx512bf16-mm128-fp32`` (bf16 turned off: the fp32 peak),
     ``cuda-nvidia-h100-80gb-hbm3``: baselines are per kind. A CPU kind carries its matmul speed tier (``mm<2^k>``:
-    the measured peak of its fastest dtype in GFLOP/s, rounded down to a power of two): two EPYCs with the same
-    flags measured 367-411 and 949-986 bf16 GFLOP/s, and the whole-step ratio against TRL read 3.8x on one and 5.4x
-    on the other with the same code -- a compute-bound step and a less compute-bound baseline slow down differently."""
+    the measured peak of the dtype the run computes in, GFLOP/s rounded down to a power of two): two EPYCs with
+    the same flags measured 367-411 and 949-986 bf16 GFLOP/s, and the whole-step ratio against TRL read 3.8x on
+    one and 5.4x on the other with the same code -- a compute-bound step and a less compute-bound baseline slow
+    down differently."""
     if torch.cuda.is_available():
         return "cuda-" + torch.cuda.get_device_name(0).lower().replace(" ", "-")
     import os
@@ -40,9 +41,9 @@ def machine_kind() -> str:
         "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "cpu")
     from core.models import cpu_has_fast_bf16
 
-    bf16_hardware = isa in ("amx", "avx512bf16")
-    forced_fp32 = bf16_hardware and not cpu_has_fast_bf16()  # HYBRIDRL_CPU_BF16=0: other ratios
-    tier = matmul_tier(torch.bfloat16 if bf16_hardware else torch.float32)
+    bf16 = cpu_has_fast_bf16()
+    forced_fp32 = isa in ("amx", "avx512bf16") and not bf16  # HYBRIDRL_CPU_BF16=0: other ratios
+    tier = matmul_tier(torch.bfloat16 if bf16 else torch.float32)  # the dtype the run computes in
     return f"cpu-{os.cpu_count()}c-{isa}-mm{tier}" + ("-fp32" if forced_fp32 else "")
 
 

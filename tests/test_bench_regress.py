@@ -44,7 +44,7 @@ def test_machine_kind_names_the_device_and_the_bf16_hardware():
 
 
 def test_a_cpu_kind_carries_its_matmul_speed_tier():
-    """``-mm<tier>``: a power of two at or below the measured 1024^3 matmul peak of the CPU's fastest dtype (within
+    """``-mm<tier>``: a power of two at or below the measured 1024^3 matmul peak of the run's compute dtype (within
     the drift of two measurements), so two machines of one flag set whose peaks differ by 2.5x get different
     baselines."""
     if torch.cuda.is_available():

@@ -47,22 +47,14 @@ def machine_kind() -> str:
     return f"cpu-{os.cpu_count()}c-{isa}-mm{tier}" + ("-fp32" if forced_fp32 else "")
 
 
-def matmul_tier(dtype: torch.dtype, size: int = 1024) -> int:
-    """The CPU's 1024^3 matmul rate in ``dtype`` (best of three ~0.1 s windows), in GFLOP/s rounded down to a power
-    of two."""
+def matmul_tier(dtype: torch.dtype) -> int:
+    """The CPU's 1024^3 matmul peak in ``dtype`` (the benches' own measure), in GFLOP/s rounded down to a power of
+    two."""
     import math
-    import time
 
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    a @ b
-    best = 0.0
-    for _ in range(3):
-        t, n = time.perf_counter(), 0
-        while n == 0 or time.perf_counter() - t < 0.1:
-            a @ b
-            n += 1
-        best = max(best, 2 * size**3 * n / (time.perf_counter() - t))
-    return 2 ** int(math.log2(max(best / 1e9, 1.0)))
+    from bench.test_rollout import matmul_flops_per_s
+
+    return 2 ** int(math.log2(max(matmul_flops_per_s(dtype) / 1e9, 1.0)))
 
 
 def tracked_ratios(records: list[dict]) -> dict[str, dict[str, tuple[float, str]]]:

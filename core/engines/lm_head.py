@@ -67,8 +67,10 @@ class HeadLogprobs(torch.autograd.Function):
         # per position, in logit units (x T): the running max, the sum of exp(x - max), the sum of exp(x - max) x
         peak, total = torch.full((M,), -torch.inf, **f32), torch.zeros(M, **f32)
         moment = torch.zeros(M if with_entropy else 0, **f32)
-        if _on_kernels(hidden):  # one pass per row and block, in cache (csrc/lm_head.cpp)
-            order, row_ptr, tok = _targets_by_row(pos, ids, M)
+        # the kernels' path: the targets grouped by row, once for forward and backward
+        ctx.targets = _targets_by_row(pos, ids, M) if _on_kernels(hidden) else None
+        if ctx.targets is not None:  # one pass per row and block, in cache (csrc/lm_head.cpp)
+            order, row_ptr, tok = ctx.targets
             picked = torch.empty(pos.shape[0], **f32)
             for v0, _, logits in _blocks(hidden, weight):
                 _fold(logits, v0, peak, total, moment, with_entropy, row_ptr, tok, picked, T)
@@ -101,8 +103,8 @@ class HeadLogprobs(torch.autograd.Function):
         g_ent = (torch.zeros(M, **f32).index_add_(0, pos, grad_ent.float())
                  if mean is not None and grad_ent is not None else None)
         grad_x = torch.empty(M, weight.shape[0], dtype=hidden.dtype, device=hidden.device)
-        if _on_kernels(hidden):
-            order, row_ptr, tok = _targets_by_row(pos, ids, M)
+        if ctx.targets is not None:
+            order, row_ptr, tok = ctx.targets
             val, logz_t = grad_logp.float()[order], logz * T
             with_ent = g_ent is not None
             g_ent, mean_t = (g_ent, mean * T) if with_ent else (logz_t.new_empty(0), logz_t.new_empty(0))

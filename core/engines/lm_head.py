@@ -7,8 +7,11 @@ backward, the softmax and the gradient -- each 4 x positions x V bytes. For the 
 took ~20% of the update on 2 CPU cores, more than all attention. Here the vocabulary goes in blocks of
 ``BLOCK_VALUES / positions`` columns (a cache-sized block of logits): each block is projected, turned into fp32
 and folded into a running log-normaliser (and entropy) per position, the targets' logits picked from it, and the
-block dropped -- the softmax of flash attention, over the vocabulary. Backward recomputes each block's logits
-(one more LM-head matmul) and forms their gradient from
+block dropped -- the softmax of flash attention, over the vocabulary. A forward that will be differentiated keeps
+its blocks' logits instead, in the one (positions x V) compute-dtype tensor that backward turns, block by block and in
+place, into their gradient (what the standard path's backward also holds): no second LM-head matmul (it was a
+quarter of the head's work: 0.6 s of a long-workload micro-batch's 13 s forward + backward). Backward forms the
+gradient from
 
     d logp(i | h) / d x = onehot(i) - softmax(x),     d H / d x = -softmax(x) * (x - E_softmax[x]),
 
@@ -61,8 +64,11 @@ class HeadLogprobs(torch.autograd.Function):
     entropy of softmax(hidden[pos] W^T / T) (Q,) fp32 (zeros unless ``with_entropy``)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, pos, ids, temperature: float, with_entropy: bool):
+    def forward(ctx, hidden, weight, pos, ids, temperature: float, with_entropy: bool, keep: bool = False):
+        # keep: backward follows (grad mode was on at the call): the blocks' logits go into the (M, V) tensor that
+        # backward overwrites with their gradient, instead of being recomputed there
         M, T = hidden.shape[0], temperature
+        ctx.logits = torch.empty(M, weight.shape[0], dtype=hidden.dtype, device=hidden.device) if keep else None
         f32 = dict(dtype=torch.float32, device=hidden.device)
         # per position, in logit units (x T): the running max, the sum of exp(x - max), the sum of exp(x - max) x
         peak, total = torch.full((M,), -torch.inf, **f32), torch.zeros(M, **f32)
@@ -72,12 +78,12 @@ class HeadLogprobs(torch.autograd.Function):
         if ctx.targets is not None:  # one pass per row and block, in cache (csrc/lm_head.cpp)
             order, row_ptr, tok = ctx.targets
             picked = torch.empty(pos.shape[0], **f32)
-            for v0, _, logits in _blocks(hidden, weight):
+            for v0, _, logits in _blocks(hidden, weight, ctx.logits):
                 _fold(logits, v0, peak, total, moment, with_entropy, row_ptr, tok, picked, T)
             target = torch.empty_like(picked).index_copy_(0, order, picked)
         else:
             target = torch.empty(pos.shape[0], **f32)
-            for v0, v1, logits in _blocks(hidden, weight):
+            for v0, v1, logits in _blocks(hidden, weight, ctx.logits):
                 new_peak = torch.maximum(peak, logits.max(-1).values.float())
                 rescale = ((peak - new_peak) / T).exp_()
                 e = _exp((logits - new_peak[:, None]), T)            # fp32 by type promotion: no separate cast pass
@@ -102,16 +108,19 @@ class HeadLogprobs(torch.autograd.Function):
         g_pos = torch.zeros(M, **f32).index_add_(0, pos, grad_logp.float())
         g_ent = (torch.zeros(M, **f32).index_add_(0, pos, grad_ent.float())
                  if mean is not None and grad_ent is not None else None)
-        grad_x = torch.empty(M, weight.shape[0], dtype=hidden.dtype, device=hidden.device)
+        # the kept logits become their gradient in place (each block is read before it is written)
+        kept, ctx.logits = ctx.logits, None
+        grad_x = kept if kept is not None else torch.empty(M, weight.shape[0], dtype=hidden.dtype, device=hidden.device)
+        blocks = _kept_blocks(kept, hidden.shape[0]) if kept is not None else _blocks(hidden, weight)
         if ctx.targets is not None:
             order, row_ptr, tok = ctx.targets
             val, logz_t = grad_logp.float()[order], logz * T
             with_ent = g_ent is not None
             g_ent, mean_t = (g_ent, mean * T) if with_ent else (logz_t.new_empty(0), logz_t.new_empty(0))
-            for v0, v1, logits in _blocks(hidden, weight):
+            for v0, v1, logits in blocks:
                 _grad(logits, v0, logz_t, g_pos, g_ent, mean_t, with_ent, row_ptr, tok, val, grad_x[:, v0:v1], T)
         else:
-            for v0, v1, logits in _blocks(hidden, weight):
+            for v0, v1, logits in blocks:
                 p = _exp(logits - (logz * T)[:, None], T)             # softmax(logits / T), fp32
                 gx = p * -g_pos[:, None]                             # sum over targets of g (onehot(i) - p)
                 q = ((ids >= v0) & (ids < v1)).nonzero()[:, 0]
@@ -121,7 +130,7 @@ class HeadLogprobs(torch.autograd.Function):
                 grad_x[:, v0:v1] = gx.div_(T)
         grad_hidden = grad_x @ weight if ctx.needs_input_grad[0] else None
         grad_weight = grad_x.T @ hidden if ctx.needs_input_grad[1] else None
-        return grad_hidden, grad_weight, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
 def _fold(*args) -> None:
@@ -149,13 +158,29 @@ def _targets_by_row(pos: torch.Tensor, ids: torch.Tensor, M: int):
     return order, row_ptr, ids[order].contiguous()
 
 
-def _blocks(hidden: torch.Tensor, weight: torch.Tensor):
+def _blocks(hidden: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None):
     """(v0, v1, logits) for each block of vocabulary rows: the logits in the compute dtype, as the model's head
-    gives them (the fp32 math on them promotes as it reads: a bf16 -> fp32 pass of its own cost as much as it)."""
+    gives them (the fp32 math on them promotes as it reads: a bf16 -> fp32 pass of its own cost as much as it).
+    ``out`` (M, V): each block is written into its columns (and yielded as that view)."""
     V = weight.shape[0]
-    step = max(1, BLOCK_VALUES // max(1, hidden.shape[0]))
+    step = _step(hidden.shape[0])
     for v0 in range(0, V, step):
-        yield v0, min(V, v0 + step), hidden @ weight[v0:v0 + step].T
+        v1 = min(V, v0 + step)
+        if out is None:
+            yield v0, v1, hidden @ weight[v0:v1].T
+        else:
+            yield v0, v1, torch.matmul(hidden, weight[v0:v1].T, out=out[:, v0:v1])
+
+
+def _kept_blocks(logits: torch.Tensor, M: int):
+    """``_blocks``' blocks as the forward kept them in ``logits`` (M, V)."""
+    V, step = logits.shape[1], _step(M)
+    for v0 in range(0, V, step):
+        yield v0, min(V, v0 + step), logits[:, v0:v0 + step]
+
+
+def _step(M: int) -> int:
+    return max(1, BLOCK_VALUES // max(1, M))
 
 
 def _scale(x: torch.Tensor, T: float) -> torch.Tensor:
@@ -173,7 +198,8 @@ def head_logprobs(head: torch.nn.Linear, pos: torch.Tensor, ids: torch.Tensor, t
     (zeros unless ``with_entropy``). ``pos`` (Q,) indexes the kept positions flattened over the rows (row x kept +
     column), ``ids`` (Q,) are the targets' tokens."""
     def forward(h: torch.Tensor) -> torch.Tensor:
-        logp, ent = HeadLogprobs.apply(h.reshape(-1, h.shape[-1]), head.weight, pos, ids, temperature, with_entropy)
+        logp, ent = HeadLogprobs.apply(h.reshape(-1, h.shape[-1]), head.weight, pos, ids, temperature, with_entropy,
+                                       torch.is_grad_enabled() and (h.requires_grad or head.weight.requires_grad))
         return torch.stack([logp, ent], dim=-1)
 
     head.forward = forward

@@ -6,6 +6,7 @@ take each path (``blocks``)."""
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import core.engines.lm_head as lm_head
 from core.engines import cpu_kernels
@@ -54,16 +55,34 @@ def case(dtype, M=10, D=6, V=23, seed=0):
     return hidden, weight, pos, ids, torch.randn(len(pos), generator=g), torch.randn(len(pos), generator=g)
 
 
+class CountMatmuls(TorchDispatchMode):
+    """Counts the matrix products run inside it (the head's block projections and its two gradient products)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func in (torch.ops.aten.mm.default, torch.ops.aten.mm.out, torch.ops.aten.addmm.default)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["recompute", "keep"])
 @pytest.mark.parametrize("with_entropy", [False, True])
-def test_fused_head_gives_the_textbook_logprobs_entropy_and_gradients_in_fp32(with_entropy, blocks, monkeypatch):
+def test_fused_head_gives_the_textbook_logprobs_entropy_and_gradients_in_fp32(with_entropy, keep, blocks, monkeypatch):
+    """``keep``: the forward keeps its blocks' logits for backward (a training forward) instead of backward
+    projecting them again: the same values, and 5 block products fewer (5 + 2 instead of 5 + 5 + 2)."""
     monkeypatch.setattr(lm_head, "BLOCK_VALUES", 10 * 5)  # blocks of 5 vocabulary rows: 5 blocks, the last of 3
     hidden, weight, pos, ids, w_logp, w_ent = case(torch.float32)
-    logp, ent = HeadLogprobs.apply(hidden, weight, pos, ids, 0.7, with_entropy)
+    with CountMatmuls() as products:
+        logp, ent = HeadLogprobs.apply(hidden, weight, pos, ids, 0.7, with_entropy, keep)
+        got = torch.autograd.grad((logp * w_logp).sum() + ((ent * w_ent).sum() if with_entropy else 0),
+                                  (hidden, weight))
+    assert products.count == (7 if keep else 12)
     want_logp, want_ent = textbook(hidden, weight, pos, ids, 0.7)
     torch.testing.assert_close(logp, want_logp, atol=1e-5, rtol=1e-5)
     if with_entropy:
         torch.testing.assert_close(ent, want_ent, atol=1e-5, rtol=1e-5)
-    got = torch.autograd.grad((logp * w_logp).sum() + ((ent * w_ent).sum() if with_entropy else 0), (hidden, weight))
     want = torch.autograd.grad((want_logp * w_logp).sum() + ((want_ent * w_ent).sum() if with_entropy else 0),
                                (hidden, weight))
     for a, b in zip(got, want):
@@ -74,17 +93,23 @@ def test_fused_head_gives_the_textbook_logprobs_entropy_and_gradients_in_fp32(wi
 
 def test_fused_head_in_bf16_is_within_the_rounding_of_the_standard_path(blocks, monkeypatch):
     """bf16 logits normalised in fp32 on either path: the same log-probs up to the fp32 summation order; the
-    gradients within bf16 rounding (each one matmul over the bf16 gradient of the logits, as autograd's)."""
+    gradients within bf16 rounding (each one matmul over the bf16 gradient of the logits, as autograd's). Kept
+    logits (a training forward) and recomputed ones give the same bits."""
     monkeypatch.setattr(lm_head, "BLOCK_VALUES", 10 * 5)
     hidden, weight, pos, ids, w_logp, _ = case(torch.bfloat16, seed=1)
-    logp, _ = HeadLogprobs.apply(hidden, weight, pos, ids, 1.0, False)
     want, _ = textbook(hidden, weight, pos, ids, 1.0)
-    torch.testing.assert_close(logp, want, atol=1e-5, rtol=1e-5)
-    got = torch.autograd.grad((logp * w_logp).sum(), (hidden, weight))
     ref = torch.autograd.grad((want * w_logp).sum(), (hidden, weight))
-    for a, b in zip(got, ref):  # bit-identical here; one bf16 step allowed for the softmax's summation order
-        assert a.dtype == torch.bfloat16
-        torch.testing.assert_close(a.float(), b.float(), atol=0, rtol=2 ** -7)
+    results = []
+    for keep in (False, True):
+        logp, _ = HeadLogprobs.apply(hidden, weight, pos, ids, 1.0, False, keep)
+        torch.testing.assert_close(logp, want, atol=1e-5, rtol=1e-5)
+        got = torch.autograd.grad((logp * w_logp).sum(), (hidden, weight))
+        for a, b in zip(got, ref):  # bit-identical here; one bf16 step allowed for the softmax's summation order
+            assert a.dtype == torch.bfloat16
+            torch.testing.assert_close(a.float(), b.float(), atol=0, rtol=2 ** -7)
+        results.append((logp, *got))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("share", [False, True])
@@ -94,6 +119,8 @@ def test_a_model_gives_the_standard_paths_logprobs_entropy_and_gradients(tiny_mo
     b = grouped_batch(**UNEVEN)
     mask = b["response_mask"]
     results, types = [], lm_head.FUSED_MODEL_TYPES
+    kept_blocks, used = lm_head._kept_blocks, []
+    monkeypatch.setattr(lm_head, "_kept_blocks", lambda *a: used.append(1) or kept_blocks(*a))
     for fused in (False, True):
         monkeypatch.setattr(lm_head, "FUSED_MODEL_TYPES", types if fused else set())
         assert (fused_head(model) is not None) == fused
@@ -101,6 +128,7 @@ def test_a_model_gives_the_standard_paths_logprobs_entropy_and_gradients(tiny_mo
         logp, ent = response_logprobs(model, b, 0.9, with_entropy=True, share_prompt=share)
         (logp * mask * torch.arange(1.0, 8.0)[:, None]).sum().add((ent * mask).sum()).backward()
         results.append((logp.detach() * mask, ent.detach() * mask, [p.grad.clone() for p in model.parameters()]))
+    assert used == [1]  # a training forward's backward took the logits its forward kept
     (lp0, e0, g0), (lp1, e1, g1) = results
     assert lp0.abs().max() > 1
     torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=1e-5)

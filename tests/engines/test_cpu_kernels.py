@@ -36,6 +36,7 @@ def test_decode_attention_equals_fp32_reference_on_strided_views(B, H, KVH, D, T
     k, v = cache_k[:B, :, :T], cache_v[:B, :, :T]                              # strided, as the slot cache passes
     q = torch.randn(B, 1, H, D, generator=g).to(bf16).transpose(1, 2)          # (B, H, 1, D), strided like HF's
     allowed = torch.rand(B, 1, 1, T, generator=g) > 0.3
+    allowed[0, ..., :T // 2] = False                                            # a long left padding
     allowed[..., -1] = True
     mask = torch.zeros(B, 1, 1, T).masked_fill(~allowed, torch.finfo(bf16).min)
     got = cpu_kernels.decode_attention(q, k, v, mask.to(bf16), scale=D ** -0.5)
@@ -47,6 +48,10 @@ def test_decode_attention_equals_fp32_reference_on_strided_views(B, H, KVH, D, T
     k2, v2 = k.clone(), v.clone()
     k2.masked_fill_(~allowed.transpose(-1, -2), 7.0)
     v2.masked_fill_(~allowed.transpose(-1, -2), -7.0)
+    assert torch.equal(cpu_kernels.decode_attention(q, k2, v2, mask, scale=D ** -0.5), got)
+    # ... whatever they hold: NaN there (which any product with them spreads) gives the same bits
+    k2.masked_fill_(~allowed.transpose(-1, -2), float("nan"))
+    v2.masked_fill_(~allowed.transpose(-1, -2), float("nan"))
     assert torch.equal(cpu_kernels.decode_attention(q, k2, v2, mask, scale=D ** -0.5), got)
 
 
@@ -268,6 +273,10 @@ def test_fp32_attention_equals_the_reference_on_strided_views(B, H, KVH, D, L, T
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     k2 = k.clone().masked_fill_(~allowed.any(2, keepdim=True).transpose(-1, -2), 9.0)
     assert torch.equal(cpu_kernels.decode_attention(q, k2, v, mask, scale=D ** -0.5), got)
+    if L == 1:  # keys no query sees are never used: NaN there gives the same bits
+        unseen = ~allowed.transpose(-1, -2)
+        k3, v3 = k.clone().masked_fill_(unseen, float("nan")), v.clone().masked_fill_(unseen, float("nan"))
+        assert torch.equal(cpu_kernels.decode_attention(q, k3, v3, mask, scale=D ** -0.5), got)
 
 
 @pytest.mark.parametrize("shape", [(64, 1, 576), (3, 5, 100), (7, 60)])

@@ -67,21 +67,27 @@ void attend_avx512(const uint16_t* q, int64_t qs_head, const uint16_t* k, int64_
                    int64_t vs_t, const float* m, int64_t G, int64_t T, float scale, float* s, uint16_t* out,
                    const uint16_t* next_k) {
   constexpr int D = 32 * C32, C = 2 * C32;
-  const __m512 scv = _mm512_set1_ps(scale);
+  const __m512 scv = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY), masked = _mm512_set1_ps(MASKED);
   for (int64_t g = 0; g < G; ++g) {
     Dot<C32> dot;
     dot.load(q + g * qs_head);
     float* sg = s + g * T;
     int64_t t = 0;
     for (; t + 16 <= T; t += 16) {
+      const __m512 mt = _mm512_loadu_ps(m + t);
+      const __mmask16 dead = _mm512_cmp_ps_mask(mt, masked, _CMP_LT_OQ);
+      if (dead == 0xffff) {  // 16 masked keys (left padding): not read
+        _mm512_storeu_ps(sg + t, ninf);
+        continue;
+      }
       if (g == 0)  // the values of these positions are read after the softmax: start fetching them now
         for (int j = 0; j < 16; ++j)
           for (int c = 0; c < D; c += 32) _mm_prefetch(reinterpret_cast<const char*>(v + (t + j) * vs_t + c), _MM_HINT_T0);
       __m512 part[16];
       for (int j = 0; j < 16; ++j) part[j] = dot.partial(k + (t + j) * ks_t);
-      _mm512_storeu_ps(sg + t, _mm512_fmadd_ps(reduce16(part), scv, _mm512_loadu_ps(m + t)));
+      _mm512_storeu_ps(sg + t, _mm512_mask_blend_ps(dead, _mm512_fmadd_ps(reduce16(part), scv, mt), ninf));
     }
-    for (; t < T; ++t) sg[t] = _mm512_reduce_add_ps(dot.partial(k + t * ks_t)) * scale + m[t];
+    for (; t < T; ++t) sg[t] = m[t] < MASKED ? -INFINITY : _mm512_reduce_add_ps(dot.partial(k + t * ks_t)) * scale + m[t];
   }
   softmax_rows(s, G, T);
   // values: GB heads at a time, so each value row is converted to fp32 once per block, not once per head
@@ -93,6 +99,7 @@ void attend_avx512(const uint16_t* q, int64_t qs_head, const uint16_t* k, int64_
     for (int64_t t = 0; t < T; ++t) {
       if (next_k != nullptr && g0 == 0)  // the next (sequence, kv head)'s keys, while this one's values stream
         for (int c = 0; c < D; c += 32) _mm_prefetch(reinterpret_cast<const char*>(next_k + t * ks_t + c), _MM_HINT_T0);
+      if (m[t] < MASKED) continue;  // weight 0 for every head: its value adds nothing (not read)
       __m512 vc[C];
       for (int c = 0; c < C; ++c) vc[c] = load_bf16(v + t * vs_t + 16 * c);
       for (int j = 0; j < GB; ++j) {
@@ -121,8 +128,9 @@ void attend(const uint16_t* q, int64_t qs_head, const uint16_t* k, int64_t ks_t,
   for (int64_t t = 0; t < T; ++t)
     for (int64_t g = 0; g < G; ++g) {
       float a = 0.f;
-      for (int64_t d = 0; d < D; ++d) a += qf[g * D + d] * bf16_to_f32(k[t * ks_t + d]);
-      s[g * T + t] = a + m[t];
+      if (m[t] >= MASKED)
+        for (int64_t d = 0; d < D; ++d) a += qf[g * D + d] * bf16_to_f32(k[t * ks_t + d]);
+      s[g * T + t] = m[t] < MASKED ? -INFINITY : a + m[t];
     }
   for (int64_t g = 0; g < G; ++g) {
     float* sg = s + g * T;
@@ -136,7 +144,7 @@ void attend(const uint16_t* q, int64_t qs_head, const uint16_t* k, int64_t ks_t,
     for (int64_t t = 0; t < T; ++t) sg[t] /= sum;
   }
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t g = 0; g < G; ++g)
+    for (int64_t g = 0; g < G && m[t] >= MASKED; ++g)
       for (int64_t d = 0; d < D; ++d) acc[g * D + d] += s[g * T + t] * bf16_to_f32(v[t * vs_t + d]);
   for (int64_t i = 0; i < G * D; ++i) out[i] = f32_to_bf16(acc[i]);
 }

@@ -14,6 +14,10 @@ void attend_f32(const float* q, int64_t qs_head, const float* k, int64_t ks_t, c
                 const float* m, int64_t G, int64_t T, int64_t D, float scale, float* s, float* out) {
   for (int64_t t = 0; t < T; ++t) {
     const float* kt = k + t * ks_t;
+    if (m[t] < MASKED) {  // a masked key (left padding): not read
+      for (int64_t g = 0; g < G; ++g) s[g * T + t] = -INFINITY;
+      continue;
+    }
     for (int64_t g = 0; g < G; ++g) {
       const float* qg = q + g * qs_head;
       vf8 a0 = vf8{}, a1 = vf8{};
@@ -52,6 +56,7 @@ void attend_f32(const float* q, int64_t qs_head, const float* k, int64_t ks_t, c
       const int64_t gb = std::min<int64_t>(4, G - g0);
       vf8 acc[4][4] = {};
       for (int64_t t = 0; t < T; ++t) {
+        if (m[t] < MASKED) continue;  // weight 0 for every head: its value adds nothing (not read)
         vf8 vt[4];
         for (int64_t c = 0; c < cw; ++c) vt[c] = vload(v + t * vs_t + c0 + 8 * c);
         for (int64_t j = 0; j < gb; ++j) {

@@ -85,6 +85,12 @@ inline float vmax(vf8 v) {
   for (int i = 1; i < 8; ++i) m = std::max(m, v[i]);
   return m;
 }
+// An additive mask value below this marks a masked key (the engine's masks hold the dtype's min, or -inf): the
+// decode attention neither reads its key nor its value. Its weight after the softmax is exactly 0 either way (exp
+// of anything below -87 is 0 below), so skipping it changes no bit of a row that sees any key; a row that sees
+// none gets zeros.
+constexpr float MASKED = -1e30f;
+
 // e^x for x <= 0 as exp512 below (2^n * a degree-6 polynomial on [-0.5, 0.5] ln 2), exactly 0 below -87 and for -inf
 inline vf8 exp8(vf8 x) {
   const vi8 live = x >= -87.f;

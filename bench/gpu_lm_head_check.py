@@ -15,6 +15,7 @@ def main() -> None:
     g = torch.Generator(device=dev).manual_seed(0)
     M, D, V = 4096, 576, 49152
     for dtype in (torch.bfloat16, torch.float32):
+        torch.cuda.reset_peak_memory_stats()
         hidden = torch.randn(M, D, device=dev, generator=g).mul_(2).to(dtype).requires_grad_(True)
         weight = torch.randn(V, D, device=dev, generator=g).mul_(0.05).to(dtype).requires_grad_(True)
         pos = torch.arange(M, device=dev)

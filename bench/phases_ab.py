@@ -71,7 +71,7 @@ def run(workload: str = "short", rounds: int = 4, variants: list[tuple[str, Call
         print(f"{workload}: {len(batch)} rows, mean response {float(batch['response_mask'].sum(-1).mean()):.1f} "
               f"tokens, dtype {dtype}", flush=True)
         for r in range(rounds + 1):  # round 0 warms every variant up and is not kept
-            for name, make in variants:
+            for name, make in (variants if r % 2 else variants[::-1]):  # the order alternates by round
                 timer, parts = Timer(), {}
                 with make():
                     b = logprobs(roles, batch.clone(), timer, leave_to_update=old_left_to_update(cfg))

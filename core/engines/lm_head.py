@@ -71,6 +71,7 @@ class HeadLogprobs(torch.autograd.Function):
         # keep: backward follows (grad mode was on at the call): the blocks' logits go into the (M, V) tensor that
         # backward overwrites with their gradient, instead of being recomputed there
         M, T = hidden.shape[0], temperature
+        # (on ctx, not save_for_backward: backward overwrites it; saved-tensor hooks, e.g. offloading, do not see it)
         ctx.logits = torch.empty(M, weight.shape[0], dtype=hidden.dtype, device=hidden.device) if keep else None
         f32 = dict(dtype=torch.float32, device=hidden.device)
         # per position, in logit units (x T): the running max, the sum of exp(x - max), the sum of exp(x - max) x

@@ -218,7 +218,8 @@ def shared_prompt_logits(model, batch: Batch, groups: list[list[int]]) -> torch.
 def shared_prompt_logprobs(model, batch: Batch, groups: list[list[int]], head, temperature: float,
                            with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(B, R) log-probs of each row's response tokens (and entropies), the same packed forward with the LM head
-    fused into the log-softmax (``core.engines.lm_head``: no (positions x vocabulary) tensor)."""
+    fused into the log-softmax (``core.engines.lm_head``: no (positions x vocabulary) fp32 tensor; a training
+    forward keeps one of the compute dtype for its backward)."""
     p = _pack_for(model, batch, groups)
     device = batch["input_ids"].device
     # target (b, t) is predicted by kept column take[b, t] of packed row group[b]

@@ -73,6 +73,9 @@ def test_multi_query_attention_equals_fp32_reference_with_causal_and_padding_mas
     mask[1, :, 0] = float("-inf")                                               # row 0 of sequence 1 sees nothing
     got = cpu_kernels.decode_attention(q, k, v, mask.to(bf16), scale=D ** -0.5)
     assert torch.equal(got[1, 0], torch.zeros(H, D, dtype=bf16)) and not got.isnan().any()
+    # the engine's masks hold the dtype's min, not -inf: the same row, the same zeros
+    got = cpu_kernels.decode_attention(q, k, v, mask.clamp(min=torch.finfo(bf16).min).to(bf16), scale=D ** -0.5)
+    assert torch.equal(got[1, 0], torch.zeros(H, D, dtype=bf16)) and not got.isnan().any()
 
 
 def test_the_build_names_its_path():

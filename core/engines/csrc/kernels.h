@@ -86,9 +86,11 @@ inline float vmax(vf8 v) {
   return m;
 }
 // An additive mask value below this marks a masked key (the engine's masks hold the dtype's min, or -inf): the
-// decode attention neither reads its key nor its value. Its weight after the softmax is exactly 0 either way (exp
-// of anything below -87 is 0 below), so skipping it changes no bit of a row that sees any key; a row that sees
-// none gets zeros.
+// decode attention scores it -inf, never loads its value, and does not read the keys of a 16-key block that is
+// all masked (a left-padded prompt's padding). Its weight after the softmax is exactly 0 either way (exp of anything
+// below -87 is 0 below), so this changes no bit of a row that sees any key; a row that sees none gets zeros (with a
+// dtype-min mask it used to average the values, as SDPA does: only prefill padding queries, whose outputs no real
+// token reads).
 constexpr float MASKED = -1e30f;
 
 // e^x for x <= 0 as exp512 below (2^n * a degree-6 polynomial on [-0.5, 0.5] ln 2), exactly 0 below -87 and for -inf

@@ -51,6 +51,6 @@ def test_weight_sync_vs_plain_copy(full_size, report, tiny_model_dir):
                plain_copy_s=t_copy, sync_over_copy=statistics.median(a / b for a, b in pairs),
                sync_peak_memory_mb=metrics["sync/peak_memory_megabytes"],
                sync_retained_memory_mb=metrics["sync/retained_memory_megabytes"],
-               timed=lambda: rollout.call_all(RolloutWorker.sync_weights), timed_rounds=repeat)
+               timed=sync, timed_rounds=repeat)
     finally:
         group.shutdown()

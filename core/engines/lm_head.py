@@ -166,10 +166,7 @@ def _blocks(hidden: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None
     """(v0, v1, logits) for each block of vocabulary rows: the logits in the compute dtype, as the model's head
     gives them (the fp32 math on them promotes as it reads: a bf16 -> fp32 pass of its own cost as much as it).
     ``out`` (M, V): each block is written into its columns (and yielded as that view)."""
-    V = weight.shape[0]
-    step = _step(hidden)
-    for v0 in range(0, V, step):
-        v1 = min(V, v0 + step)
+    for v0, v1 in _ranges(hidden, weight.shape[0]):
         if out is None:
             yield v0, v1, hidden @ weight[v0:v1].T
         else:
@@ -178,15 +175,17 @@ def _blocks(hidden: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None
 
 def _kept_blocks(logits: torch.Tensor, hidden: torch.Tensor):
     """``_blocks``' blocks as the forward kept them in ``logits`` (M, V)."""
-    V, step = logits.shape[1], _step(hidden)
-    for v0 in range(0, V, step):
-        yield v0, min(V, v0 + step), logits[:, v0:v0 + step]
+    for v0, v1 in _ranges(hidden, logits.shape[1]):
+        yield v0, v1, logits[:, v0:v1]
 
 
-def _step(hidden: torch.Tensor) -> int:
-    """Vocabulary rows per block for these (M, D) hidden states."""
+def _ranges(hidden: torch.Tensor, V: int):
+    """The vocabulary blocks [v0, v1) for these (M, D) hidden states: ``BLOCK_VALUES`` logits each on CPU,
+    ``GPU_BLOCK_VALUES`` on a GPU."""
     values = GPU_BLOCK_VALUES if hidden.device.type == "cuda" else BLOCK_VALUES
-    return max(1, values // max(1, hidden.shape[0]))
+    step = max(1, values // max(1, hidden.shape[0]))
+    for v0 in range(0, V, step):
+        yield v0, min(V, v0 + step)
 
 
 def _scale(x: torch.Tensor, T: float) -> torch.Tensor:

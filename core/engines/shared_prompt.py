@@ -148,7 +148,6 @@ class Parts:
         """Attention outputs of the packed rows (N, W, H, D) -> the flat row's real tokens' (1, T, H, D)."""
         return TakeRows.apply(out.flatten(0, 1), self.scatter)[None]
 
-
     def split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(N, H, W, D) -> the prompt's (N, H, P, D) and the slots' (N G, H, R, D)."""
         N, H, _, D = x.shape

@@ -127,10 +127,13 @@ void attend(const uint16_t* q, int64_t qs_head, const uint16_t* k, int64_t ks_t,
     for (int64_t d = 0; d < D; ++d) qf[g * D + d] = bf16_to_f32(q[g * qs_head + d]) * scale;
   for (int64_t t = 0; t < T; ++t)
     for (int64_t g = 0; g < G; ++g) {
+      if (m[t] < MASKED) {  // a masked key: not read
+        s[g * T + t] = -INFINITY;
+        continue;
+      }
       float a = 0.f;
-      if (m[t] >= MASKED)
-        for (int64_t d = 0; d < D; ++d) a += qf[g * D + d] * bf16_to_f32(k[t * ks_t + d]);
-      s[g * T + t] = m[t] < MASKED ? -INFINITY : a + m[t];
+      for (int64_t d = 0; d < D; ++d) a += qf[g * D + d] * bf16_to_f32(k[t * ks_t + d]);
+      s[g * T + t] = a + m[t];
     }
   for (int64_t g = 0; g < G; ++g) {
     float* sg = s + g * T;

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from core.engines.fsdp import full_tensor
 from core.engines.reward_model import batch_scores, bradley_terry_loss, conversation_ids, load_reward_model
 from core.models import resolve_dtype
-from core.worker import WorkerContext
+from core.worker import WorkerContext, leave_process_group
 
 
 def _messages(value, where: str) -> list[dict]:
@@ -229,8 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = None if a.dtype == "auto" else resolve_dtype(a.dtype)
     h = train(a.model, load_pairs(a.train), load_pairs(a.val), a.out, a.epochs, a.lr, a.batch, a.seed, dtype,
               log_every=a.log_every)
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    leave_process_group()
     if int(os.environ.get("RANK", 0)) == 0:
         print(f"held-out pair accuracy {h['val_accuracy_start']:.3f} -> {h['val_accuracy'][-1]:.3f}; "
               f"train loss per epoch {', '.join(f'{x:.4f}' for x in h['train_loss'])}; written to {a.out}")

@@ -89,3 +89,39 @@ def test_two_ranks_under_torchrun_train_as_one_process(tmp_path, tiny_model_dir)
     assert w1.keys() == w2.keys() and all(torch.allclose(w1[k], w2[k], atol=1e-4) for k in w1)
     assert json.loads((runs["two"] / "config.json").read_text())["architectures"] == \
         json.loads((runs["one"] / "config.json").read_text())["architectures"] == ["LlamaForSequenceClassification"]
+
+
+def test_leaving_the_process_group_frees_the_fsdp_modules_first(tiny_model_dir, monkeypatch):
+    """Rank 1 of the torchrun pair above aborted at exit now and then ("terminate called without an active
+    exception"): after ``train`` returned, its FSDP2 model lived on in garbage cycles (hooks and states refer back
+    to their modules), holding the device mesh and the gloo group, and was freed during the interpreter's shutdown.
+    ``leave_process_group`` frees it before the group is destroyed; ``destroy_process_group`` alone leaves it."""
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+
+    from core.engines.reward_model import load_reward_model
+    from core.engines.sharding import fsdp_wrap
+    from core.worker import WorkerContext, free_port, leave_process_group
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+
+    def one_step() -> weakref.ref:  # an FSDP2 step whose every reference goes when it returns
+        ctx = WorkerContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+        model = fsdp_wrap(load_reward_model(str(tiny_model_dir)), ctx, torch.float32, "none")
+        model(input_ids=torch.tensor([[3, 4, 5]])).logits.sum().backward()
+        return weakref.ref(model)
+
+    gc.disable()  # no automatic collection between the step and the check
+    try:
+        model = one_step()
+        assert model() is not None  # only cycles hold it: what the interpreter's exit used to free
+        leave_process_group()
+        assert model() is None and not dist.is_initialized()
+    finally:
+        gc.enable()
+        if dist.is_initialized():
+            dist.destroy_process_group()

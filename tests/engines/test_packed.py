@@ -105,6 +105,38 @@ def test_packing_rows_in_place_gives_the_layout_of_the_whole_new_weight(dtype, k
         torch.ops.hybridrl_cpu.pack_linear_into(packed, new[:20], 90, 100)
 
 
+@needs_built
+@pytest.mark.parametrize("dtype,k", [(torch.bfloat16, 10), (torch.bfloat16, 34), (torch.bfloat16, 576),
+                                     (torch.float32, 7), (torch.float32, 17), (torch.float32, 576)])
+def test_rows_sent_in_fp32_pack_straight_and_unpack_to_the_weight(dtype, k):
+    """A sync's rows packed with no parameter in between (``load_linear_rows(packed, None, ...)``): fp32 rows cast on
+    the way (the same rounding as torch's cast, NaN as the parameter path gives it), rows of the packed dtype as
+    they are; pieces off and on the 16-row lines (the streamed path and the word-by-word one); ``unpack_linear``
+    gives back any rows bit for bit."""
+    g = torch.Generator().manual_seed(k)
+    new = torch.randn(100, k, generator=g)
+    new[40, k // 2] = float("inf")
+    for src in (new, new.to(dtype)):
+        packed = torch.ops.hybridrl_cpu.pack_linear(torch.zeros(100, k, dtype=dtype))
+        row0 = 0
+        for rows in (5, 19, 13, 63):
+            torch.ops.hybridrl_cpu.load_linear_rows(packed, None, src[row0:row0 + rows], row0, 100)
+            row0 += rows
+        assert torch.equal(packed.view(torch.int32), reference_pack(new.to(dtype)))
+        assert torch.equal(torch.ops.hybridrl_cpu.unpack_linear(packed, 0, 100, 100, k), new.to(dtype))
+        assert torch.equal(torch.ops.hybridrl_cpu.unpack_linear(packed, 37, 50, 100, k), new[37:87].to(dtype))
+    nan = new.clone()
+    nan[3, 1] = float("nan")
+    packed, param = torch.ops.hybridrl_cpu.pack_linear(torch.zeros(100, k, dtype=dtype)), torch.empty(100, k, dtype=dtype)
+    torch.ops.hybridrl_cpu.load_linear_rows(packed, param, nan, 0, 100)
+    straight = torch.zeros_like(packed)
+    torch.ops.hybridrl_cpu.load_linear_rows(straight, None, nan, 0, 100)
+    assert torch.equal(straight.view(torch.int32), packed.view(torch.int32))
+    assert torch.equal(packed.view(torch.int32), reference_pack(param))
+    with pytest.raises(RuntimeError, match="rows 90..110 of 100 x"):
+        torch.ops.hybridrl_cpu.unpack_linear(packed, 90, 20, 100, k)
+
+
 @needs_onednn
 def test_onednn_packing_is_bit_identical_to_f_linear_and_ours_is_used_by_default(tiny_model_dir):
     model = tiny_bf16(tiny_model_dir)

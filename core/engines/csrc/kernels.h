@@ -210,7 +210,9 @@ void write_decode(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& k_ne
 bool linear_native();
 at::Tensor pack_linear(const at::Tensor& weight);
 void pack_linear_into(at::Tensor& packed, const at::Tensor& weight, int64_t row0, int64_t rows);
-void load_linear_rows(at::Tensor& packed, at::Tensor& param, const at::Tensor& src, int64_t row0, int64_t rows);
+void load_linear_rows(at::Tensor& packed, const std::optional<at::Tensor>& param, const at::Tensor& src, int64_t row0,
+                      int64_t rows);
+at::Tensor unpack_linear(const at::Tensor& packed, int64_t row0, int64_t rows, int64_t N, int64_t K);
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                          int64_t N);
 std::tuple<at::Tensor, at::Tensor> train_attention_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -76,11 +76,10 @@ bool linear_native() {
 
 namespace {
 #if defined(__AVX2__)
-// out[i * out_stride + j] = in[j * in_stride + i] for an 8 x 8 block of 32-bit words (bit patterns moved, not read
-// as floats): unpack pairs of rows, shuffle quadruples, swap 128-bit halves
-inline void transpose8(const uint32_t* in, int64_t in_stride, uint32_t* out, int64_t out_stride) {
-  __m256 r[8], t[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(reinterpret_cast<const float*>(in + i * in_stride));
+// r[i] <- column i of the 8 x 8 matrix of 32-bit words whose row i was r[i] (bit patterns moved, not read as floats):
+// unpack pairs of rows, shuffle quadruples, swap 128-bit halves
+inline void transpose8(__m256 r[8]) {
+  __m256 t[8];
   for (int i = 0; i < 8; i += 2) {
     t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
     t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
@@ -92,9 +91,20 @@ inline void transpose8(const uint32_t* in, int64_t in_stride, uint32_t* out, int
     r[h + 3] = _mm256_shuffle_ps(t[h + 1], t[h + 3], _MM_SHUFFLE(3, 2, 3, 2));
   }
   for (int i = 0; i < 4; ++i) {
-    _mm256_storeu_ps(reinterpret_cast<float*>(out + i * out_stride), _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
-    _mm256_storeu_ps(reinterpret_cast<float*>(out + (i + 4) * out_stride), _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+    t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
   }
+  for (int i = 0; i < 8; ++i) r[i] = t[i];
+}
+#endif
+
+#if defined(__AVX512BF16__)
+// 16 fp32 -> 8 words of bf16 pairs, rounded as cast_bf16 (to nearest even, NaN -> 0x7fc0)
+inline __m256 bf16_words(const float* p) {
+  const __m512 x = _mm512_loadu_ps(p);
+  const __m256i b = (__m256i)_mm512_cvtneps_pbh(x);
+  return _mm256_castsi256_ps(
+      _mm256_mask_blend_epi16(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), b, _mm256_set1_epi16(0x7fc0)));
 }
 #endif
 
@@ -114,39 +124,97 @@ struct RowPack {
     const int64_t c0 = t * tile, r0 = std::max(row0, c0);
     return {r0, std::min(row0 + n, c0 + std::min(tile, padded(N) - c0)) - r0};
   }
-  void tile_at(int64_t t) const {
+  void tile_at(int64_t t) const { tile_from(t, src + (rows_of(t).first - row0) * KW); }
+  // tile t's rows from `in` (its first row, KW words a row)
+  void tile_from(int64_t t, const uint32_t* in) const {
+    tile_by(t, [&](int64_t q, int64_t kw) { return in[q * KW + kw]; }
+#if defined(__AVX2__)
+            , [&](int64_t q, int64_t kw) { return _mm256_loadu_ps(reinterpret_cast<const float*>(in + q * KW + kw)); }
+#endif
+    );
+  }
+  // tile t's rows from fp32 rows `in` (its first row, 2 KW floats a row), cast to bf16 pairs on the way (rounded as
+  // cast_bf16): the rows are read once and no bf16 copy of them is written anywhere
+  void tile_cast_from(int64_t t, const float* in) const {
+    const int64_t K = 2 * KW;
+    auto word = [&](int64_t q, int64_t kw) {
+      return static_cast<uint32_t>(f32_to_bf16(in[q * K + 2 * kw])) |
+             static_cast<uint32_t>(f32_to_bf16(in[q * K + 2 * kw + 1])) << 16;
+    };
+#if defined(__AVX512BF16__)
+    tile_by(t, word, [&](int64_t q, int64_t kw) { return bf16_words(in + q * K + 2 * kw); });
+#elif defined(__AVX2__)
+    tile_by(t, word, [&](int64_t q, int64_t kw) {
+      alignas(32) uint32_t w[8];
+      for (int i = 0; i < 8; ++i) w[i] = word(q, kw + i);
+      return _mm256_load_ps(reinterpret_cast<const float*>(w));
+    });
+#else
+    tile_by(t, word);
+#endif
+  }
+  // tile t's rows into its [KW][wd] words: word kw of the tile's row q (counted from its first row) is word(q, kw);
+  // with AVX2, eight(q, kw) gives words kw..kw+7 as a ymm, and 8 x 8 blocks are transposed in registers
+  template <class Word, class... Eight>
+  void tile_by(int64_t t, Word word, Eight... eight) const {
     const int64_t c0 = t * tile, wd = std::min(tile, padded(N) - c0);
     const auto [r0, rows] = rows_of(t);
     uint32_t* out = dst + c0 * KW + (r0 - c0);
-    const uint32_t* in = src + (r0 - row0) * KW;
-    int64_t k8 = 0;
+    int64_t k8 = 0, r8 = 0;
 #if defined(__AVX2__)
-    // 8 words of every row at a time: the writes fill 8 consecutive runs of the tile, the rows' cache lines (one per
-    // row) stay in L1 for the next 8 words
-    k8 = KW / 8 * 8;
-    const int64_t r8 = rows / 8 * 8;
-    for (int64_t kw = 0; kw < k8; kw += 8) {
-      for (int64_t r = 0; r < r8; r += 8) transpose8(in + r * KW + kw, KW, out + kw * wd + r, wd);
-      for (int64_t k = kw; k < kw + 8; ++k)  // the rows past the last whole block of 8
-        for (int64_t q = r8; q < rows; ++q) out[k * wd + q] = in[q * KW + k];
+    if constexpr (sizeof...(Eight) == 1) {
+      auto load = [&](int64_t q, int64_t kw) { return (eight(q, kw), ...); };
+      k8 = KW / 8 * 8, r8 = rows / 8 * 8;
+      int64_t r = 0;
+      // 16 rows at a time: 8 whole 64-byte lines of the tile per 8 words, stored past the caches (write-allocating
+      // the packed weight's lines made a sync ~1.5x a plain copy; streamed, the same as one)
+      if (reinterpret_cast<uintptr_t>(out) % 64 == 0)
+        for (; r < rows / 16 * 16; r += 16)
+          for (int64_t kw = 0; kw < k8; kw += 8) {
+            __m256 a[8], b[8];
+            for (int i = 0; i < 8; ++i) a[i] = load(r + i, kw), b[i] = load(r + 8 + i, kw);
+            transpose8(a);
+            transpose8(b);
+            for (int i = 0; i < 8; ++i) {
+              float* o = reinterpret_cast<float*>(out + (kw + i) * wd + r);
+              _mm256_stream_ps(o, a[i]);
+              _mm256_stream_ps(o + 8, b[i]);
+            }
+          }
+      for (; r < r8; r += 8)
+        for (int64_t kw = 0; kw < k8; kw += 8) {
+          __m256 a[8];
+          for (int i = 0; i < 8; ++i) a[i] = load(r + i, kw);
+          transpose8(a);
+          for (int i = 0; i < 8; ++i) _mm256_storeu_ps(reinterpret_cast<float*>(out + (kw + i) * wd + r), a[i]);
+        }
+      _mm_sfence();  // the streamed stores ordered before whatever reads the weight next, on any thread
     }
 #endif
+    for (int64_t kw = 0; kw < k8; ++kw)  // the rows past the last whole block of 8
+      for (int64_t q = r8; q < rows; ++q) out[kw * wd + q] = word(q, kw);
     for (int64_t kw = k8; kw < KW; ++kw)  // the words past the last whole block of 8 (all of them without AVX2)
-      for (int64_t q = 0; q < rows; ++q) out[kw * wd + q] = in[q * KW + kw];
+      for (int64_t q = 0; q < rows; ++q) out[kw * wd + q] = word(q, kw);
   }
 };
 
-RowPack row_pack(at::Tensor& packed, const at::Tensor& weight, int64_t row0, int64_t N, const char* op) {
-  const bool f32 = weight.scalar_type() == at::kFloat;
-  TORCH_CHECK(weight.dim() == 2 && (f32 || weight.scalar_type() == at::kBFloat16) && weight.is_contiguous() &&
-                  packed.dim() == 1 && packed.scalar_type() == weight.scalar_type() && packed.is_contiguous(),
-              op, ": a contiguous 2-D bf16 or fp32 weight and a packed weight of its dtype");
-  const int64_t n = weight.size(0), K = weight.size(1);
+// Rows [row0, row0 + n) of an (N, K) weight of the packed weight's dtype, read from `src` (n x K, or nullptr when
+// each tile's rows are handed to tile_from)
+RowPack row_pack(at::Tensor& packed, int64_t n, int64_t K, const void* src, int64_t row0, int64_t N, const char* op) {
+  const bool f32 = packed.scalar_type() == at::kFloat;
+  TORCH_CHECK(packed.dim() == 1 && (f32 || packed.scalar_type() == at::kBFloat16) && packed.is_contiguous(), op,
+              ": a packed bf16 or fp32 weight");
   TORCH_CHECK(f32 || K % 2 == 0, op, ": in_features must be even, got ", K);
   TORCH_CHECK(row0 >= 0 && row0 + n <= N && packed.numel() == padded(N) * K, op, ": rows ", row0, "..", row0 + n,
               " of ", N, " x ", K, " do not fit a packed weight of ", packed.numel(), " elements");
-  return {reinterpret_cast<uint32_t*>(packed.data_ptr()), reinterpret_cast<const uint32_t*>(weight.data_ptr()), row0,
-          n, N, f32 ? K : K / 2, f32 ? kPackTileF32 : kTile};
+  return {reinterpret_cast<uint32_t*>(packed.data_ptr()), static_cast<const uint32_t*>(src), row0, n, N,
+          f32 ? K : K / 2, f32 ? kPackTileF32 : kTile};
+}
+
+RowPack row_pack(at::Tensor& packed, const at::Tensor& weight, int64_t row0, int64_t N, const char* op) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == packed.scalar_type() && weight.is_contiguous(), op,
+              ": a contiguous 2-D weight of the packed weight's dtype");
+  return row_pack(packed, weight.size(0), weight.size(1), weight.data_ptr(), row0, N, op);
 }
 
 }  // namespace
@@ -170,34 +238,74 @@ void pack_linear_into(at::Tensor& packed, const at::Tensor& weight, int64_t row0
   });
 }
 
-void load_linear_rows(at::Tensor& packed, at::Tensor& param, const at::Tensor& src, int64_t row0, int64_t N) {
-  TORCH_CHECK(param.sizes() == src.sizes(), "load_linear_rows: the engine's weight is ", param.sizes(), ", sent ",
-              src.sizes());
-  const bool cast = param.scalar_type() == at::kBFloat16 && src.scalar_type() == at::kFloat;
-  if (!(cast || param.scalar_type() == src.scalar_type()) || !param.is_contiguous()) {
-    param.copy_(src);  // another cast: torch's, then the rows packed from the parameter
-    pack_linear_into(packed, param, row0, N);
+void load_linear_rows(at::Tensor& packed, const std::optional<at::Tensor>& param, const at::Tensor& src, int64_t row0,
+                      int64_t N) {
+  if (param) {  // the weight kept in the model too (e.g. tied to the embedding): each tile's rows written into it
+    auto p = *param;  // (cast or copied) and packed from it while they are in cache
+    TORCH_CHECK(p.sizes() == src.sizes(), "load_linear_rows: the engine's weight is ", p.sizes(), ", sent ", src.sizes());
+    const bool cast = p.scalar_type() == at::kBFloat16 && src.scalar_type() == at::kFloat;
+    if (!(cast || p.scalar_type() == src.scalar_type()) || !p.is_contiguous()) {
+      p.copy_(src);  // another cast: torch's, then the rows packed from the parameter
+      pack_linear_into(packed, p, row0, N);
+      return;
+    }
+    const RowPack rp = row_pack(packed, p, row0, N, "load_linear_rows");
+    if (rp.n == 0) return;
+    const auto s = src.contiguous();
+    const auto* in = static_cast<const char*>(s.data_ptr());
+    auto* out = static_cast<char*>(p.data_ptr());
+    const int64_t K = p.size(1), in_row = K * s.element_size(), out_row = K * p.element_size();
+    at::parallel_for(rp.first_tile(), rp.end_tile(), 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const auto [r0, rows] = rp.rows_of(t);
+        const char* from = in + (r0 - row0) * in_row;
+        char* to = out + (r0 - row0) * out_row;
+        if (cast)
+          cast_bf16(reinterpret_cast<const float*>(from), reinterpret_cast<uint16_t*>(to), rows * K);
+        else
+          std::memcpy(to, from, rows * out_row);
+        rp.tile_at(t);
+      }
+    });
     return;
   }
-  // each tile's rows written into the parameter (cast or copied) and packed from it while they are in cache
-  const RowPack rp = row_pack(packed, param, row0, N, "load_linear_rows");
+  // the packed copy is the engine's only copy: rows of the dtype packed straight from `src`; fp32 into bf16 cast a
+  // tile of rows at a time into a per-thread scratch that stays in cache, then packed from it
+  const bool cast = packed.scalar_type() == at::kBFloat16 && src.scalar_type() == at::kFloat;
+  const auto s = cast ? src.contiguous() : src.to(packed.scalar_type()).contiguous();
+  TORCH_CHECK(s.dim() == 2, "load_linear_rows: a 2-D weight, got ", s.sizes());
+  const RowPack rp = row_pack(packed, s.size(0), s.size(1), cast ? nullptr : s.data_ptr(), row0, N, "load_linear_rows");
   if (rp.n == 0) return;
-  const auto s = src.contiguous();
-  const auto* in = static_cast<const char*>(s.data_ptr());
-  auto* out = static_cast<char*>(param.data_ptr());
-  const int64_t K = param.size(1), in_row = K * s.element_size(), out_row = K * param.element_size();
+  if (!cast) {
+    at::parallel_for(rp.first_tile(), rp.end_tile(), 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) rp.tile_at(t);
+    });
+    return;
+  }
+  const int64_t K = s.size(1);
+  const auto* in = static_cast<const float*>(s.data_ptr());
   at::parallel_for(rp.first_tile(), rp.end_tile(), 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const auto [r0, rows] = rp.rows_of(t);
-      const char* from = in + (r0 - row0) * in_row;
-      char* to = out + (r0 - row0) * out_row;
-      if (cast)
-        cast_bf16(reinterpret_cast<const float*>(from), reinterpret_cast<uint16_t*>(to), rows * K);
-      else
-        std::memcpy(to, from, rows * out_row);
-      rp.tile_at(t);
+    for (int64_t t = t0; t < t1; ++t) rp.tile_cast_from(t, in + (rp.rows_of(t).first - row0) * K);
+  });
+}
+
+at::Tensor unpack_linear(const at::Tensor& packed, int64_t row0, int64_t n, int64_t N, int64_t K) {
+  const bool f32 = packed.scalar_type() == at::kFloat;
+  TORCH_CHECK(packed.dim() == 1 && packed.is_contiguous() && (f32 || packed.scalar_type() == at::kBFloat16) &&
+                  (f32 || K % 2 == 0) && packed.numel() == padded(N) * K && row0 >= 0 && n >= 0 && row0 + n <= N,
+              "unpack_linear: rows ", row0, "..", row0 + n, " of ", N, " x ", K, " do not fit a packed weight of ",
+              packed.numel(), " elements");
+  auto out = at::empty({n, K}, packed.options());
+  const int64_t KW = f32 ? K : K / 2, tile = f32 ? kPackTileF32 : kTile;
+  const auto* P = reinterpret_cast<const uint32_t*>(packed.data_ptr());
+  auto* O = reinterpret_cast<uint32_t*>(out.data_ptr());
+  at::parallel_for(row0, row0 + n, 16, [&](int64_t a, int64_t b) {
+    for (int64_t r = a; r < b; ++r) {  // row r sits in tile r / tile at column (r % tile) of [KW][wd]
+      const int64_t c0 = r / tile * tile, wd = std::min(tile, padded(N) - c0);
+      for (int64_t kw = 0; kw < KW; ++kw) O[(r - row0) * KW + kw] = P[c0 * KW + kw * wd + (r - c0)];
     }
   });
+  return out;
 }
 
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,

@@ -16,7 +16,8 @@ TORCH_LIBRARY(hybridrl_cpu, m) {
   m.def("isa() -> str", [] { return std::string(hybridrl::kernel_isa()); });
   m.def("pack_linear(Tensor weight) -> Tensor");
   m.def("pack_linear_into(Tensor(a!) packed, Tensor weight, int row0, int rows) -> ()");
-  m.def("load_linear_rows(Tensor(a!) packed, Tensor(b!) param, Tensor src, int row0, int rows) -> ()");
+  m.def("load_linear_rows(Tensor(a!) packed, Tensor(b!)? param, Tensor src, int row0, int rows) -> ()");
+  m.def("unpack_linear(Tensor packed, int row0, int rows, int out_features, int in_features) -> Tensor");
   m.def("linear_packed(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
   m.def("train_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> (Tensor, Tensor)");
   m.def("train_attention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor mask, "
@@ -37,6 +38,7 @@ TORCH_LIBRARY_IMPL(hybridrl_cpu, CPU, m) {
   m.impl("pack_linear", hybridrl::pack_linear);
   m.impl("pack_linear_into", hybridrl::pack_linear_into);
   m.impl("load_linear_rows", hybridrl::load_linear_rows);
+  m.impl("unpack_linear", hybridrl::unpack_linear);
   m.impl("linear_packed", hybridrl::linear_packed);
   m.impl("train_attention_fwd", hybridrl::train_attention_fwd);
   m.impl("train_attention_bwd", hybridrl::train_attention_bwd);

@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             rows += [validate_row(r, f"{where}: row {i + 1}") for i, r in enumerate(made)]
     torch.manual_seed(a.seed)
     dtype = resolve_dtype(a.dtype)
-    engine = RolloutEngine(load_causal_lm(a.model, dtype=dtype), load_tokenizer(a.model), a.batch_size)
+    engine = RolloutEngine(load_causal_lm(a.model, dtype=dtype), load_tokenizer(a.model), a.batch_size,
+                           single_copy=True)
     params = SamplingParams(n=a.n, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
                             max_new_tokens=a.max_new_tokens, seed=a.seed)
     t = time.perf_counter()

@@ -54,7 +54,7 @@ class RolloutWorker:
             return
         model = load_causal_lm(cfg.model, dtype=resolve_dtype(cfg.dtype, ctx.device), device=ctx.device)
         self.engine = RolloutEngine(model, load_tokenizer(cfg.model), cfg.max_batch_size,
-                                    decode_graphs=None if cfg.cuda_graphs else False)
+                                    decode_graphs=None if cfg.cuda_graphs else False, single_copy=True)
 
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """n samples for each prompt row (key ``prompt``: chat lists); every non-tensor column is repeated."""
@@ -104,7 +104,7 @@ class RolloutWorker:
 
     def engine_state_dict(self) -> dict[str, torch.Tensor]:
         """The embedded engine's current weights on CPU (tests, debugging)."""
-        return {n: p.detach().cpu().clone() for n, p in self.engine.model.named_parameters()}
+        return {n: p.detach().cpu().clone() for n, p in self.engine.weights().items()}
 
     def sync_spec(self) -> tuple[list[str] | None, str, int, bool]:
         """What a sync from another pool must send: the engine's parameter names (None: whatever the actor has,

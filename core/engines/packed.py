@@ -20,13 +20,17 @@ called on the very same input tensor (a Llama layer's q/k/v and gate/up; any mod
 first call computes the fused product and hands the others their column slices; a call on any other input (or
 the same tensor modified in place) computes again, so a wrong grouping costs time, never correctness.
 
-The packed copy is the engine's compute format: the model's parameters stay (the weight sync writes them, tests
-read them) and ``refresh`` re-packs what a weight update touched: in our format each new weight straight into
-its rows of the packed copy (one pass, no allocation), so a sync costs little more than the copy itself.
+The packed copy is the engine's compute format. By default the model's parameters stay (a weight sync writes both)
+and ``refresh`` re-packs what a weight update touched: in our format each new weight straight into its rows of the
+packed copy (one pass, no allocation). ``release_weights`` makes the packed copy the only one, for an engine that
+owns its model: each linear's parameter is swapped for a meta tensor of its shape (freeing about half of the
+engine's weight memory), a sync casts and packs the sent rows in one pass with nothing else written (as fast as a
+plain cast copy, ``bench/test_sync.py``), and ``weight`` unpacks a released weight where its values are wanted.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Callable, Iterable
 
 import torch
@@ -73,10 +77,13 @@ class _Group:
         self._version = -1
         self._outs: tuple[torch.Tensor, ...] = ()
         self._taken = 0
+        self.released: set[int] = set()  # modules whose packed rows are their weight's only copy
         self.pack()
 
     @torch.no_grad()
     def pack(self) -> None:
+        if self.released:
+            raise RuntimeError("re-packing a group from its modules' weights, but they were released to the packed copy")
         w = torch.cat([m.weight for m in self.modules]) if len(self.modules) > 1 else self.modules[0].weight
         if self.kernel:
             self.weight = torch.ops.hybridrl_cpu.pack_linear(w.detach())
@@ -100,11 +107,20 @@ class _Group:
         no concatenation). With ``new``: first the weight's new value (any dtype), cast into the parameter one tile
         of rows at a time and packed while in cache -- a weight sync's whole work for this linear in one pass."""
         row0, weight = sum(self.splits[:index]), self.modules[index].weight.detach()
-        if new is None:
-            torch.ops.hybridrl_cpu.pack_linear_into(self.weight, weight, row0, self.out_features)
+        if new is not None:  # a released weight: the sent rows packed with nothing else written
+            kept = None if index in self.released else weight
+            torch.ops.hybridrl_cpu.load_linear_rows(self.weight, kept, new.detach(), row0, self.out_features)
+        elif index in self.released:
+            raise RuntimeError(f"linear {index} of a packed group: its weight was released, re-pack it from new values")
         else:
-            torch.ops.hybridrl_cpu.load_linear_rows(self.weight, weight, new.detach(), row0, self.out_features)
+            torch.ops.hybridrl_cpu.pack_linear_into(self.weight, weight, row0, self.out_features)
         self._input, self._outs = None, ()
+
+    def unpack(self, index: int) -> torch.Tensor:
+        """Module ``index``'s weight from the packed rows (our format), bit for bit."""
+        m = self.modules[index]
+        return torch.ops.hybridrl_cpu.unpack_linear(self.weight, sum(self.splits[:index]), m.out_features,
+                                                    self.out_features, m.in_features)
 
     def weight_index(self, param: torch.Tensor) -> int | None:
         """Which module's weight ``param`` is (None: not one of this group's weights, e.g. a bias)."""
@@ -180,10 +196,38 @@ class PackedLinears:
             g.pack() if not g.kernel else g.pack_bias()
         return packs + len(stale)
 
-    def remove(self) -> None:
-        """Back to the plain ``nn.Linear`` forward."""
+    @torch.no_grad()
+    def release_weights(self) -> int:
+        """Make the packed rows the only copy of every weight in our format that its own linear alone reads (not one
+        tied to another module, as an embedding to its LM head). Each such parameter is replaced by one on the meta
+        device, same shape and dtype: a sync still finds it by name and ``load`` packs into it, while anything that
+        reads its values fails loudly instead of reading stale ones (``weight`` unpacks it). Take the model's
+        parameters again after this call. Returns the bytes freed."""
+        users = Counter(id(p) for m in self.model.modules() for p in m._parameters.values() if p is not None)
+        freed = 0
         for g in self.groups:
-            for m in g.modules:
+            for i, m in enumerate(g.modules):
+                w = m.weight
+                if not g.kernel or i in g.released or users[id(w)] != 1 or len(self._by_param[id(w)]) != 1:
+                    continue
+                m.weight = torch.nn.Parameter(torch.empty_like(w, device="meta"), requires_grad=False)
+                self._by_param[id(m.weight)] = self._by_param.pop(id(w))
+                g.released.add(i)
+                freed += w.numel() * w.element_size()
+        return freed
+
+    def weight(self, param: torch.Tensor) -> torch.Tensor:
+        """The values of ``param``: itself, or unpacked from its packed rows when it was released."""
+        groups = self._by_param.get(id(param), [])
+        index = groups[0].weight_index(param) if len(groups) == 1 else None
+        return groups[0].unpack(index) if index is not None and index in groups[0].released else param
+
+    def remove(self) -> None:
+        """Back to the plain ``nn.Linear`` forward (released weights unpacked into new parameters)."""
+        for g in self.groups:
+            for i, m in enumerate(g.modules):
+                if i in g.released:
+                    m.weight = torch.nn.Parameter(g.unpack(i), requires_grad=False)
                 del m.forward
         self.groups, self._by_param = [], {}
 

@@ -39,7 +39,8 @@ class RolloutEngine:
     """Generation with a transformers model in this process (colocated with the trainer or standalone)."""
 
     def __init__(self, model, tokenizer, max_batch_size: int = 64, decode_attention: bool = True,
-                 share_prefix: bool = True, pack_weights: bool | None = None, decode_graphs: bool | None = None):
+                 share_prefix: bool = True, pack_weights: bool | None = None, decode_graphs: bool | None = None,
+                 single_copy: bool = False):
         """``decode_attention``: switch the model to ``core.engines.attention`` (batched matmuls for one-token
         decode steps, SDPA for everything else) -- the model object itself is switched, for every caller.
         ``share_prefix``: prefill the token prefix common to all prompts of a call once (a chat template's
@@ -47,7 +48,10 @@ class RolloutEngine:
         ``pack_weights``: run the linears on packed (and sibling-fused) weights, ``core.engines.packed``; None =
         wherever it applies (``packed.can_pack``: bf16 on a CPU with native bf16, fp32 with AVX2 + FMA).
         ``decode_graphs``: decode steps at fixed shapes (``core.engines.decode_graphs``), replayed as CUDA graphs
-        on a GPU and run eagerly elsewhere (tests); None = on a GPU only."""
+        on a GPU and run eagerly elsewhere (tests); None = on a GPU only.
+        ``single_copy``: for an engine that owns its model -- each packed linear's weight is kept only in its packed
+        rows (``PackedLinears.release_weights``: about half the weight memory, and a sync writes each weight once);
+        ``weights`` still gives every weight's values."""
         self.model, self.tokenizer, self.max_batch_size = model.eval(), tokenizer, max_batch_size
         self.share_prefix = share_prefix
         if decode_attention:
@@ -73,6 +77,9 @@ class RolloutEngine:
         self.fused = (cpu_kernels.install(model) if self.device.type == "cpu"
                       and self.dtype in cpu_kernels.KERNEL_DTYPES and cpu_kernels.available()
                       else gpu_kernels.install(model) if self.device.type == "cuda" else {})
+        if single_copy and self.packed is not None:
+            self.packed.release_weights()
+            self.params = dict(model.named_parameters())
 
     def _eos_ids(self) -> list[int]:
         ids = self.model.generation_config.eos_token_id if self.model.generation_config else None
@@ -83,7 +90,7 @@ class RolloutEngine:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return next(p for p in self.model.parameters() if not p.is_meta).device  # not a released weight
 
     @property
     def dtype(self) -> torch.dtype:
@@ -125,12 +132,17 @@ class RolloutEngine:
         """The names ``update_weights`` takes: the model's parameters."""
         return list(self.params)
 
+    def weights(self) -> dict[str, torch.Tensor]:
+        """Every weight's current values by name (a released linear's unpacked from its packed rows)."""
+        return {name: self.packed.weight(p) if self.packed is not None else p for name, p in self.params.items()}
+
     @torch.no_grad()
     def verify_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Raise if any of these tensors differs from the engine's copy (``rollout.debug_sync``)."""
         params = self.params
         for name, full in named_tensors:
-            if not torch.equal(params[name], full.to(params[name].dtype)):
+            mine = self.packed.weight(params[name]) if self.packed is not None else params[name]
+            if not torch.equal(mine, full.to(mine.dtype)):
                 raise ValueError(f"checksum mismatch on {name} after copy")
 
     # ----------------------------------------------------------------------------------------- memory

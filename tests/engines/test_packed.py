@@ -2,6 +2,8 @@
 ours (csrc/linear.cpp) within a bf16 rounding of the fp32 product on every row and column remainder; re-pack on
 update."""
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -220,6 +222,44 @@ def test_a_weight_update_repacks_what_it_touched(tiny_model_dir, dtype):
         # bf16 on AVX512-BF16 without AMX)
         assert torch.equal(a["responses"], b["responses"])
         torch.testing.assert_close(a["rollout_logprobs"], b["rollout_logprobs"], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_single_copy_engine_keeps_each_linear_once_and_syncs_the_same(tiny_model_dir, dtype):
+    """``single_copy=True`` (the rollout worker's engine): every linear weight in our format lives only in its packed
+    rows -- its parameter is a meta tensor of its shape, a weight tied to another module stays -- and after a whole
+    sync and a one-tensor update the packed rows, the unpacked weights and the generation are bit for bit those of
+    an engine that keeps both copies; ``verify_weights`` reads the unpacked values; ``remove`` gives them back."""
+    model = load_causal_lm(str(tiny_model_dir), dtype=dtype)
+    if not can_pack(model) or not kernel_usable(dtype):
+        pytest.skip(f"our packed format does not run {dtype} on this CPU")
+    tok = load_tokenizer(str(tiny_model_dir))
+    one = RolloutEngine(model, tok, max_batch_size=4, single_copy=True)
+    two = RolloutEngine(load_causal_lm(str(tiny_model_dir), dtype=dtype), tok, max_batch_size=4)
+    shared = Counter(id(p) for m in model.modules() for p in m._parameters.values() if p is not None)
+    linears = {f"{n}.weight" for n, m in model.named_modules() if type(m) is torch.nn.Linear and shared[id(m.weight)] == 1}
+    assert linears and {n for n, p in one.params.items() if p.is_meta} == linears
+    assert not any(p.is_meta for n, p in one.params.items() if n not in linears)
+    g = torch.Generator().manual_seed(0)
+    fresh = {n: torch.randn(p.shape, generator=g) * 0.2 for n, p in two.params.items()}
+    k_proj = "model.layers.0.self_attn.k_proj.weight"
+    ids = [tok("hello there", add_special_tokens=False)["input_ids"]]
+    params = SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True)
+    for update in (fresh, {k_proj: fresh[k_proj] * -2}):
+        for engine in (one, two):
+            engine.update_weights(update.items())
+        assert all(torch.equal(a.weight, b.weight) for a, b in zip(one.packed.groups, two.packed.groups))
+        mine, theirs = one.weights(), two.weights()
+        assert all(torch.equal(mine[n], theirs[n]) for n in theirs)
+        one.verify_weights(update.items())
+        a, b = one.generate(ids, params), two.generate(ids, params)
+        assert torch.equal(a["responses"], b["responses"]) and torch.equal(a["rollout_logprobs"], b["rollout_logprobs"])
+    with pytest.raises(ValueError, match=f"checksum mismatch on {k_proj}"):
+        one.verify_weights([(k_proj, fresh[k_proj])])
+    with pytest.raises(RuntimeError, match="was released"):
+        one.packed.refresh([one.params[k_proj]])
+    one.packed.remove()
+    assert all(torch.equal(p, theirs[n]) for n, p in model.named_parameters())
 
 
 class TwoReadsAndAnInPlaceEdit(torch.nn.Module):

@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-slow test-vllm test-multinode bench selfcheck lock clean
+.PHONY: setup demo test test-heavy test-slow test-vllm test-multinode bench selfcheck lock clean
 
 setup: $(STAMP)
 
@@ -46,6 +46,9 @@ test-vllm: $(VLLM_STAMP)
 # ray.cluster_utils, said in the output), runs across the nodes, a node lost mid-run (tests/test_multinode.py)
 test-multinode: $(STAMP)
 	$(PY) -m pytest -q -s -rs -m multinode tests/test_multinode.py
+
+test-heavy: $(STAMP)
+	$(PY) -m pytest -q -m "heavy and not slow"
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow

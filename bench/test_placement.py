@@ -80,6 +80,7 @@ def ppo_four_model_specs(path: str, dtype: str, samples: int) -> dict[str, RoleS
     return specs
 
 
+@pytest.mark.heavy  # ~18 s at smoke size; test_colocated_vs_split_placement stays in make test
 def test_four_model_ppo_colocated_vs_split(ray_session, full_size, report, tiny_model_dir):
     path = resolve_model("SmolLM2-135M-Instruct") if full_size else str(tiny_model_dir)
     P, n, new, steps = (8, 4, 32, 2) if full_size else (2, 4, 8, 1)

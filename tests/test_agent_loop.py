@@ -127,6 +127,7 @@ def test_a_trajectory_is_truncated_exactly_when_its_last_turn_did_not_end_at_eos
     assert batch["truncated"].sum() < len(batch)  # at least one trajectory answered at EOS
 
 
+@pytest.mark.heavy  # ~22 s
 def test_continuous_turns_join_the_running_batch_and_sample_from_their_own_seeds():
     """Continuous batching across turns: a trajectory's next turn starts while other trajectories' first turns
     are still decoding, and its turns draw from its own seed (seed, trajectory, turn), so

@@ -125,7 +125,7 @@ def steady(rows: list[dict]) -> dict[int, dict]:
 # the Ray variants (~1 min 45 s together) run under make test-slow; make test-multinode resumes a 2-rank Ray run
 # exactly after losing a node (tests/test_multinode.py)
 @pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.slow)], ids=["1-rank", "ray-2-ranks"])
-@pytest.mark.parametrize("critic", [False, True], ids=["grpo", "ppo-with-critic"])
+@pytest.mark.parametrize("critic", [False, pytest.param(True, marks=pytest.mark.heavy)], ids=["grpo", "ppo-with-critic"])
 def test_a_run_killed_between_saves_resumes_to_the_uninterrupted_metrics(tmp_path, tiny_model_dir, critic, backend):
     """World size 1 in one process, and FSDP2 world size 2 on two Ray workers (each rank's RNG, shards and optimizer
     state in the checkpoint; the driver, Ray and its workers killed together)."""
@@ -204,6 +204,7 @@ def test_export_writes_a_folder_transformers_loads_and_that_generates(tmp_path, 
     assert results["openai/gsm8k"]["problems"] == 3 and len(samples) == 3
 
 
+@pytest.mark.heavy  # ~25 s; a kill between saves (grpo, 1 rank) stays in make test
 def test_a_run_killed_in_the_middle_of_a_save_resumes_from_the_previous_checkpoint(tmp_path, tiny_model_dir):
     """A real SIGKILL while a checkpoint's temporary folder exists (the DCP shards are being written)."""
     conf = write_run(tmp_path, tiny_model_dir, total_steps=5, save_freq=1)

@@ -43,7 +43,9 @@ def ray_session():
     ray.shutdown()
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
+# the SmolVLM-class model carries SmolLM2-135M's real size (~50 s here): under make test-heavy; the tiny Qwen2-VL runs
+# the same path in make test
+@pytest.fixture(scope="module", params=[pytest.param("smolvlm", marks=pytest.mark.heavy), "qwen2_vl"])
 def vlm_dir(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param) / "model"
     return request.param, smolvlm_from_smollm2(folder) if request.param == "smolvlm" else tiny_qwen_vl(folder)

@@ -12,6 +12,7 @@ from tests.test_checkpoint import fit_run as run, write_run  # noqa: E402
 pytestmark = pytest.mark.ray
 
 
+@pytest.mark.heavy  # ~16 s
 def test_a_lora_run_on_two_ranks_trains_syncs_and_resumes_exactly(ray_module_session, tmp_path, tiny_model_dir):
     conf = write_run(tmp_path, tiny_model_dir, total_steps=4, save_freq=2, critic=False, backend="ray")
     # one mini-batch per step: the first update starts from the base model itself, KL 0 exactly

@@ -15,6 +15,7 @@ from tests.test_checkpoint import fit_run as run, write_run  # noqa: E402
 pytestmark = pytest.mark.ray
 
 
+@pytest.mark.heavy  # ~40 s; test_megatron_actor / _critic cover TP2 against FSDP in make test
 def test_megatron_tp2_run_equals_fsdp_and_resumes_exactly(ray_module_session, tmp_path, tiny_model_dir):
     conf = write_run(tmp_path, tiny_model_dir, total_steps=4, save_freq=2, critic=True, backend="ray")
     # one mini-batch per step: FSDP's 2 DP ranks and Megatron's one DP group of 2 TP ranks then train on the same

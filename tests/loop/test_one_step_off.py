@@ -22,6 +22,7 @@ def without(metrics: dict, keys=OFF_POLICY_KEYS) -> dict:
     return {k: v for k, v in metrics.items() if k not in keys}
 
 
+@pytest.mark.heavy  # three Ray runs, ~35 s
 def test_one_step_off_equals_the_synchronous_loop_without_overlap_and_is_one_step_stale_with_it(
         ray_module_session, tmp_path, tiny_model_dir):
     conf = write_run(tmp_path, tiny_model_dir, total_steps=3, save_freq=2, backend="ray")

@@ -174,7 +174,7 @@ SHARED = ["system: be brief. user: hi", "system: be brief. user: a longer prompt
 
 
 def test_a_shared_prefix_is_found_and_leaves_each_prompt_a_token():
-    from core.engines.rollout import shared_prefix_length
+    from core.engines.rollout_run import shared_prefix_length
 
     assert shared_prefix_length([[1] * 10 + [2], [1] * 10 + [3, 4]]) == 10
     assert shared_prefix_length([[1] * 10, [1] * 10]) == 9          # each keeps one token of its own
@@ -217,7 +217,7 @@ def test_the_rollout_role_frees_the_kv_cache_after_generating_when_asked(tiny_mo
 
 def test_the_additive_mask_stays_on_the_boolean_masks_device():
     # decode builds its mask on the engine's device: a CPU result there would fail on CUDA ("meta" stands in)
-    from core.engines.rollout import _additive
+    from core.engines.rollout_run import _additive
 
     allowed = torch.tensor([[True, False]])
     assert _additive(allowed.to("meta"), torch.bfloat16).device.type == "meta"

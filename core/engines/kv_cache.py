@@ -44,7 +44,7 @@ class SlotKVCache(Cache):
             # multi-head latent attention (DeepSeek-V3): transformers caches the compressed latents, one "head" of the
             # kv latent as the keys and of the rotary key as the values, and expands them after the cache
             kv_heads, k_dim, v_dim = 1, c.kv_lora_rank, c.qk_rope_head_dim
-        p = next(model.parameters())
+        p = next(p for p in model.parameters() if not p.is_meta)  # not a weight the engine keeps packed only
         return SlotKVCache(c.num_hidden_layers, slots, max_len, kv_heads, k_dim, p.dtype, p.device, v_dim)
 
     @property

@@ -94,8 +94,9 @@ class _Group:
     @torch.no_grad()
     def pack_bias(self) -> None:
         self.bias = None
-        if any(m.bias is not None for m in self.modules):
-            self.bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features)
+        real = [m.bias for m in self.modules if m.bias is not None]
+        if real:  # zeros for a sibling without a bias, made like a real bias (its weight may be released: meta)
+            self.bias = torch.cat([m.bias if m.bias is not None else real[0].new_zeros(m.out_features)
                                    for m in self.modules]).detach()
             if self.kernel:  # ours adds the bias in fp32: converted here once, not on every call
                 self.bias = self.bias.float().contiguous()
@@ -210,7 +211,7 @@ class PackedLinears:
                 w = m.weight
                 if not g.kernel or i in g.released or users[id(w)] != 1 or len(self._by_param[id(w)]) != 1:
                     continue
-                m.weight = torch.nn.Parameter(torch.empty_like(w, device="meta"), requires_grad=False)
+                m.weight = torch.nn.Parameter(torch.empty_like(w, device="meta"), requires_grad=w.requires_grad)
                 self._by_param[id(m.weight)] = self._by_param.pop(id(w))
                 g.released.add(i)
                 freed += w.numel() * w.element_size()
@@ -223,11 +224,12 @@ class PackedLinears:
         return groups[0].unpack(index) if index is not None and index in groups[0].released else param
 
     def remove(self) -> None:
-        """Back to the plain ``nn.Linear`` forward (released weights unpacked into new parameters)."""
+        """Back to the plain ``nn.Linear`` forward (released weights unpacked into new parameters: take the model's
+        parameters again after this call)."""
         for g in self.groups:
             for i, m in enumerate(g.modules):
                 if i in g.released:
-                    m.weight = torch.nn.Parameter(g.unpack(i), requires_grad=False)
+                    m.weight = torch.nn.Parameter(g.unpack(i), requires_grad=m.weight.requires_grad)
                 del m.forward
         self.groups, self._by_param = [], {}
 

@@ -48,18 +48,33 @@ inline const char* kernel_isa() {
 #endif
 }
 
-// fp32 -> bf16, round to nearest even, any NaN -> 0x7fc0: c10::BFloat16's conversion (AVX512-BF16's where built,
-// its NaNs replaced)
+// fp32 -> bf16, round to nearest even, any NaN -> 0x7fc0: c10::BFloat16's conversion, 16 lanes at a time where
+// AVX512-BF16 is built. Two vector forms: vcvtneps2bf16 (the default), which flushes subnormal inputs to zero --
+// harmless for activations and probabilities -- and, with `exact` (weights: a sync must give torch's cast bit for
+// bit), the integer rounding in 16 lanes, which keeps them (testing each vector for a subnormal instead cost the
+// weight sync ~30% here)
+#if defined(__AVX512BF16__)
+template <bool exact = false>
+inline __m256i bf16x16(__m512 x) {
+  __m256i b;
+  if constexpr (exact) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    b = _mm512_cvtepi32_epi16(
+        _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd), 16));
+  } else {
+    b = (__m256i)_mm512_cvtneps_pbh(x);
+  }
+  return _mm256_mask_blend_epi16(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), b, _mm256_set1_epi16(0x7fc0));
+}
+#endif
+
+template <bool exact = false>
 inline void cast_bf16(const float* in, uint16_t* out, int64_t count) {
   int64_t i = 0;
 #if defined(__AVX512BF16__)
-  const __m256i qnan = _mm256_set1_epi16(0x7fc0);
-  for (; i + 16 <= count; i += 16) {
-    const __m512 x = _mm512_loadu_ps(in + i);
-    const __m256i b = (__m256i)_mm512_cvtneps_pbh(x);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
-                        _mm256_mask_blend_epi16(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), b, qnan));
-  }
+  for (; i + 16 <= count; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), bf16x16<exact>(_mm512_loadu_ps(in + i)));
 #endif
   for (; i < count; ++i) out[i] = f32_to_bf16(in[i]);
 }

@@ -99,13 +99,8 @@ inline void transpose8(__m256 r[8]) {
 #endif
 
 #if defined(__AVX512BF16__)
-// 16 fp32 -> 8 words of bf16 pairs, rounded as cast_bf16 (to nearest even, NaN -> 0x7fc0)
-inline __m256 bf16_words(const float* p) {
-  const __m512 x = _mm512_loadu_ps(p);
-  const __m256i b = (__m256i)_mm512_cvtneps_pbh(x);
-  return _mm256_castsi256_ps(
-      _mm256_mask_blend_epi16(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), b, _mm256_set1_epi16(0x7fc0)));
-}
+// 16 fp32 -> 8 words of bf16 pairs, rounded exactly as f32_to_bf16 (subnormals kept: a weight as torch casts it)
+inline __m256 bf16_words(const float* p) { return _mm256_castsi256_ps(bf16x16<true>(_mm512_loadu_ps(p))); }
 #endif
 
 // Rows [row0, row0 + n) of an (N, K) weight into the packed layout of the whole weight: tiles of `tile` columns over
@@ -133,8 +128,8 @@ struct RowPack {
 #endif
     );
   }
-  // tile t's rows from fp32 rows `in` (its first row, 2 KW floats a row), cast to bf16 pairs on the way (rounded as
-  // cast_bf16): the rows are read once and no bf16 copy of them is written anywhere
+  // tile t's rows from fp32 rows `in` (its first row, 2 KW floats a row), cast to bf16 pairs on the way (exactly as
+  // torch casts them): the rows are read once and no bf16 copy of them is written anywhere
   void tile_cast_from(int64_t t, const float* in) const {
     const int64_t K = 2 * KW;
     auto word = [&](int64_t q, int64_t kw) {
@@ -261,7 +256,7 @@ void load_linear_rows(at::Tensor& packed, const std::optional<at::Tensor>& param
         const char* from = in + (r0 - row0) * in_row;
         char* to = out + (r0 - row0) * out_row;
         if (cast)
-          cast_bf16(reinterpret_cast<const float*>(from), reinterpret_cast<uint16_t*>(to), rows * K);
+          cast_bf16<true>(reinterpret_cast<const float*>(from), reinterpret_cast<uint16_t*>(to), rows * K);
         else
           std::memcpy(to, from, rows * out_row);
         rp.tile_at(t);

@@ -105,10 +105,10 @@ class _Group:
     @torch.no_grad()
     def pack_rows(self, index: int, new: torch.Tensor | None = None) -> None:
         """Our format only: module ``index``'s weight into its rows of the packed weight, in place (no allocation,
-        no concatenation). With ``new``: first the weight's new value (any dtype), cast into the parameter one tile
-        of rows at a time and packed while in cache -- a weight sync's whole work for this linear in one pass."""
+        no concatenation). With ``new``: the weight's new value (any dtype) cast and packed in one pass -- a weight
+        sync's whole work for this linear -- and, unless the weight was released, written into its parameter too."""
         row0, weight = sum(self.splits[:index]), self.modules[index].weight.detach()
-        if new is not None:  # a released weight: the sent rows packed with nothing else written
+        if new is not None:
             kept = None if index in self.released else weight
             torch.ops.hybridrl_cpu.load_linear_rows(self.weight, kept, new.detach(), row0, self.out_features)
         elif index in self.released:

@@ -264,34 +264,27 @@ void load_linear_rows(at::Tensor& packed, const std::optional<at::Tensor>& param
     });
     return;
   }
-  // the packed copy is the engine's only copy: rows of the dtype packed straight from `src`; fp32 into bf16 cast a
-  // tile of rows at a time into a per-thread scratch that stays in cache, then packed from it
+  // the packed copy is the engine's only copy: rows of its dtype packed straight from `src`, fp32 rows into bf16 cast
+  // in registers on the way (tile_cast_from)
   const bool cast = packed.scalar_type() == at::kBFloat16 && src.scalar_type() == at::kFloat;
   const auto s = cast ? src.contiguous() : src.to(packed.scalar_type()).contiguous();
   TORCH_CHECK(s.dim() == 2, "load_linear_rows: a 2-D weight, got ", s.sizes());
   const RowPack rp = row_pack(packed, s.size(0), s.size(1), cast ? nullptr : s.data_ptr(), row0, N, "load_linear_rows");
   if (rp.n == 0) return;
-  if (!cast) {
-    at::parallel_for(rp.first_tile(), rp.end_tile(), 1, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) rp.tile_at(t);
-    });
-    return;
-  }
   const int64_t K = s.size(1);
   const auto* in = static_cast<const float*>(s.data_ptr());
   at::parallel_for(rp.first_tile(), rp.end_tile(), 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) rp.tile_cast_from(t, in + (rp.rows_of(t).first - row0) * K);
+    for (int64_t t = t0; t < t1; ++t)
+      cast ? rp.tile_cast_from(t, in + (rp.rows_of(t).first - row0) * K) : rp.tile_at(t);
   });
 }
 
 at::Tensor unpack_linear(const at::Tensor& packed, int64_t row0, int64_t n, int64_t N, int64_t K) {
-  const bool f32 = packed.scalar_type() == at::kFloat;
-  TORCH_CHECK(packed.dim() == 1 && packed.is_contiguous() && (f32 || packed.scalar_type() == at::kBFloat16) &&
-                  (f32 || K % 2 == 0) && packed.numel() == padded(N) * K && row0 >= 0 && n >= 0 && row0 + n <= N,
-              "unpack_linear: rows ", row0, "..", row0 + n, " of ", N, " x ", K, " do not fit a packed weight of ",
-              packed.numel(), " elements");
+  TORCH_CHECK(n >= 0, "unpack_linear: ", n, " rows");
+  auto packed_ = packed;  // row_pack's checks and layout; nothing is written
+  const RowPack rp = row_pack(packed_, n, K, nullptr, row0, N, "unpack_linear");
+  const int64_t KW = rp.KW, tile = rp.tile;
   auto out = at::empty({n, K}, packed.options());
-  const int64_t KW = f32 ? K : K / 2, tile = f32 ? kPackTileF32 : kTile;
   const auto* P = reinterpret_cast<const uint32_t*>(packed.data_ptr());
   auto* O = reinterpret_cast<uint32_t*>(out.data_ptr());
   at::parallel_for(row0, row0 + n, 16, [&](int64_t a, int64_t b) {

@@ -2,7 +2,8 @@
 
 Inputs are batch keys (see ``core.protocol``): ``token_rewards`` (B, T) with the outcome at the last valid
 token, ``response_mask`` (B, T), ``uid`` (B,) group ids, and where needed ``values`` (B, T) or
-``reward_baselines`` (B,). Outputs are zero on masked tokens. Conventions follow verl's ``core_algos``.
+``reward_baselines`` (B,). Outputs are zero on masked tokens, also inside a gapped mask (tool output mid-response),
+across which returns and GAE reach the valid tokens before it undecayed. Conventions follow verl's ``core_algos``.
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ def reinforce_plus_plus(batch, cfg):
 
     G_t = r_t + gamma * G_{t+1} (reset after the last valid token; masked tokens inside a multi-turn response --
     tool output -- pass G through, as in ``gae_scan``); A = whiten(G) over valid tokens.
-    Keys: token_rewards, response_mask. Returns = G.
+    Keys: token_rewards, response_mask. Returns = G on valid tokens, 0 on masked ones.
     Paper: Hu 2025, "REINFORCE++" (arXiv:2501.03262).
     Example (gamma = 1): r = [[0, 1], [0, 0]] -> G = [[1, 1], [0, 0]] -> A = [[0.866, 0.866], [-0.866, -0.866]].
     """
@@ -183,7 +184,7 @@ def reinforce_plus_plus(batch, cfg):
     # G_t = m_t r_t + (gamma if m_t else 1) G_{t+1}: no reward after the last valid token, so G is 0 there
     m = mask.T.contiguous()
     step = torch.where(m > 0, torch.full_like(m, cfg.gamma), torch.ones_like(m))
-    ret = _scan_time_major(batch["token_rewards"].T * m, step).T.contiguous()
+    ret = _scan_time_major(batch["token_rewards"].T * m, step).T.contiguous() * mask  # G passed through a gap: 0 there
     return masked_whiten(ret, mask) * mask, ret
 
 
@@ -210,13 +211,13 @@ def remax(batch, cfg):
     """ReMax: return-to-go minus the reward of the greedy response to the same prompt; no whitening.
 
     G_t = sum_{k >= t} r_k;  A_t = G_t - b_i with b_i the greedy sample's reward (key ``reward_baselines`` (B,)).
-    Keys: token_rewards, response_mask, reward_baselines. Returns = G.
+    Keys: token_rewards, response_mask, reward_baselines. Returns = G on valid tokens, 0 on masked ones.
     Paper: Li et al. 2024, "ReMax" (arXiv:2310.10505).
     Example: r = [[0, 1]], b = [0.25] -> G = [[1, 1]], A = [[0.75, 0.75]].
     """
     batch.require("reward_baselines")
     _, mask = _outcome(batch)
-    ret = (batch["token_rewards"] * mask).flip(-1).cumsum(-1).flip(-1)
+    ret = (batch["token_rewards"] * mask).flip(-1).cumsum(-1).flip(-1) * mask  # the sum runs on through a gap: 0 there
     return (ret - batch["reward_baselines"][:, None]) * mask, ret
 
 
@@ -318,8 +319,8 @@ def prime(batch, cfg):
 
     R_t = c_p LOO(r^prm)_t + c_o LOO(r^o)_t, LOO as verl's ``masked_rloo`` (``_leave_one_out``: dense rewards against
     the other samples' per-token means; the outcome, on the last valid token, leave-one-out exactly); returns
-    G_t = sum_{s >= t} gamma^(s-t) R_s; A = whiten(G) over valid tokens. c_p = prime_process_coef, c_o =
-    prime_outcome_coef (verl: reward_dpo_coef, reward_gt_coef, both 5). Keys: process_rewards (B, T: the implicit
+    G_t = sum_{s >= t} gamma^(s-t) R_s over valid tokens (a masked gap, tool output, is no step); A = whiten(G).
+    c_p = prime_process_coef, c_o = prime_outcome_coef (verl: reward_dpo_coef, reward_gt_coef, both 5). Keys: process_rewards (B, T: the implicit
     PRM's, ``core.implicit_prm``), token_rewards, response_mask, uid.
     Paper: Cui et al. 2025, "Process Reinforcement through Implicit Rewards" (arXiv:2502.01456), Eq. 5-6; as verl's
     recipe/prime ``compute_rloo_advantage_return`` (whose dense baseline adds (r - m_i) / (n - 1) to the paper's).
@@ -333,7 +334,8 @@ def prime(batch, cfg):
     last = scores_to_token_rewards(torch.ones_like(outcome), mask)
     total = (cfg.prime_process_coef * _leave_one_out(batch["process_rewards"].to(mask.dtype), mask, gid)
              + cfg.prime_outcome_coef * _leave_one_out(outcome[:, None] * last, last, gid))
-    returns = reverse_linear_scan(total * mask, torch.full_like(total, cfg.gamma)) * mask
+    step = torch.where(mask > 0, torch.full_like(total, cfg.gamma), torch.ones_like(total))  # a gap is no step
+    returns = reverse_linear_scan(total * mask, step) * mask
     return masked_whiten(returns, mask) * mask, returns
 
 

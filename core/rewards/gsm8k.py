@@ -1,37 +1,63 @@
-"""GSM8K: the answer is the number after ``####`` (strict) or the last number in the text (flexible).
+"""GSM8K: the answer is the number after the last ``####`` (strict) or the last number in the text (flexible).
 
-Matches verl's ``gsm8k.compute_score``: commas and ``$`` are dropped before comparing; a response longer than
-``max_chars`` is only searched in its tail (a runaway response cannot stall the regex).
+Extraction as verl's ``gsm8k.compute_score`` (its regexes; commas and ``$`` dropped), with these differences, each
+a case where verl is wrong or misses a right answer:
+
+- the whole response is searched (verl: its last 300 characters, so a right ``#### 42`` followed by an explanation
+  scored 0); every pattern is linear, and the strict marker is found with ``rfind``;
+- numbers compare by value, exactly (``core.rewards.numbers``): ``#### 72.00`` is right for 72 (verl compares
+  strings), ``#### 18.0000001`` is not;
+- strict: a ``#### n`` line that goes on with another number is a hedge (``#### 3 or 4``, ``#### 3, 4``) and has no
+  answer; a comma is a thousands separator only in groups of three (verl reads ``3,4`` as 34).
 """
 
 from __future__ import annotations
 
 import re
 
+from core.rewards.numbers import matches, parse_number
+
 _STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
 _NUMBER = re.compile(r"(\-?[0-9\.\,]+)")
+_THOUSANDS = re.compile(r"-?\d{1,3}(,\d{3})+(\.\d*)?")
+MAX_LINE_CHARS = 2_000
 
 
-def extract_answer(text: str, method: str = "strict", max_chars: int = 300) -> str | None:
-    """The final answer string, or None. strict: the last ``#### n``; flexible: the last number-like token."""
-    text = text[-max_chars:] if max_chars and len(text) > max_chars else text
+def _clean(token: str) -> str:
+    return token.replace("$", "").rstrip(".").rstrip(",")
+
+
+def extract_answer(text: str, method: str = "strict") -> str | None:
+    """The final answer string, or None. strict: the number after the last ``#### `` (None when the rest of its
+    line holds another number); flexible: the last number-like token. Examples: '... #### 1,000' -> '1000';
+    '#### 3 or 4' -> None; 'first 3, then 17.' -> '17' (flexible)."""
     if method == "strict":
-        found = _STRICT.findall(text)
-        return found[-1].replace(",", "").replace("$", "").rstrip(".") if found else None
+        i = text.rfind("#### ")
+        if i < 0:
+            return None
+        end = text.find("\n", i)
+        line = text[i:end if end >= 0 else min(len(text), i + MAX_LINE_CHARS)]
+        m = _STRICT.match(line)
+        if not m or any(c.isdigit() for c in line[m.end():]):
+            return None
+        token = _clean(m.group(1))
+        if "," in token and not _THOUSANDS.fullmatch(token):  # '3,4' is a list, not 34
+            return None
+        return token.replace(",", "") if any(c.isdigit() for c in token) else None
     if method == "flexible":
-        for tok in reversed(_NUMBER.findall(text)):
-            tok = tok.replace(",", "").rstrip(".")
+        for m in reversed(_NUMBER.findall(text)):
+            tok = _clean(m).replace(",", "")
             if tok and tok not in ("-", "."):
                 return tok
         return None
     raise ValueError(f"gsm8k method must be 'strict' or 'flexible', got {method!r}")
 
 
-def _same_number(a: str, b: str) -> bool:
-    try:
-        return abs(float(a) - float(b)) < 1e-6
-    except ValueError:
-        return a == b
+def _same_number(answer: str, gold: str) -> bool:
+    a, g = parse_number(answer), parse_number(gold)
+    if a is None or g is None:
+        return answer == gold
+    return matches(a, g)
 
 
 def compute_score(solution_str: str, ground_truth: str, method: str = "strict", format_score: float = 0.0,

@@ -16,7 +16,7 @@ and ``num_tool_calls`` to ``extra_info``.
 import re
 
 from core.rewards import default_compute_score
-from core.rewards.math_answer import is_equiv, last_boxed
+from core.rewards.math_answer import boxed_answer, is_equiv
 
 NUMBER = re.compile(r"-?\d[\d,]*")
 
@@ -32,7 +32,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         acc = pred is not None and pred == str(ground_truth)
         return {"score": float(acc), "acc": acc, "pred": pred or ""}
     if data_source in ("math_dapo", "aime24"):
-        pred = last_boxed(solution_str)
+        pred = boxed_answer(solution_str)
         acc = pred is not None and is_equiv(pred, str(ground_truth))
         turns = int((extra_info or {}).get("num_turns", 1))
         score = 1.0 if acc else min(-0.6, -1.0 + 0.1 * (turns - 1))

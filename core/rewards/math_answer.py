@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
 from fractions import Fraction
 
 from core.rewards.numbers import Number, matches, parse_number
@@ -25,6 +26,8 @@ from core.rewards.numbers import Number, matches, parse_number
 MAX_ANSWER_CHARS = 2_000   # a box or Answer: line longer than this holds no answer
 MAX_BOXES = 8              # the last boxes compared for a hedge
 MAX_VERIFY_CHARS = 300     # math-verify's parser is super-linear: longer answers compare as text and numbers only
+VERIFY_S = 2               # math-verify's own limit per parse / comparison (its SIGALRM; main thread only): sympy
+                           # took 10 s to tell two ODEs apart; slower than this reads as "not shown equal"
 _BRACE = re.compile(r"[{}]")
 
 
@@ -113,6 +116,12 @@ def to_number(s: str) -> float | None:
     return float(n.value) if n is not None else None
 
 
+def _limit() -> int | None:
+    """math-verify's time limit where its alarm can work (a reward worker's main thread), else None: off the main
+    thread signal() would raise, and the reward worker's kill (``core.rewards.scoring``) bounds the call anyway."""
+    return VERIFY_S if threading.current_thread() is threading.main_thread() else None
+
+
 @functools.lru_cache(maxsize=65536)
 def _latex(s: str):
     """math-verify's complete parse of ``s`` (LaTeX only, no first-match fallback), or None; cached, so a gold is
@@ -125,7 +134,7 @@ def _latex(s: str):
         return None
     try:
         parsed = parse(f"${s}$", extraction_config=[LatexExtractionConfig()], fallback_mode="no_fallback",
-                       parsing_timeout=None)
+                       parsing_timeout=_limit())
     except Exception:
         return None
     return parsed or None
@@ -137,7 +146,7 @@ def _verified(a: str, b: str) -> bool:
         return False
     from math_verify import verify
     try:
-        return bool(verify(pa, pb, timeout_seconds=None)) and bool(verify(pb, pa, timeout_seconds=None))
+        return bool(verify(pa, pb, timeout_seconds=_limit())) and bool(verify(pb, pa, timeout_seconds=_limit()))
     except Exception:
         return False
 

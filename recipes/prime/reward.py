@@ -4,7 +4,8 @@ its implicit PRM on these scores as labels, so each must lie in [0, 1]:
 - GSM8K: format-aware (core's ``gsm8k_format``): 1.0 for the right ``#### n``, 0.1 for the format with a wrong
   number (a soft label), 0 without ``####``.
 - ``hybridrl/arith`` (the CPU runs' task), MATH, AIME, AMC, Minerva: core's registry (1 right / 0 wrong).
-- Eurus-2-RL-Data's math sources (``numina_*``, ...; the full-scale run): the last ``\\boxed{}`` answer, as MATH.
+- Eurus-2-RL-Data's math sources (``numina_*``, ...; the full-scale run): the boxed answer (boxes that disagree:
+  none), as MATH.
 """
 
 from core.rewards import REWARDS, default_compute_score

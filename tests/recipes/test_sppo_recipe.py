@@ -44,9 +44,10 @@ def test_verls_full_scale_settings_and_tier():
     assert EXPECTED["full_scale"]["published"]["val/lighteval/MATH/pass@1"] == 0.656
 
 
-def test_the_reward_reads_the_last_boxed_answer():
+def test_the_reward_reads_the_boxed_answer_and_a_hedge_scores_zero():
     reward = recipe_module(RECIPE, "reward")
-    assert reward.compute_score("lighteval/MATH", "first \\boxed{3}, so \\boxed{\\frac{1}{2}}", "\\frac{1}{2}")["score"] == 1.0
+    assert reward.compute_score("lighteval/MATH", "so \\boxed{0.5}, that is \\boxed{\\frac{1}{2}}", "\\frac{1}{2}")["score"] == 1.0
+    assert reward.compute_score("lighteval/MATH", "first \\boxed{3}, so \\boxed{\\frac{1}{2}}", "\\frac{1}{2}")["score"] == 0.0
     assert reward.compute_score("lighteval/MATH", "so \\boxed{3}", "\\frac{1}{2}")["score"] == 0.0
     assert reward.compute_score("hybridrl/arith", "12", "12")["score"] == 1.0
 

@@ -8,7 +8,8 @@ a case where verl is wrong or misses a right answer:
 - numbers compare by value, exactly (``core.rewards.numbers``): ``#### 72.00`` is right for 72 (verl compares
   strings), ``#### 18.0000001`` is not;
 - strict: a ``#### n`` line that goes on with another number is a hedge (``#### 3 or 4``, ``#### 3, 4``) and has no
-  answer; a comma is a thousands separator only in groups of three (verl reads ``3,4`` as 34).
+  answer, and so is a response whose ``#### `` lines give different values; a comma is a thousands separator only
+  in groups of three (verl reads ``3,4`` as 34); ``#### 3e5`` is 300000 (verl reads 3).
 """
 
 from __future__ import annotations
@@ -20,30 +21,46 @@ from core.rewards.numbers import matches, parse_number
 _STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
 _NUMBER = re.compile(r"(\-?[0-9\.\,]+)")
 _THOUSANDS = re.compile(r"-?\d{1,3}(,\d{3})+(\.\d*)?")
+_EXPONENT = re.compile(r"(?:[eE]([+-]?\d{1,4})|\s?(?:\\times|\\cdot|×)\s?10\^\{?([+-]?\d{1,4})\}?)")
 MAX_LINE_CHARS = 2_000
+MAX_MARKERS = 8  # the last '#### ' lines compared for a hedge
 
 
 def _clean(token: str) -> str:
     return token.replace("$", "").rstrip(".").rstrip(",")
 
 
+def _strict_at(text: str, i: int) -> str | None:
+    """The number of the ``#### `` line at ``i`` (a trailing ``e5`` / ``\\times 10^{5}`` read with it), or None:
+    no number, or another number later on the line (a hedge: ``#### 3 or 4``, ``#### 3, 4``)."""
+    end = text.find("\n", i)
+    line = text[i:end if end >= 0 else min(len(text), i + MAX_LINE_CHARS)]
+    m = _STRICT.match(line)
+    if not m:
+        return None
+    token, rest = _clean(m.group(1)), line[m.end():]
+    e = _EXPONENT.match(rest) if not m.group(1).endswith((".", ",")) else None
+    if e:
+        token, rest = f"{token}e{e.group(1) or e.group(2)}", rest[e.end():]
+    if any(c.isdigit() for c in rest) or ("," in token and not _THOUSANDS.fullmatch(token)):  # '3,4': a list
+        return None
+    return token.replace(",", "") if any(c.isdigit() for c in token) else None
+
+
 def extract_answer(text: str, method: str = "strict") -> str | None:
-    """The final answer string, or None. strict: the number after the last ``#### `` (None when the rest of its
-    line holds another number); flexible: the last number-like token. Examples: '... #### 1,000' -> '1000';
-    '#### 3 or 4' -> None; 'first 3, then 17.' -> '17' (flexible)."""
+    """The final answer string, or None. strict: the number after the last ``#### `` -- None when the rest of its
+    line holds another number, or when an earlier ``#### `` line (of the last ``MAX_MARKERS``) gave another value;
+    flexible: the last number-like token. Examples: '... #### 1,000' -> '1000'; '#### 3 or 4' -> None;
+    '#### 3\\n#### 4' -> None; 'first 3, then 17.' -> '17' (flexible)."""
     if method == "strict":
-        i = text.rfind("#### ")
-        if i < 0:
+        answers, end = [], len(text)
+        while len(answers) < MAX_MARKERS and (i := text.rfind("#### ", 0, end)) >= 0:
+            answers.append(_strict_at(text, i))
+            end = i
+        answers = [a for a in answers if a is not None] if answers and answers[0] is not None else []
+        if not answers or any(not _same_number(a, answers[0]) for a in answers[1:]):
             return None
-        end = text.find("\n", i)
-        line = text[i:end if end >= 0 else min(len(text), i + MAX_LINE_CHARS)]
-        m = _STRICT.match(line)
-        if not m or any(c.isdigit() for c in line[m.end():]):
-            return None
-        token = _clean(m.group(1))
-        if "," in token and not _THOUSANDS.fullmatch(token):  # '3,4' is a list, not 34
-            return None
-        return token.replace(",", "") if any(c.isdigit() for c in token) else None
+        return answers[0]
     if method == "flexible":
         for m in reversed(_NUMBER.findall(text)):
             tok = _clean(m).replace(",", "")

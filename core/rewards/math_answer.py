@@ -16,6 +16,7 @@ read at most ``MAX_ANSWER_CHARS`` far, at most ``MAX_BOXES`` boxes are compared,
 
 from __future__ import annotations
 
+import collections
 import functools
 import re
 import threading
@@ -93,6 +94,7 @@ def normalize(s: str) -> str:
                      ("\\%", ""), ("%", ""), ("−", "-"), ("\\displaystyle", "")):
         s = s.replace(old, new)
     s = re.sub(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}", r"\1", s).strip()
+    s = re.sub(r"_\{(\w)\}", r"_\1", s)  # 1011_{2} -> 1011_2
     s = _UNITS.sub("", s).strip()
     s = s.replace(" .", " 0.").replace("{.", "{0.")
     if s.startswith("."):
@@ -180,6 +182,8 @@ def is_equiv(pred: str | None, gold: str, use_math_verify: bool = True) -> bool:
     if y is not None and y.unit is not None:  # a gold given to a precision: the answer's value, held to it
         v = _value(pred)
         return v is not None and matches(v, y)
+    if x is not None and (v := _value(gold)) is not None:  # a number against a closed form (\sqrt{2}): exactly
+        return x.unit is None and _verified(pred, gold) or x.value == v.value
     return _verified(pred, gold)
 
 
@@ -205,20 +209,26 @@ def compute_score(solution_str: str, ground_truth: str, use_math_verify: bool = 
 _ANSWER = re.compile(r"(?i)answer[ \t]*:")
 
 
-def extract_answer_colon(text: str) -> str | None:
-    """DAPO format: the text after the last ``Answer:`` to the end of its line (a ``\\boxed{}`` inside it is
-    unwrapped); None without one, or for a line longer than ``MAX_ANSWER_CHARS``."""
-    last = None
-    for last in _ANSWER.finditer(text):
-        pass
-    if last is None:
-        return None
-    end = text.find("\n", last.end())
-    line = text[last.end():end if end >= 0 else len(text)]
+def _line_after(text: str, m: re.Match) -> str | None:
+    end = text.find("\n", m.end())
+    line = text[m.end():end if end >= 0 else len(text)]
     if len(line) > MAX_ANSWER_CHARS:
         return None
     ans = line.strip().rstrip(".").strip("$ ")
     return boxed_answer(ans) or ans or None
+
+
+def extract_answer_colon(text: str) -> str | None:
+    """DAPO format: the text after the last ``Answer:`` to the end of its line (a ``\\boxed{}`` inside it is
+    unwrapped); None without one, for a line longer than ``MAX_ANSWER_CHARS``, or for a hedge: an earlier
+    ``Answer:`` line (of the last ``MAX_BOXES``) with another answer. Example: 'Answer: 3\\nAnswer: 4' -> None."""
+    found = collections.deque(_ANSWER.finditer(text), maxlen=MAX_BOXES)
+    if not found:
+        return None
+    answers = [_line_after(text, m) for m in reversed(found)]
+    if answers[0] is None or any(a is not None and not is_equiv(a, answers[0]) for a in answers[1:]):
+        return None
+    return answers[0]
 
 
 def compute_score_dapo(solution_str: str, ground_truth: str) -> dict:

@@ -2,14 +2,16 @@
 
 The comparison rule (``matches``), relative to the gold's own digits, never an absolute epsilon:
 
-- an integer, a fraction or a power of ten is exact (``72``, ``3000000``, ``\\frac{3}{6}``, ``1/2``, ``10^{5}``): an
-  answer is right only when it has exactly that value (``0.5`` is right for ``1/2``; ``0.3333333`` is not right for
-  ``1/3``; ``3000001`` is not right for ``3000000``);
-- a gold written as a decimal or in scientific notation (``3.14``, ``7.4e-12``, ``2e27``, ``8.49 \\times 10^{-4}``)
-  is taken as given to its written precision ``u`` (one unit of its last written digit), and an answer is right when
-  it rounds to the gold at that precision: ``|answer - gold| <= u / 2``. Gold ``3.14``: ``3.14159`` right, ``3.15``
-  wrong; gold ``7.4e-12``: ``7.41e-12`` right, ``0`` and ``8e-12`` wrong; gold ``1e-8``: ``2e-8`` wrong. A plain
-  decimal whose fractional digits are all zeros (``72.00``, a float gold's ``27.0``) is the integer it writes.
+- an integer, a fraction, or a power of ten times an integer is exact (``72``, ``3e6``, ``\\frac{3}{6}``, ``1/2``,
+  ``10^{5}``): an answer is right only when it has exactly that value (``0.5`` is right for ``1/2``; ``0.3333333``
+  is not right for ``1/3``; ``3000001`` is not right for ``3e6``; ``2e-8`` is not right for ``1e-8``);
+- a gold written as a decimal, or in scientific notation with a decimal point (``3.14``, ``7.4e-12``,
+  ``8.49 \\times 10^{-4}``), is taken as given to its written precision ``u`` (one unit of its last written digit),
+  and an answer is right when it rounds to the gold at that precision: ``|answer - gold| <= u / 2``. Gold ``3.14``:
+  ``3.14159`` right, ``3.15`` wrong; gold ``7.4e-12``: ``7.41e-12`` right, ``0`` and ``8e-12`` wrong. A plain
+  decimal whose fractional digits are all zeros (``72.00``, a float gold's ``27.0``) is the integer it writes;
+- a closed form that is not a plain number (``\\sqrt{2}``, ``3\\pi``) is exact too: ``1.41421356`` is not right for
+  ``\\sqrt{2}`` (``core.rewards.math_answer``).
 
 Two numbers written to the same precision match in both directions (the rule is symmetric there). Parsing is
 bounded: a mantissa of more than ``MAX_DIGITS`` digits or an exponent beyond ``MAX_EXPONENT`` is not read as a
@@ -55,16 +57,17 @@ def _decimal(mantissa: str, exponent: str | None) -> Number | None:
     whole, _, frac = mantissa.lstrip("+-").replace(",", "").partition(".")
     exp = int(exponent) if exponent is not None else 0
     value = sign * Fraction(int(whole or "0") * 10 ** len(frac) + int(frac or "0"), 10 ** len(frac)) * Fraction(10) ** exp
-    # scientific notation is given to its written digits (2e27: to 1e27); a plain decimal too, unless its
-    # fractional digits are all zeros (72.00 and a float gold's 27.0 write integers)
-    inexact = exponent is not None or frac.strip("0") != ""
+    # a mantissa with a decimal point is given to its written digits (7.40e-12: to 1e-14); without one the number
+    # is an integer times a power of ten, exact (3e6 is 3000000); a plain decimal whose fractional digits are all
+    # zeros writes an integer too (72.00, a float gold's 27.0)
+    inexact = "." in mantissa if exponent is not None else frac.strip("0") != ""
     return Number(value, Fraction(10) ** (exp - len(frac)) if inexact else None)
 
 
 def parse_number(s: str) -> Number | None:
     """The number a normalised answer writes (no spaces, no ``$``), or None when it is not exactly one number.
     Examples: '72' -> 72 exact; '-\\frac{1}{3}' -> -1/3 exact; '1/3' -> 1/3 exact; '3.14' -> 157/50 to 1/100;
-    '8.49\\times10^{-4}' -> 849/1000000 to 1/1000000; '1,000' -> 1000; '1011_2' -> None; '1,2' -> None."""
+    '8.49\\times10^{-4}' -> 849/1000000 to 1/1000000; '3e6' -> 3000000 exact; '1,000' -> 1000; '1011_2' -> None; '1,2' -> None."""
     if len(s) > 2 * MAX_DIGITS + 40:
         return None
     m = _PLAIN.fullmatch(s)

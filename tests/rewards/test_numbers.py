@@ -36,9 +36,11 @@ def test_fractions_round_trip_exactly(a, b):
 
 @given(st.integers(min_value=-10**6, max_value=10**6), st.integers(min_value=-300, max_value=300))
 def test_scientific_notation_round_trips(m, e):
-    for text in (f"{m}e{e}", f"{m}\\times10^{{{e}}}", f"{m}\\cdot10^{{{e}}}"):
+    for text in (f"{m}e{e}", f"{m}\\times10^{{{e}}}", f"{m}\\cdot10^{{{e}}}"):  # an integer mantissa: exact
+        assert parse_number(text) == Number(m * Fraction(10) ** e)
+    for text in (f"{m}.5e{e}", f"{m}.5\\times10^{{{e}}}"):  # a decimal point: to its last digit
         got = parse_number(text)
-        assert got.value == m * Fraction(10) ** e and got.unit == Fraction(10) ** e
+        assert got.unit == Fraction(10) ** (e - 1) and got.value == (m + Fraction(1, 2) * (-1 if m < 0 else 1)) * Fraction(10) ** e
 
 
 @given(INTS, INTS, st.integers(min_value=0, max_value=8))

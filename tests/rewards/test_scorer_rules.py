@@ -19,6 +19,8 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
     ("8e-12", "7.4e-12", False),
     ("2e-8", "1e-8", False),            # 1e-6 * max(1, |y|) read these as equal
     ("3000001", "3000000", False),      # an integer gold is exact
+    ("3000001", "3e6", False),          # so is an integer times a power of ten
+    ("3.1e6", "3e6", False),
     ("3.14159", "3.14", True),          # gold given to 1/100: rounds to it
     ("3.15", "3.14", False),
     ("3.145", "3.14", True),            # exactly half a unit away: rounds to it either way
@@ -85,8 +87,10 @@ def test_an_answer_far_from_the_end_still_counts():
     assert gsm8k_score("... #### 42" + tail, "42") == 1.0
     assert math_score("... \\boxed{42}" + tail, "42") == 1.0
     assert compute_score_dapo("Answer: 42" + tail, "42")["score"] == 1.0
-    # the last marker counts, wherever it is
-    assert gsm8k_score("#### 41\n" + tail + "#### 42\n" + tail, "42") == 1.0
+    # the last marker counts, wherever it is; earlier markers must agree with it (else a hedge)
+    assert gsm8k_score("#### 42.0\n" + tail + "#### 42\n" + tail, "42") == 1.0
+    assert gsm8k_score("#### 41\n" + tail + "#### 42\n" + tail, "42") == 0.0
+    assert compute_score_dapo("Answer: 41\n" + tail + "Answer: 42\n" + tail, "42")["score"] == -1.0
 
 
 def test_hedges_score_wrong():
@@ -96,6 +100,10 @@ def test_hedges_score_wrong():
     assert gsm8k_score("... #### 3 or 4", "3") == 0.0
     assert gsm8k_score("... #### 4 dollars", "4") == 1.0
     assert compute_score_dapo("Answer: 3 or 4", "3")["score"] == -1.0
+    assert gsm8k_score("#### 3e0", "3") == 1.0 and gsm8k_score("#### 3e5", "3") == 0.0   # verl reads both as 3
+    assert math_score("\\boxed{1.41421356}", "\\sqrt{2}") == 0.0       # a decimal is not the irrational it rounds
+    assert math_score("\\boxed{2}", "\\sqrt{4}") == 1.0
+    assert math_score("\\boxed{1011_{2}}", "1011_2") == 1.0
 
 
 HOSTILE = {

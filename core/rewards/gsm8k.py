@@ -7,6 +7,7 @@ a case where verl is wrong or misses a right answer:
   scored 0); every pattern is linear, and the strict marker is found with ``rfind``;
 - numbers compare by value, exactly (``core.rewards.numbers``): ``#### 72.00`` is right for 72 (verl compares
   strings), ``#### 18.0000001`` is not;
+- flexible: the last number, unless it ends a list or an alternative (``3, 2``, ``3 or 2``: a hedge, no answer);
 - strict: a ``#### n`` line that goes on with another number is a hedge (``#### 3 or 4``, ``#### 3, 4``) and has no
   answer, and so is a response whose ``#### `` lines give different values; a comma is a thousands separator only
   in groups of three (verl reads ``3,4`` as 34); ``#### 3e5`` is 300000 (verl reads 3).
@@ -50,8 +51,9 @@ def _strict_at(text: str, i: int) -> str | None:
 def extract_answer(text: str, method: str = "strict") -> str | None:
     """The final answer string, or None. strict: the number after the last ``#### `` -- None when the rest of its
     line holds another number, or when an earlier ``#### `` line (of the last ``MAX_MARKERS``) gave another value;
-    flexible: the last number-like token. Examples: '... #### 1,000' -> '1000'; '#### 3 or 4' -> None;
-    '#### 3\\n#### 4' -> None; 'first 3, then 17.' -> '17' (flexible)."""
+    flexible: the last number-like token, None when it ends a list or an alternative. Examples: '... #### 1,000'
+    -> '1000'; '#### 3 or 4' -> None; '#### 3\\n#### 4' -> None; 'first 3, then 17.' -> '17' (flexible);
+    'it is 3 or 4' -> None (flexible)."""
     if method == "strict":
         answers, end = [], len(text)
         while len(answers) < MAX_MARKERS and (i := text.rfind("#### ", 0, end)) >= 0:
@@ -62,11 +64,20 @@ def extract_answer(text: str, method: str = "strict") -> str | None:
             return None
         return answers[0]
     if method == "flexible":
-        for m in reversed(_NUMBER.findall(text)):
-            tok = _clean(m).replace(",", "")
-            if tok and tok not in ("-", "."):
-                return tok
-        return None
+        last = previous = None
+        for m in _NUMBER.finditer(text):  # linear; keeps the last two number tokens
+            if any(c.isdigit() for c in m.group()):
+                last, previous = m, last
+        if last is None:
+            return None
+        tok = _clean(last.group())
+        if "," in tok and not _THOUSANDS.fullmatch(tok):  # '3,2': a list, not 32
+            return None
+        if previous is not None:  # '3 or 2', '3, 2', '3 \text{ or } 2': a hedge
+            sep = ("," if previous.group().endswith(",") else "") + text[previous.end():last.start()]
+            if re.sub(r"\s|\\text\{|\}", "", sep).lower() in (",", "or", ",or", ";"):
+                return None
+        return tok.replace(",", "")
     raise ValueError(f"gsm8k method must be 'strict' or 'flexible', got {method!r}")
 
 

@@ -19,6 +19,9 @@ import pytest
 
 from tests.rewards import answers as A
 
+# the default sizes run with `make test-heavy` (in CI), ~25 s; `slow` below: every gold
+pytestmark = pytest.mark.heavy
+
 # data set -> (data source our scorer is called with, golds in the default run); the slow run takes every gold
 SOURCES = {"gsm8k": "math", "minerva_math": "minerva_math", "aime24": "aime24", "amc23": "amc23",
            "synthetic": "lighteval/MATH"}

@@ -30,6 +30,9 @@ import pytest
 
 from tests.rewards import answers as A
 
+# the default sizes run with `make test-heavy` (in CI), ~20 s; `slow` below: every gold
+pytestmark = pytest.mark.heavy
+
 
 @dataclass(frozen=True)
 class Claim:

@@ -1,9 +1,9 @@
-"""A fast rejection filter for symbolic answers: LaTeX arithmetic evaluated at fixed complex points, linear time.
+"""A fast rejection filter for symbolic answers: LaTeX arithmetic evaluated at fixed real points, linear time.
 
 ``differ(a, b)`` is True only when both strings parse completely under the strict grammar below and their values
-differ at one of three fixed points by more than float error can explain: then math-verify cannot find them equal
-and ``is_equiv`` may answer False without it. Anything else (unparsable, equal at the points, doubt) is False and
-math-verify decides. A wrong True is a bug; ``evaluate`` returning None is always safe.
+differ at one of three fixed points by more than float error can explain; then math-verify cannot call them
+equal, and ``is_equiv`` may answer False without it. Anything else (unparsable, equal at the points, any doubt)
+is False and math-verify decides. A wrong True is a bug; ``evaluate`` returning None is always safe.
 
 Grammar (spaces, ``\\,`` ``\\;`` ``\\:`` ``\\quad`` ``\\ `` ignored; ``\\left``/``\\right`` before a bracket dropped)::
 
@@ -11,22 +11,23 @@ Grammar (spaces, ``\\,`` ``\\;`` ``\\:`` ``\\quad`` ``\\ `` ignored; ``\\left``/
     unary := ('+' | '-') unary | power+            (juxtaposition: implicit product, binds tighter than * and /)
     power := atom ['^' ('{' expr '}' | digit | letter | greek | \\pi)]
     atom  := number | letter[_sub] | greek[_sub] | \\pi | e | (expr) | [expr] | {expr} | \\frac{expr}{expr} | \\frac DD
-             | \\sqrt{expr} | \\sqrt[expr]{expr} | fn(expr) | fn atom        fn := \\sin \\cos \\tan \\ln \\log \\exp
+             | \\sqrt{expr} | \\sqrt[expr]{expr} | fn(expr) | fn atom             fn := \\sin \\cos \\tan \\ln \\exp
 
-Every reading is math-verify's own (latex2sympy with lowercase symbols): ``e`` is Euler's number and ``E`` the
-variable ``e``; ``M`` and ``m`` are one variable, ``\\Omega`` is ``\\omega``, ``\\Pi`` is pi, ``x_{0}`` is ``x_0``,
-``\\log`` is base 10, ``1/2x`` is ``1/(2x)``. ``f(x)`` is an undefined function there and a product here: the same
-substitution on both sides keeps every identity. Where its reading differs or is ambiguous the answer is None:
-``1/2x`` (a product after ``/``), adjacent numeric factors (``2 3`` is 5 and ``2\\frac12`` is 5/2 there),
-``a^b^c``, ``x^23``, ``x^-1``, ``\\sin x y``, ``\\sin(x)^2``, ``f(x)^2``, ``2E3``, ``\\frac{d}{dx}``, ``i``, ``I``,
-``\\gamma``, text that math-verify's normalisation rewrites (a trailing unit word such as `` t`` or `` m``,
-"and", "inf", ``}12``), any other command or character (``=`` ``,`` ``|`` ``!`` ``'`` ``\\pm`` ``\\infty``
-``\\text``). Over 300 characters, nesting over 60, overflow, division by zero: None.
-
-Values carry a first-order error bound (exact reals stay floats, so a cut is met only by a true negative real),
-and a difference must exceed it, so cancellation never reads as a difference. Variables sit near the positive
-reals (real part 0.3 to 3.1, argument 0.02 to 0.08 rad), where principal branches keep the real identities sympy
-proves; a bare variable never differs (math-verify compares names there: ``E`` equals ``e``, ``\\mu`` ``m u``).
+Why it is safe: every reading is math-verify's own (latex2sympy, lowercase symbols): ``e`` is Euler's number and
+``E`` the variable ``e``, ``M`` and ``m`` one variable, ``\\Omega`` is ``\\omega``, ``\\Pi`` is pi, ``x_{0}`` is
+``x_0``; ``f(x)`` is an undefined function there and a product here, one substitution on both sides, which keeps
+every identity. Where its reading is another or is ambiguous, None: ``1/2x`` (a product after ``/``: 1/(2x)
+there), adjacent numeric factors (``2 3`` is 5, ``2\\frac12`` 5/2 there), ``a^b^c``, ``x^23``, ``x^-1``,
+``\\sin x y``, ``\\sin(x)^2``, ``f(x)^2``, ``x^2(y)``, ``2E3``, ``d x``, ``\\frac{d}{dx}``, ``i``, ``I``, ``\\gamma``,
+``\\log`` (base 10 there, yet ``e^{\\log t}`` is t), text math-verify's normalisation rewrites (a trailing unit
+word: `` t``, `` m``; "and", "inf", ``}12``), any other command or character (``=`` ``,`` ``|`` ``!`` ``'`` ``\\pm``
+``\\infty`` ``\\text``), over 300 characters, nesting over 60, overflow, division by zero. A lone variable never
+differs (math-verify compares names there: ``E`` equals ``e``, ``\\mu`` equals ``m u``). The points are real (each
+variable 0.3 to 3.1 from a stable hash of its name): math-verify's symbols are real and sympy proves identities
+that hold on a branch cut only (``\\sqrt{-x^2} = \\sqrt{-1}\\sqrt{x^2}``), false beside it. Exact reals stay floats,
+so a negative real takes the principal side as in sympy; each value carries a first-order error bound that a
+difference must exceed 1000-fold, so cancellation never reads as a difference, and a value within its error of a
+cut or of 0 has none.
 """
 
 from __future__ import annotations
@@ -38,20 +39,19 @@ import re
 import zlib
 
 MAX_CHARS, MAX_DEPTH = 300, 60
-TOL = 2e-6       # relative, and absolute below 1: math-verify rounds a float answer to 6 places (|a - b| < 1e-6)
-EPS, SAFETY = 1e-15, 1e3
-INF = float("inf")
+TOL = 2e-6  # relative, and absolute below 1: math-verify rounds a float answer to 6 places (|a - b| < 1e-6)
+EPS, SAFETY, INF = 1e-15, 1e3, float("inf")
 GREEK = frozenset("alpha beta delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi rho sigma tau "
                   "upsilon phi varphi chi psi omega Delta Theta Lambda Xi Sigma Upsilon Phi Psi Omega hbar".split())
-FUNCS = frozenset("sin cos tan ln log exp".split())
+FUNCS = frozenset("sin cos tan ln exp".split())
 _SUB = r"_(?:\{([a-zA-Z0-9]+)\}|([a-zA-Z0-9])(?![a-zA-Z0-9]))"
 _TOKEN = re.compile(rf"\s+|\\(?:[,;: ]|q?quad(?![a-zA-Z]))|(\d+(?:\.\d+)?)|\\[dtc]?frac(\d)(\d)(?!\d)"
                     rf"|\\([a-zA-Z]+)(?:{_SUB})?|([a-zA-Z])(?:{_SUB})?|([-+*/^()\[\]{{}}])")
 _REWRITTEN = re.compile(r"(?<![a-zA-Z])(?:and|or)(?![a-zA-Z])|inf|percent|pct|(?<!\\)sqrt|\d\s*[eE]\s*[-+]?\s*\d"
                         r"|\}\s?\d[\d.]|\\(?:left|right)(?![()\[\]])")
-_CLOSE = {"(": ")", "[": "]", "{": "}"}
 _CMDS = {"cdot": ("*",), "times": ("*",), "pi": ("pi",), "Pi": ("pi",), "sqrt": ("cmd", "sqrt"),
          **{f: ("cmd", "frac") for f in ("frac", "dfrac", "tfrac", "cfrac")}, **{f: ("cmd", f) for f in FUNCS}}
+_CLOSE = {"(": ")", "[": "]", "{": "}"}
 
 
 @functools.cache
@@ -60,8 +60,8 @@ def _units() -> re.Pattern:
     try:
         from latex2sympy2_extended.math_normalization import units_regex
         return units_regex
-    except ImportError:  # a superset: a letter after a space, digit or brace near the end
-        return re.compile(r"(\d|\}|\s)\s*[a-zA-Z].{0,24}$")
+    except ImportError:  # no math-verify: nothing to disagree with
+        return re.compile(r"(?!)")
 
 
 def _tokens(s: str) -> list[tuple] | None:
@@ -76,7 +76,7 @@ def _tokens(s: str) -> list[tuple] | None:
         name = f"_{sub}" if sub else ""
         if num:
             out.append(("num", num))
-        elif f1:
+        elif f1:  # \frac12
             out += [("cmd", "frac"), ("{",), ("num", f1), ("}",), ("{",), ("num", f2), ("}",)]
         elif cmd in GREEK:
             out.append(("var", cmd.lower() + name))
@@ -86,18 +86,18 @@ def _tokens(s: str) -> list[tuple] | None:
             if sub or cmd not in _CMDS:
                 return None
             out.append(_CMDS[cmd])
-        elif letter:
+        elif letter:  # i, I: imaginary there; d x, d\theta: one differential symbol there (so (dx)^2)
             if letter in "iI" or letter in "eE" and sub or letter == "d" and not sub and re.match(r"\s*\\?[a-zA-Z]", s[pos:]):
-                return None  # i, I: imaginary there; d x: one differential symbol there ((dx)^2)
+                return None
             out.append(("e",) if letter == "e" else ("var", letter.lower() + name))
         elif op:
             out.append((op,))
     return out
 
 
-def _cut(a, ea) -> bool:
-    """Is the principal branch of ``a`` in doubt: zero within its error, or a complex value within its error of
-    the negative reals (an exact real is a float and takes the principal side, as sympy)."""
+def _doubt(a, ea) -> bool:
+    """The principal branch at ``a`` is in doubt: 0 within its error, or a complex value within its error of the
+    negative reals (an exact real is a float: on the principal side, as in sympy)."""
     return abs(a) <= ea or isinstance(a, complex) and a.real < 0 and abs(a.imag) <= ea
 
 
@@ -107,25 +107,21 @@ def _pow(a, b, ea, eb, exact: bool):
         v = a ** n
         if n >= 0:
             return v, n * (abs(a) + ea) ** max(n - 1, 0) * ea + EPS * n * abs(v)
-        return v, INF if abs(a) <= ea else -n * abs(v) * ea / (abs(a) - ea) + EPS * -n * abs(v)
-    if _cut(a, ea):
+        return v, INF if abs(a) <= ea else -n * abs(v) * (ea / (abs(a) - ea) + EPS)
+    if _doubt(a, ea):
         return a ** b, INF
-    v = a ** b if not isinstance(a, float) or a > 0 else complex(a) ** b
+    v = complex(a) ** b if isinstance(a, float) and a < 0 else a ** b
     lg = abs(cmath.log(a))
     return v, abs(v) * (abs(b) * ea / (abs(a) - ea) + lg * eb + EPS * (1 + abs(b) * lg))
 
 
 def _func(name, a, ea):
-    real = isinstance(a, float)
-    if name in ("ln", "log"):
-        v = (math.log(a) if real and a > 0 else cmath.log(a)) / (1.0 if name == "ln" else math.log(10))
-        return v, INF if _cut(a, ea) else ea / (abs(a) - ea) + EPS * (1 + abs(v))
-    if name == "exp":
-        v = math.exp(a) if real else cmath.exp(a)
-        return v, abs(v) * (ea + EPS * (1 + abs(a)))
-    v = getattr(math if real else cmath, name)(a)
-    slope = abs(1 + v * v) if name == "tan" else abs((math if real else cmath).cos(a) if name == "sin" else
-                                                     (math if real else cmath).sin(a)) + ea
+    m = math if isinstance(a, float) and (a > 0 or name != "ln") else cmath
+    if name == "ln":
+        v = m.log(a)
+        return v, INF if _doubt(a, ea) else ea / (abs(a) - ea) + EPS * (1 + abs(v))
+    v = getattr(m, name)(a)
+    slope = {"exp": abs(v), "tan": abs(1 + v * v), "sin": abs(m.cos(a)) + ea, "cos": abs(m.sin(a)) + ea}[name]
     return v, slope * (ea + EPS * (1 + abs(a)))
 
 
@@ -133,8 +129,7 @@ def _arith(op, f, g):
     def run(p):
         (a, ea), (b, eb) = f(p), g(p)
         if op == "*":
-            v = a * b
-            return v, abs(a) * eb + abs(b) * ea + ea * eb + EPS * abs(v)
+            return a * b, abs(a) * eb + abs(b) * ea + ea * eb + EPS * abs(a * b)
         if op == "/":
             v = a / b
             return v, (ea + abs(v) * eb) / (abs(b) - eb) + EPS * abs(v) if abs(b) > eb else INF
@@ -145,8 +140,9 @@ def _arith(op, f, g):
 
 class _Parser:
     """Recursive descent over the tokens, building closures point -> (value, error bound). Each rule returns
-    (closure, info); info: rat (numbers only), int (an integer literal), atom (a letter or constant, for ``f(x)^2``),
-    bare (a lone variable), len (factors of a juxtaposition)."""
+    (closure, info); info: rat (numbers only), int (an integer literal), atom (a letter or constant, maybe a
+    function name there), atom_pow (one raised), simple (an atom or its power), call (a group holding a simple
+    one: an argument there), bare (a lone variable), len (factors of a juxtaposition)."""
 
     def __init__(self, toks):
         self.t, self.i, self.depth = toks, 0, 0
@@ -155,24 +151,23 @@ class _Parser:
         return self.t[self.i + k][0] if self.i + k < len(self.t) else None
 
     def take(self, kind):
-        if self.peek() != kind:
+        if kind is None or self.peek() != kind:
             raise ValueError(kind)
         self.i += 1
         return self.t[self.i - 1]
 
-    def expr(self):
+    def nest(self, rule):
         self.depth += 1
         if self.depth > MAX_DEPTH:
             raise ValueError("too deep")
-        f, info = self.binary(self.unary, ("*", "/"))
-        while self.peek() in ("+", "-"):
-            op = self.take(self.peek())[0]
-            g, ginfo = self.binary(self.unary, ("*", "/"))
-            f, info = _arith(op, f, g), {"rat": info["rat"] and ginfo["rat"]}
+        out = rule()
         self.depth -= 1
-        return f, info
+        return out
 
-    def binary(self, operand, ops):
+    def expr(self):
+        return self.nest(lambda: self.ops(("+", "-"), lambda: self.ops(("*", "/"), self.unary)))
+
+    def ops(self, ops, operand):
         f, info = operand()
         while self.peek() in ops:
             op = self.take(self.peek())[0]
@@ -185,39 +180,32 @@ class _Parser:
     def unary(self):
         if self.peek() in ("+", "-"):
             neg = self.take(self.peek())[0] == "-"
-            self.depth += 1
-            if self.depth > MAX_DEPTH:
-                raise ValueError("too deep")
-            f, info = self.unary()
-            self.depth -= 1
-            if not neg:
-                return f, info
-            return (lambda p: (lambda r: (-r[0], r[1]))(f(p))), {**info, "bare": False, "atom": False}
-        factors, infos = [], []
+            f, info = self.nest(self.unary)
+            info = {**info, "simple": False, "bare": info.get("bare") and not neg}
+            return ((lambda p: (lambda r: (-r[0], r[1]))(f(p))) if neg else f), info
+        factors, infos = [], [{}]
         while self.peek() in ("num", "var", "pi", "e", "(", "[", "{", "cmd"):
-            f, info = self.power(infos[-1] if infos else {})
-            if infos and infos[-1]["rat"] and info["rat"]:
+            f, info = self.power(infos[-1])
+            if infos[-1].get("rat") and info["rat"]:
                 raise ValueError("mixed number")  # 2 3 -> 5, 2\frac12 -> 5/2 in math-verify
             factors.append(f)
             infos.append(info)
         if not factors:
             raise ValueError("operand expected")
-        if len(factors) == 1:
-            return factors[0], {**infos[0], "len": 1}
         f = factors[0]
         for g in factors[1:]:
             f = _arith("*", f, g)
-        return f, {"rat": False, "len": len(factors)}
+        return f, {**infos[1], "len": 1} if len(factors) == 1 else {"rat": False, "len": len(factors)}
 
     def power(self, before):
-        group = self.peek() in ("(", "[", "{")
-        if group and before.get("atom_pow"):
-            raise ValueError("x^2(y)")  # x(y)**2 in math-verify
         f, info = self.atom()
+        call = info.get("call") and (before.get("atom") or before.get("atom_pow"))
+        if call and before.get("atom_pow"):
+            raise ValueError("x^2(y)")  # x(y)**2 in math-verify
         if self.peek() != "^":
             return f, info
-        if group and before.get("atom"):
-            raise ValueError("f(x)^2")  # a function call raised to a power in math-verify
+        if call:
+            raise ValueError("f(x)^2")  # (f(x))**2 in math-verify
         self.i += 1
         k = self.peek()
         if k == "{":
@@ -230,34 +218,32 @@ class _Parser:
             raise ValueError("a^b^c")
         exact = ginfo.get("int", False)
         return (lambda p: (lambda a, b: _pow(a[0], b[0], a[1], b[1], exact))(f(p), g(p))), \
-            {"rat": info["rat"] and ginfo["rat"], "atom_pow": info.get("atom", False)}
+            {"rat": info["rat"] and ginfo["rat"], "atom_pow": info.get("atom"), "simple": info.get("simple")}
 
     def group(self, open_):
         self.take(open_)
         f, info = self.expr()
         self.take(_CLOSE[open_])
-        return f, {**info, "atom": False, "len": 1}
+        return f, {**info, "atom": False, "len": 1, "simple": False, "call": info.get("simple", False)}
 
     def atom(self):
         k = self.peek()
         if k in ("(", "[", "{"):
             return self.group(k)
-        if k is None:
-            raise ValueError("operand expected")
         tok = self.take(k)
         if k == "num":
             v, exact = float(tok[1]), "." not in tok[1] and len(tok[1]) <= 15
-            return (lambda p: (v, 0.0 if exact else EPS * v)), {"rat": True, "int": exact}
+            return (lambda p: (v, 0.0 if exact else EPS * v)), {"rat": True, "int": exact, "simple": True}
         if k == "var":
-            return (lambda p, n=tok[1]: (p[n], 0.0)), {"rat": False, "atom": True, "bare": True}
+            return (lambda p, n=tok[1]: (p[n], 0.0)), {"rat": False, "atom": True, "bare": True, "simple": True}
         if k in ("pi", "e"):
             v = math.pi if k == "pi" else math.e
-            return (lambda p: (v, EPS * 3)), {"rat": False, "atom": True}
+            return (lambda p: (v, EPS * 3)), {"rat": False, "atom": True, "simple": True}
         if k != "cmd":
             raise ValueError("operand expected")
         if tok[1] == "frac":
             num, ninfo = self.group("{")
-            if self.peek() == "{" and self.peek(1) == "var" and self.t[self.i + 1][1] == "d":
+            if self.peek(1) == "var" and self.t[self.i + 1][1] == "d":
                 raise ValueError("d/dx")
             den, dinfo = self.group("{")
             return _arith("/", num, den), {"rat": ninfo["rat"] and dinfo["rat"]}
@@ -275,13 +261,13 @@ class _Parser:
             if self.peek() not in (None, "+", "-", ")", "]", "}"):
                 raise ValueError("sin x y")  # sin(xy) in math-verify
         else:
-            raise ValueError("function argument")
+            raise ValueError("function argument")  # \sin^2 x, \sin -x
         return (lambda p, name=tok[1]: (lambda x: _func(name, x[0], x[1]))(a(p))), {"rat": False}
 
 
 @functools.lru_cache(maxsize=8192)
 def _compile(s: str):
-    """(closure, is a bare variable) for ``s``, or None when ``s`` is outside the grammar."""
+    """(closure, is a lone variable) for ``s``, or None when ``s`` is outside the grammar."""
     if len(s) > MAX_CHARS or _REWRITTEN.search(s):
         return None
     if _units().search(s.replace("\\left", "").replace("\\right", "").replace("\\ ", " ")):
@@ -294,7 +280,7 @@ def _compile(s: str):
         f, info = parser.expr()
     except (ValueError, IndexError, RecursionError):
         return None
-    return (f, info.get("bare", False)) if parser.i == len(toks) else None
+    return (f, bool(info.get("bare"))) if parser.i == len(toks) else None
 
 
 def _run(s: str, point) -> tuple[complex, float] | None:
@@ -320,7 +306,8 @@ def evaluate(s: str, point: dict[str, complex]) -> complex | None:
 
 
 class _Point(dict):
-    """The variables' values at fixed point ``k``, made on first use from a stable hash of the name."""
+    """Fixed point ``k``: each variable a positive real from a stable hash of its name (not stored: an answer may
+    name any number of variables)."""
 
     def __init__(self, k: int):
         super().__init__()
@@ -328,17 +315,15 @@ class _Point(dict):
 
     def __missing__(self, name):
         h = zlib.crc32(f"{self.k}:{name}".encode())
-        r = (1.15, 0.3, 2.2)[self.k] + (0.7, 0.55, 0.9)[self.k] * (h & 0xFFFF) / 65536
-        self[name] = v = cmath.rect(r, 0.02 + 0.06 * (h >> 16) / 65536)
-        return v
+        return (1.15, 0.3, 2.2)[self.k] + (0.7, 0.55, 0.9)[self.k] * (h & 0xFFFF) / 65536
 
 
 POINTS = tuple(_Point(k) for k in range(3))
 
 
 def differ(a: str, b: str) -> bool:
-    """True only when ``a`` and ``b`` both evaluate, finite, at all three points and at one of them differ by more
-    than ``TOL * max(1, |a|, |b|)`` and more than ``SAFETY`` times their error bounds. False for any bare variable."""
+    """True only when ``a`` and ``b`` both evaluate, finite, at all three points, neither is a lone variable, and
+    at one point they differ by more than ``TOL * max(1, |a|, |b|)`` and ``SAFETY`` times their error bounds."""
     try:
         ca, cb = _compile(a), _compile(b)
         if ca is None or cb is None or ca[1] or cb[1]:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.rewards import answers as A  # noqa: E402
+from tests.rewards import answers as A, references as R  # noqa: E402
 
 
 def probe_table(full: bool) -> str:
@@ -49,7 +49,7 @@ def probe_table(full: bool) -> str:
 def mv_table(full: bool) -> str:
     from tests.rewards import test_math_verify_differential as M
 
-    why = A.missing_module("math_verify")
+    why = R.missing_module("math_verify")
     if why:
         return f"(skipped: {why})"
     rows, wrong = [], []
@@ -60,15 +60,15 @@ def mv_table(full: bool) -> str:
             continue
         recs = M.records(d, None if full else M.N_GOLDS[d])
         c = Counter(r.outcome for r in recs)
-        rows.append([d, len(recs), *(c[o] for o in A.OUTCOMES)])
+        rows.append([d, len(recs), *(c[o] for o in R.OUTCOMES)])
         wrong += [r for r in recs if r.outcome in ("theirs-better", "both-wrong")]
     out = [f"Ours (the data set's own data source, `\\boxed{{}}` answers) vs Math-Verify, against each pair's label. "
-           f"{time.perf_counter() - t:.0f} s.", "", A.markdown(["data set", "pairs", *A.OUTCOMES], rows)]
+           f"{time.perf_counter() - t:.0f} s.", "", R.markdown(["data set", "pairs", *R.OUTCOMES], rows)]
     if wrong:
-        groups = A.by_class(wrong, key=lambda r: f"{r.outcome}: {r.pair.cls}")
+        groups = R.by_class(wrong, key=lambda r: f"{r.outcome}: {r.pair.cls}")
         out += ["", "Classes where we are wrong (theirs-better, both-wrong), all data sets:", ""]
-        out.append(A.markdown(["class", "pairs", "example gold", "example answer", "ours", "mv"],
-                              [[k, len(v), f"`{A.short(v[0].pair.gold, 30)}`", f"`{A.short(v[0].pair.body, 40)}`",
+        out.append(R.markdown(["class", "pairs", "example gold", "example answer", "ours", "mv"],
+                              [[k, len(v), f"`{R.short(v[0].pair.gold, 30)}`", f"`{R.short(v[0].pair.body, 40)}`",
                                 "acc" if v[0].ours else "rej", "acc" if v[0].theirs else "rej"]
                                for k, v in groups.items()]))
     return "\n".join(out)
@@ -89,14 +89,14 @@ def verl_table(full: bool) -> str:
         bad += [(claim.name, r) for r in recs if r.theirs and not r.ours and not V.known_verl_wrong(r.pair)]
     out = [f"Per claim: answers verl 0.9.1 accepts that we reject (label right = our bug; label wrong = verl wrong, "
            f"listed in KNOWN_VERL_WRONG), and the reverse. {time.perf_counter() - t:.0f} s.", "",
-           A.markdown(V.HEADER, rows)]
+           R.markdown(V.HEADER, rows)]
     if bad:
         groups: dict = {}
         for name, r in bad:
             groups.setdefault((name.split(" vs ")[0], f"{r.pair.fmt}/{r.pair.cls}"), []).append(r)
         out += ["", "verl-correct answers we reject, not in KNOWN_VERL_WRONG:", ""]
-        out.append(A.markdown(["claim", "class", "answers", "example gold", "example answer"],
-                              [[c, k, len(v), f"`{A.short(v[0].pair.gold, 30)}`", f"`{A.short(v[0].pair.body, 40)}`"]
+        out.append(R.markdown(["claim", "class", "answers", "example gold", "example answer"],
+                              [[c, k, len(v), f"`{R.short(v[0].pair.gold, 30)}`", f"`{R.short(v[0].pair.body, 40)}`"]
                                for (c, k), v in sorted(groups.items(), key=lambda kv: -len(kv[1]))]))
     return "\n".join(out)
 

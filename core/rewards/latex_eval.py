@@ -19,8 +19,9 @@ Why it is safe: every reading is math-verify's own (latex2sympy, lowercase symbo
 every identity. Where its reading is another or is ambiguous, None: ``1/2x`` (a product after ``/``: 1/(2x)
 there), adjacent numeric factors (``2 3`` is 5, ``2\\frac12`` 5/2 there), ``a^b^c``, ``x^23``, ``x^-1``,
 ``\\sin x y``, ``\\sin(x)^2``, ``f(x)^2``, ``x^2(y)``, ``2E3``, ``d x``, ``\\frac{d}{dx}``, ``i``, ``I``, ``\\gamma``,
-``\\log`` (base 10 there, yet ``e^{\\log t}`` is t), text math-verify's normalisation rewrites (a trailing unit
-word: `` t``, `` m``; "and", "inf", ``}12``), any other command or character (``=`` ``,`` ``|`` ``!`` ``'`` ``\\pm``
+``\\log`` (base 10 there, yet ``e^{\\log t}`` is t), ``x_e`` and letters its lexer takes as a name (``tr``,
+``gcd``: no parse there), text math-verify's normalisation rewrites (a trailing unit word: `` t``, `` m``; "and",
+"inf", ``}12``), any other command or character (``=`` ``,`` ``|`` ``!`` ``'`` ``\\pm``
 ``\\infty`` ``\\text``), over 300 characters, nesting over 60, overflow, division by zero. A lone variable never
 differs (math-verify compares names there: ``E`` equals ``e``, ``\\mu`` equals ``m u``). The points are real (each
 variable 0.3 to 3.1 from a stable hash of its name): math-verify's symbols are real and sympy proves identities
@@ -41,14 +42,16 @@ import zlib
 MAX_CHARS, MAX_DEPTH = 300, 60
 TOL = 2e-6  # relative, and absolute below 1: math-verify rounds a float answer to 6 places (|a - b| < 1e-6)
 EPS, SAFETY, INF = 1e-15, 1e3, float("inf")
-GREEK = frozenset("alpha beta delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi rho sigma tau "
-                  "upsilon phi varphi chi psi omega Delta Theta Lambda Xi Sigma Upsilon Phi Psi Omega hbar".split())
+GREEK = frozenset("alpha beta delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi rho sigma "
+                  "tau upsilon phi varphi chi psi omega Delta Theta Lambda Xi Sigma Upsilon Phi Psi Omega hbar".split())
 FUNCS = frozenset("sin cos tan ln exp".split())
-_SUB = r"_(?:\{([a-zA-Z0-9]+)\}|([a-zA-Z0-9])(?![a-zA-Z0-9]))"
+_SUB = r"_(?:\{([a-zA-Z0-9]+)\}|([a-df-zA-Z0-9])(?![a-zA-Z0-9]))"  # x_e: no parse there
 _TOKEN = re.compile(rf"\s+|\\(?:[,;: ]|q?quad(?![a-zA-Z]))|(\d+(?:\.\d+)?)|\\[dtc]?frac(\d)(\d)(?!\d)"
                     rf"|\\([a-zA-Z]+)(?:{_SUB})?|([a-zA-Z])(?:{_SUB})?|([-+*/^()\[\]{{}}])")
 _REWRITTEN = re.compile(r"(?<![a-zA-Z])(?:and|or)(?![a-zA-Z])|inf|percent|pct|(?<!\\)sqrt|\d\s*[eE]\s*[-+]?\s*\d"
                         r"|\}\s?\d[\d.]|\\(?:left|right)(?![()\[\]])")
+_NAMES = re.compile(r"tr|gcd|lcm|floor|ceil|eye|zeros|ones|cols|rows|diag|norm|rank|rref|stack|null|matrix|orth|eig|svd"
+                    r"|ar[cst]")  # letters math-verify's lexer takes as one name (\operatorname's): no parse there
 _CMDS = {"cdot": ("*",), "times": ("*",), "pi": ("pi",), "Pi": ("pi",), "sqrt": ("cmd", "sqrt"),
          **{f: ("cmd", "frac") for f in ("frac", "dfrac", "tfrac", "cfrac")}, **{f: ("cmd", f) for f in FUNCS}}
 _CLOSE = {"(": ")", "[": "]", "{": "}"}
@@ -87,7 +90,8 @@ def _tokens(s: str) -> list[tuple] | None:
                 return None
             out.append(_CMDS[cmd])
         elif letter:  # i, I: imaginary there; d x, d\theta: one differential symbol there (so (dx)^2)
-            if letter in "iI" or letter in "eE" and sub or letter == "d" and not sub and re.match(r"\s*\\?[a-zA-Z]", s[pos:]):
+            if letter in "iI" or letter in "eE" and sub or (
+                    letter == "d" and not sub and re.match(r"\s*\\?[a-zA-Z]", s[pos:])):
                 return None
             out.append(("e",) if letter == "e" else ("var", letter.lower() + name))
         elif op:
@@ -268,7 +272,7 @@ class _Parser:
 @functools.lru_cache(maxsize=8192)
 def _compile(s: str):
     """(closure, is a lone variable) for ``s``, or None when ``s`` is outside the grammar."""
-    if len(s) > MAX_CHARS or _REWRITTEN.search(s):
+    if len(s) > MAX_CHARS or _REWRITTEN.search(s) or _NAMES.search(re.sub(r"\\[a-zA-Z]+", " ", s)):
         return None
     if _units().search(s.replace("\\left", "").replace("\\right", "").replace("\\ ", " ")):
         return None

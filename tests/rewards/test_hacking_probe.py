@@ -30,7 +30,7 @@ from typing import Callable
 
 import pytest
 
-from tests.rewards import answers as A
+from tests.rewards import answers as A, references as R
 
 # the format each registered data source wants (a name not listed here is probed in the \boxed{} format)
 FORMAT_OF = {"openai/gsm8k": "gsm8k", "gsm8k": "gsm8k", "gsm8k_format": "gsm8k", "gsm8k_flexible": "plain",
@@ -80,7 +80,7 @@ def scorers(every_name: bool = False) -> list[Scorer]:
         out.append(Scorer(name, fn, name, FORMAT_OF.get(name, "boxed")))
     out = [Scorer(_alias_name(seen[id(s.fn)]) if not every_name else s.name, s.fn, s.source, s.fmt) for s in out]
     for recipe, sources in RECIPES.items():
-        fn = A.recipe_reward(recipe)
+        fn = R.recipe_reward(recipe)
         out += [Scorer(f"recipes/{recipe}: {src}", fn, src, fmt) for src, fmt in sources]
     return out
 
@@ -168,7 +168,7 @@ def run_probe(full: bool):
                     gold = row["_gold"]
                     for name, response, answer in probes(s, row, dataset, i, full):
                         t = time.perf_counter()
-                        acc = A.accepted(s.fn(s.source, response, gold, {"num_turns": 1}))
+                        acc = R.accepted(s.fn(s.source, response, gold, {"num_turns": 1}))
                         dt = time.perf_counter() - t
                         if dt > 1.0:
                             slow.append((s.name, name, dataset, round(dt, 1)))
@@ -181,7 +181,7 @@ def run_probe(full: bool):
                             wrong_const.append((s.name, name, dataset, gold, _tail(response), acc))
                     if full or i < HEDGE_ROWS:
                         for name, response in hedges(s, gold):
-                            acc = A.accepted(s.fn(s.source, response, gold, {"num_turns": 1}))
+                            acc = R.accepted(s.fn(s.source, response, gold, {"num_turns": 1}))
                             cell = table[s.name].setdefault("hedge: " + name.split(".")[0], [0, 0, 0])
                             cell[0] += acc
                             cell[2] += 1
@@ -210,7 +210,7 @@ def render(table) -> str:
             base = f" [{exp / n:.3f}]" if exp else ""
             r.append(f"{acc / n:.3f}{base}{mark}")
         rows.append(r)
-    return A.markdown(["scorer", *probes_seen], rows)
+    return R.markdown(["scorer", *probes_seen], rows)
 
 
 def check(full: bool):

@@ -17,7 +17,7 @@ from collections import Counter
 
 import pytest
 
-from tests.rewards import answers as A
+from tests.rewards import answers as A, references as R
 
 # the default sizes run with `make test-heavy` (in CI), ~25 s; `slow` below: every gold
 pytestmark = pytest.mark.heavy
@@ -32,38 +32,38 @@ N_GOLDS = {"gsm8k": 10, "minerva_math": 24, "aime24": 8, "amc23": 8, "synthetic"
 KNOWN: dict[str, tuple] = {}
 
 
-def records(dataset: str, n_golds: int | None) -> list[A.Record]:
+def records(dataset: str, n_golds: int | None) -> list[R.Record]:
     source = SOURCES[dataset]
     out = []
     for p in A.pairs(dataset, "boxed", n_golds):
-        ours = A.accepted(A.ours(source, p.response, p.gold))
-        out.append(A.Record(p, ours, A.math_verify_accepts(p.gold, p.response)))
+        ours = R.accepted(R.ours(source, p.response, p.gold))
+        out.append(R.Record(p, ours, R.math_verify_accepts(p.gold, p.response)))
     return out
 
 
-def report(dataset: str, recs: list[A.Record], seconds: float) -> str:
+def report(dataset: str, recs: list[R.Record], seconds: float) -> str:
     c = Counter(r.outcome for r in recs)
     lines = [f"\n== {dataset} (source {SOURCES[dataset]!r}, {len(recs)} pairs, {seconds:.1f} s): ours vs Math-Verify",
-             A.markdown(["data set", "pairs", *A.OUTCOMES], [[dataset, len(recs), *(c[o] for o in A.OUTCOMES)]])]
+             R.markdown(["data set", "pairs", *R.OUTCOMES], [[dataset, len(recs), *(c[o] for o in R.OUTCOMES)]])]
     for outcome in ("theirs-better", "both-wrong", "ours-better"):
-        groups = A.by_class(recs, lambda r, o=outcome: r.outcome == o)
+        groups = R.by_class(recs, lambda r, o=outcome: r.outcome == o)
         if groups:
             lines.append(f"-- {outcome}: {sum(map(len, groups.values()))} pairs in {len(groups)} classes")
-            lines += A.class_lines(groups, "ours", "mv", k=1 if outcome == "ours-better" else 3)
+            lines += R.class_lines(groups, "ours", "mv", k=1 if outcome == "ours-better" else 3)
     return "\n".join(lines)
 
 
 def check(dataset: str, n_golds: int | None):
-    for why in (A.missing_module("math_verify"), A.data_missing(dataset)):
+    for why in (R.missing_module("math_verify"), A.data_missing(dataset)):
         if why:
             pytest.skip(why)
     t = time.perf_counter()
     recs = records(dataset, n_golds)
     print(report(dataset, recs, time.perf_counter() - t))
-    bad = [r for r in recs if r.outcome in ("theirs-better", "both-wrong") and not A.known_class(KNOWN, r.pair)]
-    groups = A.by_class(bad)
+    bad = [r for r in recs if r.outcome in ("theirs-better", "both-wrong") and not R.known_class(KNOWN, r.pair)]
+    groups = R.by_class(bad)
     assert not bad, (f"{dataset}: {len(bad)} pairs where our scorer is wrong (theirs-better or both-wrong), "
-                     f"in {len(groups)} classes not in KNOWN:\n" + "\n".join(A.class_lines(groups, "ours", "mv", k=2)))
+                     f"in {len(groups)} classes not in KNOWN:\n" + "\n".join(R.class_lines(groups, "ours", "mv", k=2)))
 
 
 @pytest.mark.parametrize("dataset", A.ALL_SETS)
@@ -126,9 +126,9 @@ def test_random_numeric_golds_are_scored_by_their_labels():
             response = A.wrap("boxed", f.body)
             body = " | ".join(f.body) if isinstance(f.body, tuple) else f.body
             pair = A.Pair("hypothesis", gold, A.gold_category(gold), f.kind, f.label, "boxed", response, body)
-            ok = A.accepted(A.ours("lighteval/MATH", response, gold))
-            recs.append(A.Record(pair, ok, f.label))  # "theirs" = the label itself
-    bad = [r for r in recs if r.ours != r.pair.label and not A.known_class(KNOWN, r.pair)]
-    groups = A.by_class(bad)
+            ok = R.accepted(R.ours("lighteval/MATH", response, gold))
+            recs.append(R.Record(pair, ok, f.label))  # "theirs" = the label itself
+    bad = [r for r in recs if r.ours != r.pair.label and not R.known_class(KNOWN, r.pair)]
+    groups = R.by_class(bad)
     assert not bad, (f"{len(bad)} of {len(recs)} answers to {len(set(golds))} random golds scored against their "
-                     f"label, in {len(groups)} classes:\n" + "\n".join(A.class_lines(groups, "ours", "label", k=2)))
+                     f"label, in {len(groups)} classes:\n" + "\n".join(R.class_lines(groups, "ours", "label", k=2)))

@@ -28,7 +28,7 @@ from typing import Callable
 
 import pytest
 
-from tests.rewards import answers as A
+from tests.rewards import answers as A, references as R
 
 # the default sizes run with `make test-heavy` (in CI), ~20 s; `slow` below: every gold
 pytestmark = pytest.mark.heavy
@@ -46,27 +46,27 @@ class Claim:
 
 
 def _core(source):
-    return lambda r, g: A.ours(source, r, g)
+    return lambda r, g: R.ours(source, r, g)
 
 
 def _recipe(recipe, source):
-    return lambda r, g: A.recipe_reward(recipe)(source, r, g)
+    return lambda r, g: R.recipe_reward(recipe)(source, r, g)
 
 
 def _verl_gsm8k(format_score=0.0):
-    return lambda r, g: A.verl_module("gsm8k").compute_score(r, g, format_score=format_score) >= 1.0
+    return lambda r, g: R.verl_module("gsm8k").compute_score(r, g, format_score=format_score) >= 1.0
 
 
 def _verl_math(r, g):
-    return A.verl_module("math_reward").compute_score(r, g) >= 1.0
+    return R.verl_module("math_reward").compute_score(r, g) >= 1.0
 
 
 def _verl_dapo(r, g):
-    return bool(A.verl_module("math_dapo").compute_score(r, g)["acc"])
+    return bool(R.verl_module("math_dapo").compute_score(r, g)["acc"])
 
 
 def _verl_geo3k(r, g):
-    return A.verl_module("geo3k").acc_reward(r, g) >= 1.0
+    return R.verl_module("geo3k").acc_reward(r, g) >= 1.0
 
 
 # golds per data set in the default run (None: all); the slow run takes every gold
@@ -124,6 +124,23 @@ KNOWN_VERL_WRONG: dict[str, tuple] = {
         lambda p: p.kind == "hedge.two_markers.gold_last" and p.fmt in ("dapo", "dapo_boxed"),
         "verl's math_dapo reads only the last 'Answer:' line: 'Answer: 35' then 'Answer: 34' reads as 34, a hedge "
         "that scores whichever of its answers comes last"),
+    "numbers read as floats (geo3k)": (
+        lambda p: p.fmt == "geo3k" and not p.label and A.read_number(p.gold) is not None,
+        "mathruler's _normalize turns any number within 1e-7 of an integer, as a float, into that integer: gold "
+        "'3.89e-10' becomes '0' (so '0' and '38.9e-10' pass), and '3999999999999999999999999999999999' rounds to gold "
+        "'4e33'"),
+    "a function of 0 read as a product (geo3k)": (
+        lambda p: p.fmt == "geo3k" and not p.label and "(0)" in p.gold,
+        "mathruler's sympy reading of Minerva's gold 'I(0)' is the product I * 0 = 0, so '-I(0)' and '2 I(0)' equal it"),
+    "'$' inside the gold (math_dapo)": (
+        lambda p: p.fmt in ("dapo", "dapo_boxed") and not p.label and "$" in p.gold,
+        "verl's math_dapo normalize_final_answer rewrites '(.*?)$(.*?)$(.*)' to the text between the first two '$': "
+        "for a gold with '$ $' inside (Minerva's 'x_{0} \\cos (\\omega t)+$ $\\dot{x}_{0} ...') any answer sharing "
+        "that first piece reads as the gold"),
+    "any answer with '=' in the gold (math_dapo)": (
+        lambda p: p.fmt in ("dapo", "dapo_boxed") and not p.label and "=" in p.gold,
+        "verl's math_dapo keeps only the text after the last '=': for a gold 'y^{\\prime}+r y-r x(t)=0' the answer "
+        "'0' reads as the gold"),
     "hedge with '=' in the gold (math_dapo)": (
         lambda p: p.kind.startswith("hedge.") and p.kind.endswith("gold_last") and "=" in p.gold,
         "verl's math_dapo normalize_final_answer keeps only the text after the last '=': for a gold 'y=...' the "
@@ -132,35 +149,35 @@ KNOWN_VERL_WRONG: dict[str, tuple] = {
 
 
 def known_verl_wrong(pair: A.Pair) -> str | None:
-    return None if pair.label else A.known_class(KNOWN_VERL_WRONG, pair)
+    return None if pair.label else R.known_class(KNOWN_VERL_WRONG, pair)
 
 
 def unavailable(claim: Claim) -> str | None:
     """Why the reference cannot run here (verl, or a module's own dependency such as mathruler, missing), or None."""
     for need in claim.needs:
         try:
-            A.verl_module(need)
+            R.verl_module(need)
         except ImportError as e:
             return f"verl's reward_score.{need} cannot load: {e}"
     return None
 
 
-def records(claim: Claim, golds: dict) -> list[A.Record]:
+def records(claim: Claim, golds: dict) -> list[R.Record]:
     out = []
     for dataset, n in golds.items():
         if A.data_missing(dataset):
             continue
         for fmt in claim.formats:
             for p in A.pairs(dataset, fmt, n):
-                out.append(A.Record(p, A.accepted(claim.ours(p.response, p.gold)), claim.verl(p.response, p.gold)))
+                out.append(R.Record(p, R.accepted(claim.ours(p.response, p.gold)), claim.verl(p.response, p.gold)))
     return out
 
 
-def _key(r: A.Record) -> str:
+def _key(r: R.Record) -> str:
     return f"{r.pair.fmt}/{r.pair.cls}"
 
 
-def summary_row(claim: Claim, recs: list[A.Record]) -> list:
+def summary_row(claim: Claim, recs: list[R.Record]) -> list:
     verl_only = [r for r in recs if r.theirs and not r.ours]
     ours_only = [r for r in recs if r.ours and not r.theirs]
     def split(rs):
@@ -175,15 +192,15 @@ HEADER = ["claim", "answers", "verl acc", "ours acc", "verl acc, ours rej (label
           "of which unlisted", "ours acc, verl rej (label right / wrong)", "right, both rej"]
 
 
-def report(claim: Claim, recs: list[A.Record], seconds: float) -> str:
-    lines = [f"\n== {claim.name}: {len(recs)} answers, {seconds:.1f} s", A.markdown(HEADER, [summary_row(claim, recs)])]
+def report(claim: Claim, recs: list[R.Record], seconds: float) -> str:
+    lines = [f"\n== {claim.name}: {len(recs)} answers, {seconds:.1f} s", R.markdown(HEADER, [summary_row(claim, recs)])]
     for title, keep in (("verl accepts, we reject", lambda r: r.theirs and not r.ours),
                         ("we accept, verl rejects", lambda r: r.ours and not r.theirs),
                         ("right, both reject", lambda r: r.pair.label and not r.ours and not r.theirs)):
-        groups = A.by_class(recs, keep, _key)
+        groups = R.by_class(recs, keep, _key)
         if groups:
             lines.append(f"-- {title}: {sum(map(len, groups.values()))} answers in {len(groups)} classes")
-            lines += A.class_lines(groups, "ours", "verl", k=2)
+            lines += R.class_lines(groups, "ours", "verl", k=2)
     return "\n".join(lines)
 
 
@@ -198,9 +215,9 @@ def check(claim: Claim, golds: dict):
     print(report(claim, recs, time.perf_counter() - t))
     bad = [r for r in recs if r.theirs and not r.ours and not known_verl_wrong(r.pair)]
     if claim.asserted:
-        groups = A.by_class(bad, key=_key)
+        groups = R.by_class(bad, key=_key)
         assert not bad, (f"{claim.name}: {len(bad)} answers verl accepts and we reject, in {len(groups)} classes not "
-                         f"in KNOWN_VERL_WRONG:\n" + "\n".join(A.class_lines(groups, "ours", "verl", k=2)))
+                         f"in KNOWN_VERL_WRONG:\n" + "\n".join(R.class_lines(groups, "ours", "verl", k=2)))
 
 
 @pytest.mark.parametrize("claim", CLAIMS, ids=[c.name.split(" vs ")[0] for c in CLAIMS])
@@ -239,7 +256,7 @@ def test_verl_dispatch_of_shared_data_sources():
     shared = []
     for s in REWARDS.names():
         try:
-            A.verl_default_compute_score(s, "\\boxed{1}", "1")
+            R.verl_default_compute_score(s, "\\boxed{1}", "1")
             shared.append(s)
         except NotImplementedError:
             pass
@@ -249,8 +266,8 @@ def test_verl_dispatch_of_shared_data_sources():
     for s in shared:
         fmts = ("gsm8k",) if "gsm8k" in s else ("boxed", "dapo")
         claim = Claim(f"{s} (core) vs verl default_compute_score", _core(s),
-                      lambda r, g, s=s: A.accepted(A.verl_default_compute_score(s, r, g)), fmts, TINY, asserted=False)
+                      lambda r, g, s=s: R.accepted(R.verl_default_compute_score(s, r, g)), fmts, TINY, asserted=False)
         recs = records(claim, claim.golds)
         rows.append(summary_row(claim, recs))
     print("\n== data sources both registries know: ours vs verl's dispatcher (not asserted)")
-    print(A.markdown(HEADER, rows))
+    print(R.markdown(HEADER, rows))

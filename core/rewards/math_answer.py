@@ -180,12 +180,12 @@ def is_equiv(pred: str | None, gold: str, use_math_verify: bool = True) -> bool:
         return matches(x, y)
     if not use_math_verify:
         return False
-    if differ(pred, gold):  # both evaluate and differ at a point: math-verify could not call them equal (fast)
-        return False
     pred, gold = pred.strip().strip("$").strip(), str(gold).strip().strip("$").strip()  # LaTeX keeps its spaces
     if y is not None and y.unit is not None:  # a gold given to a precision: the answer's value, held to it
         v = _value(pred)
         return v is not None and matches(v, y)
+    if differ(pred, gold):  # both evaluate and differ at a point: math-verify could not call them equal (fast)
+        return False
     if x is not None and (v := _value(gold)) is not None:  # a number against a closed form (\sqrt{2}): exactly
         return x.unit is None and _verified(pred, gold) or x.value == v.value
     return _verified(pred, gold)

@@ -56,7 +56,8 @@ def _decimal(mantissa: str, exponent: str | None) -> Number | None:
     sign = -1 if mantissa.startswith("-") else 1
     whole, _, frac = mantissa.lstrip("+-").replace(",", "").partition(".")
     exp = int(exponent) if exponent is not None else 0
-    value = sign * Fraction(int(whole or "0") * 10 ** len(frac) + int(frac or "0"), 10 ** len(frac)) * Fraction(10) ** exp
+    scale = 10 ** len(frac)
+    value = sign * Fraction(int(whole or "0") * scale + int(frac or "0"), scale) * Fraction(10) ** exp
     # a mantissa with a decimal point is given to its written digits (7.40e-12: to 1e-14); without one the number
     # is an integer times a power of ten, exact (3e6 is 3000000); a plain decimal whose fractional digits are all
     # zeros writes an integer too (72.00, a float gold's 27.0)
@@ -67,7 +68,8 @@ def _decimal(mantissa: str, exponent: str | None) -> Number | None:
 def parse_number(s: str) -> Number | None:
     """The number a normalised answer writes (no spaces, no ``$``), or None when it is not exactly one number.
     Examples: '72' -> 72 exact; '-\\frac{1}{3}' -> -1/3 exact; '1/3' -> 1/3 exact; '3.14' -> 157/50 to 1/100;
-    '8.49\\times10^{-4}' -> 849/1000000 to 1/1000000; '3e6' -> 3000000 exact; '1,000' -> 1000; '1011_2' -> None; '1,2' -> None."""
+    '8.49\\times10^{-4}' -> 849/1000000 to 1/1000000; '3e6' -> 3000000 exact; '1,000' -> 1000; '1011_2' -> None;
+    '1,2' -> None."""
     if len(s) > 2 * MAX_DIGITS + 40:
         return None
     m = _PLAIN.fullmatch(s)

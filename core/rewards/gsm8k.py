@@ -75,7 +75,8 @@ def extract_answer(text: str, method: str = "strict") -> str | None:
             return None
         if previous is not None:  # '3 or 2', '3, 2', '3 \text{ or } 2': a hedge
             sep = ("," if previous.group().endswith(",") else "") + text[previous.end():last.start()]
-            if re.sub(r"\s|\\text\{|\}", "", sep).lower() in (",", "or", ",or", ";"):
+            if re.sub(r"\s|\\text\{|\}", "", sep).lower() in (",", "or", ",or", ";") and \
+                    not _same_number(_clean(previous.group()).replace(",", ""), tok.replace(",", "")):
                 return None
         return tok.replace(",", "")
     raise ValueError(f"gsm8k method must be 'strict' or 'flexible', got {method!r}")

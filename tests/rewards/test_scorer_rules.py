@@ -100,6 +100,8 @@ def test_hedges_score_wrong():
     assert gsm8k_score("... #### 3 or 4", "3") == 0.0
     assert gsm8k_score("... #### 4 dollars", "4") == 1.0
     assert compute_score_dapo("Answer: 3 or 4", "3")["score"] == -1.0
+    assert default_compute_score("gsm8k_flexible", "it is 12 or 13", "13")["score"] == 0.0    # the last of a hedge
+    assert default_compute_score("gsm8k_flexible", "it is 12, 12", "12")["score"] == 1.0      # a repeat is no hedge
     assert gsm8k_score("#### 3e0", "3") == 1.0 and gsm8k_score("#### 3e5", "3") == 0.0   # verl reads both as 3
     assert math_score("\\boxed{1.41421356}", "\\sqrt{2}") == 0.0       # a decimal is not the irrational it rounds
     assert math_score("\\boxed{2}", "\\sqrt{4}") == 1.0

@@ -115,12 +115,6 @@ def normalize(s: str) -> str:
     return s
 
 
-def to_number(s: str) -> float | None:
-    """A float for what ``parse_number`` reads (for display and callers that want one); else None."""
-    n = parse_number(s)
-    return float(n.value) if n is not None else None
-
-
 def _limit() -> int | None:
     """math-verify's time limit where its alarm can work (a reward worker's main thread), else None: off the main
     thread signal() would raise, and the reward worker's kill (``core.rewards.scoring``) bounds the call anyway."""

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import re
 
-from core.rewards.numbers import matches, parse_number
+from core.rewards.numbers import THOUSANDS, matches, parse_number
 
 _STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
 _NUMBER = re.compile(r"(\-?[0-9\.\,]+)")
-_THOUSANDS = re.compile(r"-?\d{1,3}(,\d{3})+(\.\d*)?")
 _EXPONENT = re.compile(r"(?:[eE]([+-]?\d{1,4})|\s?(?:\\times|\\cdot|×)\s?10\^\{?([+-]?\d{1,4})\}?)")
 MAX_LINE_CHARS = 2_000
 MAX_MARKERS = 8  # the last '#### ' lines compared for a hedge
@@ -29,6 +28,11 @@ MAX_MARKERS = 8  # the last '#### ' lines compared for a hedge
 
 def _clean(token: str) -> str:
     return token.replace("$", "").rstrip(".").rstrip(",")
+
+
+def _is_list(token: str) -> bool:
+    """'3,4' is a list, not 34: a comma separates thousands only in groups of three."""
+    return "," in token and not THOUSANDS.fullmatch(token)
 
 
 def _strict_at(text: str, i: int) -> str | None:
@@ -43,7 +47,7 @@ def _strict_at(text: str, i: int) -> str | None:
     e = _EXPONENT.match(rest) if not m.group(1).endswith((".", ",")) else None
     if e:
         token, rest = f"{token}e{e.group(1) or e.group(2)}", rest[e.end():]
-    if any(c.isdigit() for c in rest) or ("," in token and not _THOUSANDS.fullmatch(token)):  # '3,4': a list
+    if any(c.isdigit() for c in rest) or _is_list(token):
         return None
     return token.replace(",", "") if any(c.isdigit() for c in token) else None
 
@@ -71,7 +75,7 @@ def extract_answer(text: str, method: str = "strict") -> str | None:
         if last is None:
             return None
         tok = _clean(last.group())
-        if "," in tok and not _THOUSANDS.fullmatch(tok):  # '3,2': a list, not 32
+        if _is_list(tok):
             return None
         if previous is not None:  # '3 or 2', '3, 2', '3 \text{ or } 2': a hedge
             sep = ("," if previous.group().endswith(",") else "") + text[previous.end():last.start()]

@@ -25,7 +25,7 @@ import threading
 from fractions import Fraction
 
 from core.rewards.latex_eval import differ
-from core.rewards.numbers import Number, matches, parse_number
+from core.rewards.numbers import THOUSANDS, Number, matches, parse_number
 
 MAX_ANSWER_CHARS = 2_000   # a box or Answer: line longer than this holds no answer
 MAX_BOXES = 8              # the last boxes compared for a hedge
@@ -108,7 +108,7 @@ def normalize(s: str) -> str:
     if re.fullmatch(r"-?\d+/\d+", s):
         a, b = s.split("/")
         s = f"\\frac{{{a}}}{{{b}}}"
-    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):  # 1,000 -> 1000 (not a tuple "1,2")
+    if THOUSANDS.fullmatch(s):  # 1,000 -> 1000 (not a tuple "1,2")
         s = s.replace(",", "")
     if re.fullmatch(r"-?\d+\.0*", s):
         s = s.split(".")[0]

@@ -29,6 +29,7 @@ MAX_DIGITS = 200
 MAX_EXPONENT = 400
 
 _DECIMAL = r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d*)?"
+THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d*)?")  # '1,000' and '1,000.5'; not the list '1,2'
 _PLAIN = re.compile(rf"({_DECIMAL})(?:[eE]([+-]?\d+))?")
 # mantissa \times 10^{e} (also \cdot, ×, *; braces optional); 10^{e} alone
 _SCI = re.compile(rf"(?:({_DECIMAL})(?:\\times|\\cdot|×|\*))?10\^(?:\{{([+-]?\d+)\}}|([+-]?\d))")

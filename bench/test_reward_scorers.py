@@ -28,7 +28,7 @@ def _golds() -> dict[str, list[str]]:
 
     math = [last_boxed(r["solution"]) for r in rows("minerva_math")] + [str(r["answer"]) for r in rows("aime24")] \
         + [str(r["answer"]) for r in rows("amc23")]
-    return {"gsm8k": [r["answer"].split("####")[-1].strip().replace(",", "") for r in rows("gsm8k")],
+    return {"gsm8k": [r["answer"].split("####")[-1].strip().replace(",", "") for r in rows("gsm8k")], "math": math,
             "math_numeric": [g for g in math if parse_number(normalize(g)) is not None],
             "math_symbolic": [g for g in math if parse_number(normalize(g)) is None]}
 
@@ -49,11 +49,12 @@ def _cases(golds: list[str], count: int, right: bool) -> list[tuple[str, str]]:
 
 
 FORMATS = {"gsm8k": ("openai/gsm8k", "So the answer follows.\n#### {}"),
+           "math": ("math", "So the answer is $\\boxed{{{}}}$."),
            "math_numeric": ("math", "So the answer is $\\boxed{{{}}}$."),
            "math_symbolic": ("math", "So the answer is $\\boxed{{{}}}$.")}
 
 
-@pytest.mark.parametrize("row", ["gsm8k", "math_numeric", "math_symbolic"])
+@pytest.mark.parametrize("row", ["gsm8k", "math", "math_numeric", "math_symbolic"])
 @pytest.mark.parametrize("right", [True, False], ids=["right", "wrong"])
 def test_scorer_calls_per_second_against_math_verify(row, right, full_size, report):
     if not DATA.is_dir():

@@ -5,30 +5,40 @@ differ at one of three fixed points by more than float error can explain; then m
 equal, and ``is_equiv`` may answer False without it. Anything else (unparsable, equal at the points, any doubt)
 is False and math-verify decides. A wrong True is a bug; ``evaluate`` returning None is always safe.
 
-Grammar (spaces, ``\\,`` ``\\;`` ``\\:`` ``\\quad`` ``\\ `` ignored; ``\\left``/``\\right`` before a bracket dropped)::
+Grammar (spaces, ``\\,`` ``\\;`` ``\\:`` ``\\quad`` ``\\ `` ignored; ``\\left``/``\\right`` before a bracket dropped; a
+trailing unit word dropped twice, as math-verify does: ``x + 2 t`` is x + 2 there)::
 
     expr  := mp (('+' | '-') mp)*                  mp := unary (('*' | \\cdot | \\times | '/') unary)*
     unary := ('+' | '-') unary | power+            (juxtaposition: implicit product, binds tighter than * and /)
     power := atom ['^' ('{' expr '}' | digit | letter | greek | \\pi)]
-    atom  := number | letter[_sub] | greek[_sub] | \\pi | e | (expr) | [expr] | {expr} | \\frac{expr}{expr} | \\frac DD
-             | \\sqrt{expr} | \\sqrt[expr]{expr} | fn(expr) | fn atom             fn := \\sin \\cos \\tan \\ln \\exp
+    atom  := number | name[_sub] | \\pi | e | I | (expr) | [expr] | {expr} | \\frac{expr}{expr} | \\frac DD
+             | \\sqrt{expr} | \\sqrt[expr]{expr} | fn[^k] (expr) | fn[^k] arg
+    arg   := factors joined by juxtaposition, * and /, up to the next + - or function (\\sin x y is sin(xy) there)
+    fn    := \\sin \\cos \\tan \\ln \\exp \\arcsin \\arccos \\arctan   name := letter | greek | \\dot{x} | \\ddot{x} | \\hat{x}
+             | name' | name^{\\prime} | \\frac{dx}{dt} | \\frac{d^2x}{dt^2} | I(n)
 
 Why it is safe: every reading is math-verify's own (latex2sympy, lowercase symbols): ``e`` is Euler's number and
 ``E`` the variable ``e``, ``M`` and ``m`` one variable, ``\\Omega`` is ``\\omega``, ``\\Pi`` is pi, ``x_{0}`` is
-``x_0``; ``f(x)`` is an undefined function there and a product here, one substitution on both sides, which keeps
-every identity. Where its reading is another or is ambiguous, None: ``1/2x`` (a product after ``/``: 1/(2x)
+``x_0``, ``I`` the imaginary unit and ``i`` a variable, ``\\sin^2 x`` is sin(x)**2; ``f(x)`` is an undefined function
+there and a product here, one substitution on both sides, which keeps every identity (so is ``I(0)``, a function at a
+number there: one variable here). Names merge where math-verify's differ (``x_{\\text{red}}`` and ``x_{red}``): an
+identity of the finer reading holds in the coarser. Two readings are the mathematics' rather than math-verify's,
+and there ``differ`` may reject what math-verify accepts: a derivative (``\\frac{dx}{dt}``, ``y'``, ``\\dot{x}``) is a
+variable of its own, where math-verify evaluates ``\\frac{dx}{dt}`` of a symbol to 0 and reads ``y'`` as ``y``.
+Where its reading is another or is ambiguous, None: ``1/2x`` (a product after ``/``: 1/(2x)
 there), adjacent numeric factors (``2 3`` is 5, ``2\\frac12`` 5/2 there), ``a^b^c``, ``x^23``, ``x^-1``,
-``\\sin x y``, ``\\sin(x)^2``, ``f(x)^2``, ``x^2(y)``, ``2E3``, ``d x``, ``\\frac{d}{dx}``, ``i``, ``I``, ``\\gamma``,
+``\\sin(x)^2``, ``\\sin^{-1} x`` (arcsin), ``\\sqrt`` inside an argument without brackets, ``f(x)^2``, ``x^2(y)``,
+``I(x)``, ``2E3``, ``d x``, ``\\frac{d}{dx}``, ``\\gamma``, ``\\dot x``,
 ``\\log`` (base 10 there, yet ``e^{\\log t}`` is t), ``x_e`` and letters its lexer takes as a name (``tr``,
-``gcd``: no parse there), text math-verify's normalisation rewrites (a trailing unit word: `` t``, `` m``; "and",
-"inf", ``}12``), any other command or character (``=`` ``,`` ``|`` ``!`` ``'`` ``\\pm``
+``gcd``: no parse there), text math-verify's normalisation rewrites ("and",
+"inf", ``}12``), any other command or character (``=`` ``,`` ``|`` ``!`` ``\\pm``
 ``\\infty`` ``\\text``), over 300 characters, nesting over 60, overflow, division by zero. A lone variable never
 differs (math-verify compares names there: ``E`` equals ``e``, ``\\mu`` equals ``m u``). The points are real (each
 variable 0.3 to 3.1 from a stable hash of its name): math-verify's symbols are real and sympy proves identities
 that hold on a branch cut only (``\\sqrt{-x^2} = \\sqrt{-1}\\sqrt{x^2}``), false beside it. Exact reals stay floats,
 so a negative real takes the principal side as in sympy; each value carries a first-order error bound that a
 difference must exceed 1000-fold, so cancellation never reads as a difference, and a value within its error of a
-cut or of 0 has none.
+cut or of 0 has none. Equations: ``core.rewards.equations``.
 """
 
 from __future__ import annotations
@@ -39,64 +49,11 @@ import math
 import re
 import zlib
 
+from core.rewards.latex_tokens import CLOSE, FUNCS, NAMES, REWRITTEN, strip_units, tokens
+
 MAX_CHARS, MAX_DEPTH = 300, 60
 TOL = 2e-6  # relative, and absolute below 1: math-verify rounds a float answer to 6 places (|a - b| < 1e-6)
 EPS, SAFETY, INF = 1e-15, 1e3, float("inf")
-GREEK = frozenset("alpha beta delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi rho sigma "
-                  "tau upsilon phi varphi chi psi omega Delta Theta Lambda Xi Sigma Upsilon Phi Psi Omega hbar".split())
-FUNCS = frozenset("sin cos tan ln exp".split())
-_SUB = r"_(?:\{([a-zA-Z0-9]+)\}|([a-df-zA-Z0-9])(?![a-zA-Z0-9]))"  # x_e: no parse there
-_TOKEN = re.compile(rf"\s+|\\(?:[,;: ]|q?quad(?![a-zA-Z]))|(\d+(?:\.\d+)?)|\\[dtc]?frac(\d)(\d)(?!\d)"
-                    rf"|\\([a-zA-Z]+)(?:{_SUB})?|([a-zA-Z])(?:{_SUB})?|([-+*/^()\[\]{{}}])")
-_REWRITTEN = re.compile(r"(?<![a-zA-Z])(?:and|or)(?![a-zA-Z])|inf|percent|pct|(?<!\\)sqrt|\d\s*[eE]\s*[-+]?\s*\d"
-                        r"|\}\s?\d[\d.]|\\(?:left|right)(?![()\[\]])")
-_NAMES = re.compile(r"tr|gcd|lcm|floor|ceil|eye|zeros|ones|cols|rows|diag|norm|rank|rref|stack|null|matrix|orth|eig|svd"
-                    r"|ar[cst]")  # letters math-verify's lexer takes as one name (\operatorname's): no parse there
-_CMDS = {"cdot": ("*",), "times": ("*",), "pi": ("pi",), "Pi": ("pi",), "sqrt": ("cmd", "sqrt"),
-         **{f: ("cmd", "frac") for f in ("frac", "dfrac", "tfrac", "cfrac")}, **{f: ("cmd", f) for f in FUNCS}}
-_CLOSE = {"(": ")", "[": "]", "{": "}"}
-
-
-@functools.cache
-def _units() -> re.Pattern:
-    """math-verify strips a trailing unit word (`` t``, `` m``, ``2 d``): such a text is not read here."""
-    try:
-        from latex2sympy2_extended.math_normalization import units_regex
-        return units_regex
-    except ImportError:  # no math-verify: nothing to disagree with
-        return re.compile(r"(?!)")
-
-
-def _tokens(s: str) -> list[tuple] | None:
-    out, pos = [], 0
-    while pos < len(s):
-        m = _TOKEN.match(s, pos)
-        if m is None:
-            return None
-        pos = m.end()
-        num, f1, f2, cmd, letter, op = m.group(1, 2, 3, 4, 7, 10)
-        sub = (m.group(5) or m.group(6) or m.group(8) or m.group(9) or "").lower()
-        name = f"_{sub}" if sub else ""
-        if num:
-            out.append(("num", num))
-        elif f1:  # \frac12
-            out += [("cmd", "frac"), ("{",), ("num", f1), ("}",), ("{",), ("num", f2), ("}",)]
-        elif cmd in GREEK:
-            out.append(("var", cmd.lower() + name))
-        elif cmd in ("left", "right") and not sub:
-            continue  # a bracket follows (_REWRITTEN)
-        elif cmd:
-            if sub or cmd not in _CMDS:
-                return None
-            out.append(_CMDS[cmd])
-        elif letter:  # i, I: imaginary there; d x, d\theta: one differential symbol there (so (dx)^2)
-            if letter in "iI" or letter in "eE" and sub or (
-                    letter == "d" and not sub and re.match(r"\s*\\?[a-zA-Z]", s[pos:])):
-                return None
-            out.append(("e",) if letter == "e" else ("var", letter.lower() + name))
-        elif op:
-            out.append((op,))
-    return out
 
 
 def _doubt(a, ea) -> bool:
@@ -124,6 +81,13 @@ def _func(name, a, ea):
     if name == "ln":
         v = m.log(a)
         return v, INF if _doubt(a, ea) else ea / (abs(a) - ea) + EPS * (1 + abs(v))
+    if name.startswith("arc"):  # on or near a branch cut (real |a| >= 1; imaginary |a| >= 1 for arctan): no value
+        z = complex(a)
+        on_cut = abs(z.real) <= ea and abs(z.imag) >= 1 - ea if name == "arctan" else \
+            abs(z.imag) <= ea and abs(z.real) >= 1 - ea
+        v = getattr(cmath, "a" + name[3:])(z)
+        slope = 1 / abs(1 + z * z) if name == "arctan" else 1 / abs(cmath.sqrt(1 - z * z)) if not on_cut else INF
+        return (v.real if v.imag == 0 else v), INF if on_cut else slope * ea + EPS * (1 + abs(v))
     v = getattr(m, name)(a)
     slope = {"exp": abs(v), "tan": abs(1 + v * v), "sin": abs(m.cos(a)) + ea, "cos": abs(m.sin(a)) + ea}[name]
     return v, slope * (ea + EPS * (1 + abs(a)))
@@ -140,6 +104,9 @@ def _arith(op, f, g):
         v = a + b if op == "+" else a - b
         return v, ea + eb + EPS * abs(v)
     return run
+
+
+FACTOR = ("num", "var", "pi", "e", "I", "(", "[", "{", "cmd")
 
 
 class _Parser:
@@ -188,7 +155,7 @@ class _Parser:
             info = {**info, "simple": False, "bare": info.get("bare") and not neg}
             return ((lambda p: (lambda r: (-r[0], r[1]))(f(p))) if neg else f), info
         factors, infos = [], [{}]
-        while self.peek() in ("num", "var", "pi", "e", "(", "[", "{", "cmd"):
+        while self.peek() in FACTOR:
             f, info = self.power(infos[-1])
             if infos[-1].get("rat") and info["rat"]:
                 raise ValueError("mixed number")  # 2 3 -> 5, 2\frac12 -> 5/2 in math-verify
@@ -227,7 +194,7 @@ class _Parser:
     def group(self, open_):
         self.take(open_)
         f, info = self.expr()
-        self.take(_CLOSE[open_])
+        self.take(CLOSE[open_])
         return f, {**info, "atom": False, "len": 1, "simple": False, "call": info.get("simple", False)}
 
     def atom(self):
@@ -239,10 +206,13 @@ class _Parser:
             v, exact = float(tok[1]), "." not in tok[1] and len(tok[1]) <= 15
             return (lambda p: (v, 0.0 if exact else EPS * v)), {"rat": True, "int": exact, "simple": True}
         if k == "var":
-            return (lambda p, n=tok[1]: (p[n], 0.0)), {"rat": False, "atom": True, "bare": True, "simple": True}
+            bare = "(" not in tok[1] and "/" not in tok[1]  # I(0), dx/dt: no symbol there
+            return (lambda p, n=tok[1]: (p[n], 0.0)), {"rat": False, "atom": True, "bare": bare, "simple": True}
         if k in ("pi", "e"):
             v = math.pi if k == "pi" else math.e
             return (lambda p: (v, EPS * 3)), {"rat": False, "atom": True, "simple": True}
+        if k == "I":
+            return (lambda p: (1j, 0.0)), {"rat": False, "simple": True}
         if k != "cmd":
             raise ValueError("operand expected")
         if tok[1] == "frac":
@@ -256,27 +226,67 @@ class _Parser:
             a = self.group("{")[0]
             return (lambda p: (lambda x, m: _pow(x[0], 1 / m[0], x[1], m[1] / abs(m[0]) ** 2, False))(a(p), n(p))), \
                 {"rat": False}
-        if self.peek() == "(":
+        n = self.fn_power()
+        if self.peek() == "(":  # \sin(x) y: sin(x) times y
             a = self.group("(")[0]
             if self.peek() == "^":
                 raise ValueError("sin(x)^2")
-        elif self.peek() in ("var", "pi", "num", "{"):
-            a = self.atom()[0]
-            if self.peek() not in (None, "+", "-", ")", "]", "}"):
-                raise ValueError("sin x y")  # sin(xy) in math-verify
+        elif self.peek() in FACTOR:  # \sin 2x/3 y: sin(2x/3 y), to the next + or - or function, as math-verify
+            a = self.ops(("*", "/"), self.fn_arg)[0]
+            if self.peek() not in (None, "+", "-", ")", "]", "}") and self.t[self.i] not in _FNS:
+                raise ValueError("sin x y")
         else:
-            raise ValueError("function argument")  # \sin^2 x, \sin -x
-        return (lambda p, name=tok[1]: (lambda x: _func(name, x[0], x[1]))(a(p))), {"rat": False}
+            raise ValueError("function argument")  # \sin -x
+        f = (lambda p, name=tok[1]: (lambda x: _func(name, x[0], x[1]))(a(p)))
+        if n:
+            f = (lambda p, g=f: (lambda x: _pow(x[0], n, x[1], 0.0, True))(g(p)))
+        return f, {"rat": False}
+
+    def fn_power(self) -> int:
+        r"""``\sin^2 x`` is sin(x)**2; ``\sin^{-1} x`` (arcsin there) and any other exponent: no parse."""
+        if self.peek() != "^":
+            return 0
+        self.i += 1
+        braced = self.peek() == "{"
+        if braced:
+            self.i += 1
+        tok = self.take("num")
+        if braced:
+            self.take("}")
+        if not tok[1].isdigit() or not 0 < int(tok[1]) < 10 or len(tok[1]) > 1 and not braced:
+            raise ValueError("sin^k")
+        return int(tok[1])
+
+    def fn_arg(self):
+        r"""A function's argument without brackets: factors up to the next function, no ``\sqrt`` (math-verify's
+        reading changes with its place: ``\sin \sqrt{x} y`` is sin(sqrt(x) y), ``\sin x \sqrt{y}`` sqrt(y) sin(x))."""
+        factors, infos = [], [{}]
+        while self.peek() in FACTOR and self.t[self.i] not in _FNS:
+            if self.t[self.i] == ("cmd", "sqrt") or self.t[self.i] == ("cmd", "frac") and factors:
+                raise ValueError("sqrt in an argument")
+            f, info = self.power(infos[-1])
+            if infos[-1].get("rat") and info["rat"]:
+                raise ValueError("mixed number")
+            factors.append(f)
+            infos.append(info)
+        if not factors:
+            raise ValueError("operand expected")
+        f = factors[0]
+        for g in factors[1:]:
+            f = _arith("*", f, g)
+        return f, {"rat": False, "len": len(factors)}
+
+
+_FNS = frozenset(("cmd", f) for f in FUNCS)
 
 
 @functools.lru_cache(maxsize=8192)
-def _compile(s: str):
-    """(closure, is a lone variable) for ``s``, or None when ``s`` is outside the grammar."""
-    if len(s) > MAX_CHARS or _REWRITTEN.search(s) or _NAMES.search(re.sub(r"\\[a-zA-Z]+", " ", s)):
+def compiled(s: str, units: bool = True):
+    """(closure point -> (value, error bound), is a lone variable) for ``s``, or None when ``s`` is outside the
+    grammar. ``units=False``: ``s`` is part of a text whose trailing unit word is already stripped."""
+    if len(s) > MAX_CHARS or REWRITTEN.search(s) or NAMES.search(re.sub(r"\\[a-zA-Z]+", " ", s)):
         return None
-    if _units().search(s.replace("\\left", "").replace("\\right", "").replace("\\ ", " ")):
-        return None
-    toks = _tokens(s)
+    toks = tokens(strip_units(s) if units else s)
     if not toks:
         return None
     parser = _Parser(toks)
@@ -287,10 +297,8 @@ def _compile(s: str):
     return (f, bool(info.get("bare"))) if parser.i == len(toks) else None
 
 
-def _run(s: str, point) -> tuple[complex, float] | None:
-    c = _compile(s)
-    if c is None:
-        return None
+def run(c, point) -> tuple[complex, float] | None:
+    """A compiled text's (value, error bound) at ``point``, or None (overflow, division by zero, not finite)."""
     try:
         v, e = c[0](point)
     except (OverflowError, ZeroDivisionError, ValueError, KeyError, RecursionError):
@@ -303,13 +311,14 @@ def evaluate(s: str, point: dict[str, complex]) -> complex | None:
     ``omega``, ``hbar``), or None: outside the grammar, a missing variable, overflow, division by zero.
     Example: evaluate('\\frac{1}{s+a}', {'s': 1, 'a': 1}) -> (0.5+0j)."""
     try:
-        r = _run(s, point) if isinstance(s, str) else None
+        c = compiled(s) if isinstance(s, str) else None
+        r = run(c, point) if c else None
     except Exception:  # never raises
         return None
     return r[0] if r else None
 
 
-class _Point(dict):
+class Point(dict):
     """Fixed point ``k``: each variable a positive real from a stable hash of its name (not stored: an answer may
     name any number of variables)."""
 
@@ -322,19 +331,19 @@ class _Point(dict):
         return (1.15, 0.3, 2.2)[self.k] + (0.7, 0.55, 0.9)[self.k] * (h & 0xFFFF) / 65536
 
 
-POINTS = tuple(_Point(k) for k in range(3))
+POINTS = tuple(Point(k) for k in range(3))
 
 
-def differ(a: str, b: str) -> bool:
+def differ(a: str, b: str, units: bool = True) -> bool:
     """True only when ``a`` and ``b`` both evaluate, finite, at all three points, neither is a lone variable, and
     at one point they differ by more than ``TOL * max(1, |a|, |b|)`` and ``SAFETY`` times their error bounds."""
     try:
-        ca, cb = _compile(a), _compile(b)
+        ca, cb = compiled(a, units), compiled(b, units)
         if ca is None or cb is None or ca[1] or cb[1]:
             return False
         found = False
         for p in POINTS:
-            ra, rb = _run(a, p), _run(b, p)
+            ra, rb = run(ca, p), run(cb, p)
             if ra is None or rb is None:
                 return False
             d = abs(ra[0] - rb[0])

@@ -24,7 +24,7 @@ import re
 import threading
 from fractions import Fraction
 
-from core.rewards.latex_eval import differ
+from core.rewards.equations import differ
 from core.rewards.numbers import THOUSANDS, Number, matches, parse_number
 
 MAX_ANSWER_CHARS = 2_000   # a box or Answer: line longer than this holds no answer
@@ -129,18 +129,24 @@ def _latex(s: str):
         return None
     try:
         from math_verify import LatexExtractionConfig, parse
+        from sympy import nan, zoo
     except ImportError:
         return None
     try:
         parsed = parse(f"${s}$", extraction_config=[LatexExtractionConfig()], fallback_mode="no_fallback",
                        parsing_timeout=_limit())
+        if not parsed or any(getattr(e, "has", lambda *_: False)(zoo, nan) for e in parsed[:1]):
+            return None  # no parse, or one read as undefined (\gamma^{2} is zoo**2 there): compared as text only
     except Exception:
         return None
-    return parsed or None
+    return parsed
 
 
 def _verified(a: str, b: str) -> bool:
-    pa, pb = _latex(a), _latex(b)
+    """math-verify calls gold ``b`` and ``a`` equal both ways; the gold is parsed first (once, cached): when it has
+    no parse, the answer is not parsed at all."""
+    pb = _latex(b)
+    pa = _latex(a) if pb is not None else None
     if pa is None or pb is None:
         return False
     from math_verify import verify
@@ -162,6 +168,12 @@ def _value(s: str) -> Number | None:
         return None
 
 
+def _math(s: str) -> str:
+    """The LaTeX of an answer: outer ``$`` off, spaces kept, one formula across ``A+$ $B`` (two math regions joined
+    by a space, of which math-verify would read only ``B``)."""
+    return re.sub(r"\$\s*\$", " ", s.strip().strip("$").strip())
+
+
 def is_equiv(pred: str | None, gold: str, use_math_verify: bool = True) -> bool:
     """Is the answer ``pred`` equal to ``gold`` (module docstring). Examples: ('\\frac12', '0.5') -> True;
     ('0', '7.4e-12') -> False; ('3.14159', '3.14') -> True; ('-1./3+1', '-1./3') -> False."""
@@ -175,11 +187,13 @@ def is_equiv(pred: str | None, gold: str, use_math_verify: bool = True) -> bool:
         return matches(x, y)
     if not use_math_verify:
         return False
-    pred, gold = pred.strip().strip("$").strip(), str(gold).strip().strip("$").strip()  # LaTeX keeps its spaces
+    pred, gold = _math(pred), _math(str(gold))
     if y is not None and y.unit is not None:  # a gold given to a precision: the answer's value, held to it
         v = _value(pred)
         return v is not None and matches(v, y)
     if differ(pred, gold):  # both evaluate and differ at a point: math-verify could not call them equal (fast)
+        return False
+    if _latex(gold) is None:  # math-verify has no reading of the gold: nothing more can be shown equal
         return False
     if x is not None and (v := _value(gold)) is not None:  # a number against a closed form (\sqrt{2}): exactly
         return x.unit is None and _verified(pred, gold) or x.value == v.value

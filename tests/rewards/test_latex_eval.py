@@ -14,6 +14,7 @@ import cmath
 import functools
 import json
 import math
+import re
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from core.rewards import latex_eval
 from core.rewards.latex_eval import POINTS, differ, evaluate
+from core.rewards.latex_tokens import units_pattern
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 P = {"x": 2.0, "y": 3.0, "a": 1.0, "b": 4.0, "c": 5.0, "s": 1.0, "t": 0.5, "omega": 2.0, "hbar": 3.0, "x_0": 7.0,
@@ -44,11 +46,11 @@ VALUES = [  # (text, value at P)
 ]
 
 NONE = [  # outside the grammar, or read otherwise by math-verify, or ambiguous
-    "1/2x", "a/b c", "2 3", r"2\frac{1}{2}", r"\frac{1}{2}3", "x 2 3", "a^b^c", "x^23", "x^-1", "x^(2)", r"\sin x y",
-    r"\sin 2x", r"\sin x^2", r"\sin(x)^2", r"\sin^2 x", "f(x)^2", "x^2(y)", r"\pi^2(x)", "2E3", "2e3", "e_0", "E_{0}",
-    r"\frac{d}{dx} x^2", r"\frac{dy}{dx}", "dx", r"d\theta", "i", "3 + 2i", "2I", r"\gamma", "x = 1", "1, 2",
-    r"\pm 1", r"\infty", r"\text{m}", r"\mathrm{d}x", "y'", "3!", "|x|", r"\{1\}", "x < 1", r"x \le 1",
-    r"\begin{pmatrix}1\end{pmatrix}", "x + 2 t", "5 m", r"\frac{37}{4} m", r"\frac{1}{2}12", "", "   ", "x" * 301,
+    "1/2x", "a/b y", "2 3", r"2\frac{1}{2}", r"\frac{1}{2}3", "x 2 3", "a^b^c", "x^23", "x^-1", "x^(2)", 
+    r"\sin(x)^2", r"\sin^{-1} x", r"\sin x \sqrt{y}", r"\sin^{x} y", "f(x)^2", "x^2(y)", r"\pi^2(x)", "2E3", "2e3", "e_0", "E_{0}",
+    r"\frac{d}{dx} x^2", "dx", r"d\theta", "I(x)", "I (2)", r"\gamma", "x = 1", "1, 2", r"\dot x", r"\dot{\gamma}",
+    r"\pm 1", r"\infty", r"\text{m}", r"\mathrm{d}x", "'y", "3!", "|x|", r"\{1\}", "x < 1", r"x \le 1",
+    r"\begin{pmatrix}1\end{pmatrix}", r"\frac{1}{2}12", "", "   ", "x" * 301,
     r"\unknown", "(x", "x)", "(x]", r"\left. x \right|", r"\sqrt x", r"\sqrt 2", r"\frac 1 2", r"\frac1{2}",
     r"\frac{1}{2", "x^{10^{400}}", "1/0", r"\ln 0", r"\frac{1}{x-x}", "x^", "2 + ", "and", "x or y", "inf",
     "sqrt(x)", r"\sin", r"\log(100)", r"e^{\log t}", r"x \div y", "x_", "x_{}", r"x_{\alpha}", "x_01", "x_e", "3 tr",
@@ -121,8 +123,23 @@ TRICKY = [  # readings compared with math-verify's parse at a point
     r"e^{\ln x}", r"\ln(e^x)", r"\sqrt[n]{x}", r"x^2(y+1)", r"x^2(-y)", r"x((y))^2", r"\lambda^{5}\left[e^{h}-1\right]",
     r"x(\frac{y}{2})^2", r"x(\sin y)^2", "2(y)^2", r"\omega(x)", r"F(x) + f(x)", "M(2)", r"\Delta x", "k_{B} T",
     r"\hbar \omega(v+1 / 2)",
+    # function arguments without brackets run to the next + - or function; \sin^2 is a power of the value
+    r"\sin x y", r"\sin 2x", r"\sin x^2", r"\sin x / 2", r"\sin x \cdot y", r"\sin^2 x", r"\sin 2 x \cos x",
+    r"\sin{x} y", r"\sin \frac{x}{2} y", r"\sin \theta(t)", r"\cos 3 \theta", r"\arcsin{\frac{x}{4}}", r"\arctan(x)",
+    # i is a symbol there (complex when standalone), I the imaginary unit, I(2) a function at a number
+    "3 + 2i", "2I", "x i", r"\frac{e^{2 i t}}{(2+2 i)}",
+    # a trailing unit word is dropped there, twice
+    "x + 2 t", "5 m", r"\frac{37}{4} m", "a/b c", r"\frac{1}{\sqrt{2}}c",
     r"\frac{2 \pi c^{2} R^{2}}{\lambda^{5}\left[e^{h c /(\lambda k T)}-1\right] d^{2}}",
 ]
+
+
+def test_names_of_their_own():
+    """I(2) (a function at a number there) and a derivative are one variable each; x_{\text{red}} is x_red."""
+    p = {"I(2)": 3.0, "x": 2.0, "x_red": 5.0, "dx/dt": 7.0, "x'": 11.0, "dot{x}_0": 13.0, "d2x/dt2": 17.0}
+    for text, value in (("I(2) + x", 5), (r"x_{\text{red}} x", 10), (r"\frac{dx}{dt}", 7), (r"\frac{d x}{d t} x", 14),
+                        (r"x' + x^{\prime}", 22), (r"\dot{x}_{0}", 13), (r"\frac{d^{2} x}{d t^{2}}", 17)):
+        assert evaluate(text, p) == value, text
 
 
 def _mv():
@@ -240,23 +257,32 @@ def _equal_variants(g: str) -> list[str]:
     return [v for v in out if v != g]
 
 
+def _symbols(s: str) -> str:
+    """``s`` with each derivative a symbol of its own (math-verify reads dv/dt of a symbol as 0 and y' as y: an
+    equality it finds through that reading is not one the filter must keep)."""
+    s = re.sub(r"\\[dt]?frac\s*\{\s*d\s*([^{}]*)\}\s*\{\s*d\s*([a-z])\s*\}", r" D_{\1\2} ", s)
+    return re.sub(r"([a-zA-Z])(?:'|\^\{\\prime\})", r"\1_{p}", s)
+
+
 @pytest.mark.heavy  # ~25 s, nearly all of it math-verify's: runs with make test-heavy (CI)
 def test_minerva_golds_never_falsely_rejected():
     """Equal variants of each symbolic Minerva gold never differ (where differ says they do, math-verify must call
     them unequal), wrong variants (g + 1, 2(g), (g)^2) differ where both read, and never on a pair math-verify
     calls equal. Prints coverage and speed."""
+    from core.rewards.equations import differ  # the production filter: equations too
+
     _mv()
     golds = _minerva_golds()
-    read = [g for g in golds if evaluate(g, POINTS[0]) is not None]
+    read = [g for g in golds if evaluate(g, POINTS[0]) is not None or "=" in g and differ(g, f"{g} + 1")]
     false_rejections, equal_pairs = [], 0
     for g in golds:
         for v in _equal_variants(g):
             equal_pairs += 1
-            if differ(g, v) and mv_equal(g, v):
+            if differ(g, v) and mv_equal(g, v) and mv_equal(_symbols(g), _symbols(v)):
                 false_rejections.append((g, v))
-    wrong = [(g, w) for g in golds for w in (f"{g} + 1", f"2({g})", f"({g})^2")]
+    wrong = [(g, w) for g in golds for w in ([f"{g} + 1"] if "=" in g else [f"{g} + 1", f"2({g})", f"({g})^2"])]
     caught = [(g, w) for g, w in wrong if differ(g, w)]
-    false_rejections += [(g, w) for g, w in caught if mv_equal(g, w)]
+    false_rejections += [(g, w) for g, w in caught if mv_equal(g, w) and mv_equal(_symbols(g), _symbols(w))]
     wrong_read = [(g, w) for g, w in wrong if g in read]
     print(f"\nminerva symbolic golds: {len(golds)}, evaluated: {len(read)} ({len(read) / len(golds):.0%}); "
           f"equal variants: {equal_pairs}; wrong variants caught: {len(caught)}/{len(wrong)} "
@@ -269,7 +295,7 @@ def test_minerva_golds_never_falsely_rejected():
         while time.perf_counter() - start < 0.5:
             for g, w in wrong:
                 if cold:
-                    latex_eval._compile.cache_clear()
+                    latex_eval.compiled.cache_clear()
                 differ(g, w)
                 n += 1
         print(f"differ on wrong variants ({label}): {n / (time.perf_counter() - start):,.0f} calls/s")
@@ -294,4 +320,6 @@ def test_evaluate_never_raises_on_any_text(s):
 def test_evaluate_never_raises_on_latex_pieces(s):
     v = evaluate(s, POINTS[0])
     assert v is None or isinstance(v, complex) and cmath.isfinite(v)
-    assert not differ(s, s) and not differ(s, f"({s})") and not differ(f"\\left({s}\\right)", s)
+    assert not differ(s, s)
+    if not units_pattern().search(s):  # math-verify reads "2 m" as 2, "(2 m)" as 2m
+        assert not differ(s, f"({s})") and not differ(f"\\left({s}\\right)", s)

@@ -1,12 +1,15 @@
-"""Run a tool's code in a separate, limited process: what an agent's Python or calculator call runs in.
+"""Run a tool's code in a separate, limited process: what an agent's Python or calculator call runs in, and a
+code reward's tests (``core.rewards.code_tests``).
 
-Each call is a fresh interpreter (``python -I``: no user site, no PYTHONPATH) in its own session, in an empty
-scratch directory that is deleted afterwards, with
+Each call is a fresh interpreter (``python -I``) in its own session, in an empty working directory, with
+  * the run's isolation (``core.tools.isolation``): by default namespaces of its own -- a read-only view of only
+    the interpreter, no network, no other processes, uid ``nobody``, cgroup limits; with ``tools.isolation:
+    process`` only what follows. Where namespaces are asked for and cannot be made, ``SandboxUnavailable``;
   * a wall-time limit (the process group is killed: ``timeout``),
   * an address-space limit (``RLIMIT_AS``: a big allocation raises MemoryError in the tool), a CPU-time limit,
     a file-size limit, no core dumps and a bounded number of open files,
-  * no new processes and no network sockets (``core.tools.seccomp``; where seccomp is missing the result says so
-    in ``isolation``),
+  * no new processes or programs, no network sockets, no syscall that reaches other processes, namespaces or
+    mounts (``core.tools.seccomp``; where seccomp is missing the result says so in ``isolation``),
   * its output (stdout and stderr together) cut at ``max_output_bytes``: the process is killed once it has
     written that much (``output_limit``), so a flood never fills the worker's memory,
   * a minimal environment (no proxies, no tokens, one BLAS thread).
@@ -27,7 +30,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from core.tools import seccomp
+from core.tools import isolation as iso, seccomp
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,8 @@ class ToolResult:
     status: str
     exit_code: int | None
     seconds: float
-    # what contained the process: "seccomp+rlimits" or "rlimits" (no seccomp on this machine)
+    # what contained the process: "namespaces+seccomp+rlimits", "seccomp+rlimits" (tools.isolation: process) or
+    # "rlimits" (no seccomp on this machine), with "+cgroup" where a cgroup limited it
     isolation: str
 
     @property
@@ -64,32 +68,51 @@ ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1
        "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_launch.py")
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _limits_arg(limits: SandboxLimits, use_seccomp: bool) -> str:
-    """The launcher's settings (``core/tools/sandbox_launch.py``, which applies them before exec'ing the tool)."""
+    """The launcher's settings (``core/tools/sandbox_launch.py``, which applies them before running the tool)."""
     return json.dumps({"memory_bytes": limits.memory_bytes, "cpu_s": max(1, int(limits.timeout_s) + 1),
                        "file_bytes": limits.max_file_bytes, "open_files": limits.max_open_files,
                        "seccomp": use_seccomp})
 
 
-def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> ToolResult:
-    """Run ``code`` as a Python script in the sandbox; its stdout and stderr, merged, are the result's text."""
+def run_python(code: str, limits: SandboxLimits = SandboxLimits(), stdin: str | None = None,
+               isolation: str | None = None) -> ToolResult:
+    """Run ``code`` as a Python script in the sandbox, ``stdin`` as its standard input; its stdout and stderr,
+    merged, are the result's text. ``isolation``: namespaces | process; None: the run's (``isolation.mode()``)."""
+    mode = isolation or iso.mode()
+    if mode == "namespaces" and (why := iso.probe()):
+        raise iso.SandboxUnavailable(iso.refusal(why))
     use_seccomp = seccomp.available()
-    isolation = "seccomp+rlimits" if use_seccomp else "rlimits"
-    scratch = tempfile.mkdtemp(prefix="hybridrl-tool-")
+    code_dir = tempfile.mkdtemp(prefix="hybridrl-tool-")
+    os.chmod(code_dir, 0o755)  # read by the tool's uid (nobody) through the read-only bind
+    cgroup = iso.Cgroup(limits.memory_bytes) if mode == "namespaces" else None
     start = time.monotonic()
     try:
-        with open(os.path.join(scratch, "main.py"), "w") as f:
-            f.write(code)
+        for name, text in (("main.py", code), ("stdin", stdin)):
+            if text is not None:
+                with open(os.path.join(code_dir, name), "w") as f:
+                    f.write(text)
+        for name in ("sandbox_launch.py", "seccomp.py"):
+            shutil.copy(os.path.join(HERE, name), code_dir)
+        if mode == "namespaces":
+            where, cwd = "/scratch/.code", "/"
+            argv = cgroup.enter() + iso.bwrap_args(code_dir) + iso.drop_uid()
+        else:
+            where, cwd, argv = code_dir, tempfile.mkdtemp(prefix="hybridrl-tool-", dir=code_dir), []
+        argv += [sys.executable, "-I", f"{where}/sandbox_launch.py", _limits_arg(limits, use_seccomp),
+                 f"{where}/main.py"]
         # no preexec_fn: Python between fork and exec in a threaded caller can deadlock (sandbox_launch.py)
-        proc = subprocess.Popen([sys.executable, "-I", LAUNCHER, _limits_arg(limits, use_seccomp), "main.py"],
-                                cwd=scratch, env=dict(ENV, HOME=scratch), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(argv, cwd=cwd, env=dict(ENV, HOME="/scratch" if mode == "namespaces" else cwd),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         out, status = _collect(proc, limits, start)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        if cgroup is not None:
+            cgroup.close()
+        shutil.rmtree(code_dir, ignore_errors=True)
     seconds = time.monotonic() - start
     text = out.decode("utf-8", errors="replace")
     code_ = proc.returncode
@@ -101,7 +124,9 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> ToolResult
             else f"[tool killed by signal {-code_ if code_ is not None else '?'}]"}.get(status)
     if note:
         text = (text + ("\n" if text and not text.endswith("\n") else "") + note)
-    return ToolResult(text, status, code_, seconds, isolation)
+    layers = (["namespaces"] if mode == "namespaces" else []) + (["seccomp"] if use_seccomp else []) + ["rlimits"] \
+        + (["cgroup"] if cgroup is not None and cgroup.dirs else [])
+    return ToolResult(text, status, code_, seconds, "+".join(layers))
 
 
 def _collect(proc: subprocess.Popen, limits: SandboxLimits, start: float) -> tuple[bytes, str]:

@@ -1,16 +1,22 @@
-"""A seccomp filter for tool processes: no new processes, no network sockets -- for root and non-root alike.
+"""The seccomp filter of a tool process: the second layer inside the sandbox's namespaces (``core.tools.isolation``),
+and the only kernel-enforced one with ``tools.isolation: process``.
 
-Why seccomp and not the usual limits: the sandbox's host process is often root (containers), and the kernel never
-enforces RLIMIT_NPROC on uid 0, so a fork bomb would fill the machine's PID table before any wall-time limit
-fires; and a network namespace needs privileges a non-root worker lacks. A seccomp filter needs neither
-(``PR_SET_NO_NEW_PRIVS`` first), survives ``execve`` and binds every thread the tool starts.
+Why seccomp besides the namespaces: the kernel never enforces RLIMIT_NPROC on uid 0, a fork bomb inside a PID
+namespace still fills the machine's PID table, and every syscall below is a way out of (or into) a namespace or
+another process. A filter needs no privileges (``PR_SET_NO_NEW_PRIVS`` first), survives ``execve`` and binds every
+thread the tool starts.
 
 What it denies (errno, not a kill: the tool sees an ``OSError`` it can report):
   * fork, vfork, and ``clone`` without ``CLONE_THREAD`` -> EPERM: no child processes (threads stay allowed:
     numpy and BLAS start them);
   * clone3 -> ENOSYS: its flags sit in a struct a filter cannot read, and glibc falls back to ``clone`` on ENOSYS;
-  * ``socket`` for any family but AF_UNIX -> EACCES: no IP, packet or netlink sockets.
-Any other syscall, and any call from another ABI than the host's, is allowed / refused as the table below says.
+  * ``socket`` for any family but AF_UNIX -> EACCES: no IP, packet, raw or netlink sockets;
+  * ``DENIED`` -> EPERM: tracing and reading other processes (ptrace, process_vm_*), namespaces and mounts
+    (unshare, setns, mount, pivot_root, chroot, the new mount API), kernel keys, BPF, perf, io_uring, userfaultfd,
+    modules, kexec, swap, reboot, quotas, port I/O, file handles;
+  * ``execve`` and ``execveat`` -> EPERM when the filter is installed with ``exec=False`` (the launcher runs the tool
+    in its own interpreter, so no program -- a shell, a setuid binary -- can be started at all);
+  * any syscall of another ABI (ia32, and x32's numbers on x86_64) -> EPERM.
 x86_64 and aarch64 only; ``available()`` says whether this machine has one of them and seccomp.
 """
 
@@ -23,16 +29,38 @@ import struct
 
 # seccomp_data: int nr; u32 arch; u64 instruction_pointer; u64 args[6]
 _NR, _ARCH, _ARG0 = 0, 4, 16
-_LD_W_ABS, _JEQ_K, _JSET_K, _RET_K = 0x20, 0x15, 0x45, 0x06
+_LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
 _ALLOW = 0x7FFF0000
 _ERRNO = 0x00050000
-_CLONE_THREAD, _AF_UNIX = 0x00010000, 1
+_CLONE_THREAD, _AF_UNIX, _X32_BIT = 0x00010000, 1, 0x40000000
 _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
 
-# per machine: audit arch, and the syscall numbers (None: the ABI has no such call)
+DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "unshare", "setns", "mount", "umount2", "pivot_root",
+          "chroot", "fsopen", "fsmount", "move_mount", "open_tree", "mount_setattr", "keyctl", "add_key",
+          "request_key", "bpf", "perf_event_open", "io_uring_setup", "io_uring_enter", "io_uring_register",
+          "userfaultfd", "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "swapon",
+          "swapoff", "reboot", "quotactl", "iopl", "ioperm", "open_by_handle_at")
+
+# per machine: audit arch, and the syscall numbers (absent: the ABI has no such call); checked against the kernel
+# headers in tests/tools/test_seccomp.py
 _TABLES = {
-    "x86_64": {"arch": 0xC000003E, "fork": 57, "vfork": 58, "clone": 56, "clone3": 435, "socket": 41},
-    "aarch64": {"arch": 0xC00000B7, "fork": None, "vfork": None, "clone": 220, "clone3": 435, "socket": 198},
+    "x86_64": {"arch": 0xC000003E, "fork": 57, "vfork": 58, "clone": 56, "clone3": 435, "socket": 41, "execve": 59,
+               "execveat": 322, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "unshare": 272,
+               "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161, "fsopen": 430,
+               "fsmount": 432, "move_mount": 429, "open_tree": 428, "mount_setattr": 442, "keyctl": 250,
+               "add_key": 248, "request_key": 249, "bpf": 321, "perf_event_open": 298, "io_uring_setup": 425,
+               "io_uring_enter": 426, "io_uring_register": 427, "userfaultfd": 323, "init_module": 175,
+               "finit_module": 313, "delete_module": 176, "kexec_load": 246, "kexec_file_load": 320, "swapon": 167,
+               "swapoff": 168, "reboot": 169, "quotactl": 179, "iopl": 172, "ioperm": 173,
+               "open_by_handle_at": 304},
+    "aarch64": {"arch": 0xC00000B7, "clone": 220, "clone3": 435, "socket": 198, "execve": 221, "execveat": 281,
+                "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "unshare": 97, "setns": 268,
+                "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51, "fsopen": 430, "fsmount": 432,
+                "move_mount": 429, "open_tree": 428, "mount_setattr": 442, "keyctl": 219, "add_key": 217,
+                "request_key": 218, "bpf": 280, "perf_event_open": 241, "io_uring_setup": 425,
+                "io_uring_enter": 426, "io_uring_register": 427, "userfaultfd": 282, "init_module": 105,
+                "finit_module": 273, "delete_module": 106, "kexec_load": 104, "kexec_file_load": 294,
+                "swapon": 224, "swapoff": 225, "reboot": 142, "quotactl": 60, "open_by_handle_at": 265},
 }
 
 
@@ -41,40 +69,39 @@ def available() -> bool:
     return platform.system() == "Linux" and platform.machine() in _TABLES
 
 
-def program() -> list[tuple[int, int, int, int]]:
-    """The filter as (code, jt, jf, k) instructions. Jumps are counted from the next instruction."""
+def program(exec_allowed: bool = True) -> list[tuple[int, int, int, int]]:
+    """The filter as (code, jt, jf, k) instructions (jumps counted from the next instruction), assembled from
+    labels: each check jumps to one of the four returns at the end."""
     t = _TABLES[platform.machine()]
-    deny, enosys, eacces, allow = (_RET_K, 0, 0, _ERRNO | errno.EPERM), (_RET_K, 0, 0, _ERRNO | errno.ENOSYS), \
-        (_RET_K, 0, 0, _ERRNO | errno.EACCES), (_RET_K, 0, 0, _ALLOW)
-    # layout: [0] ld arch, [1] arch check, [2] ld nr, [3..7] dispatch, [8] allow, [9..10] clone, [11..12] socket,
-    # [13] deny, [14] enosys, [15] eacces, [16] allow
-    nothing = 0xFFFFFFFF  # a syscall number no ABI has: the jump never fires
-    return [
-        (_LD_W_ABS, 0, 0, _ARCH),
-        (_JEQ_K, 0, 11, t["arch"]),                     # another ABI (x32, ia32): deny everything it asks
-        (_LD_W_ABS, 0, 0, _NR),
-        (_JEQ_K, 9, 0, t["fork"] if t["fork"] is not None else nothing),      # -> [13] deny
-        (_JEQ_K, 8, 0, t["vfork"] if t["vfork"] is not None else nothing),    # -> [13] deny
-        (_JEQ_K, 8, 0, t["clone3"]),                                          # -> [14] enosys
-        (_JEQ_K, 2, 0, t["clone"]),                                           # -> [9] clone check
-        (_JEQ_K, 3, 0, t["socket"]),                                          # -> [11] socket check
-        allow,                                                                # [8]
-        (_LD_W_ABS, 0, 0, _ARG0),                                             # [9] clone flags (low 32 bits)
-        (_JSET_K, 5, 2, _CLONE_THREAD),                                       # thread -> [16]; else -> [13]
-        (_LD_W_ABS, 0, 0, _ARG0),                                             # [11] socket family
-        (_JEQ_K, 3, 2, _AF_UNIX),                                             # unix -> [16]; else -> [15]
-        deny,                                                                 # [13]
-        enosys,                                                               # [14]
-        eacces,                                                               # [15]
-        allow,                                                                # [16]
+    deny = [t[n] for n in DENIED + (("fork", "vfork") + (() if exec_allowed else ("execve", "execveat")))
+            if n in t]
+    code: list[tuple] = [
+        (_LD_W_ABS, 0, 0, _ARCH), (_JEQ_K, None, "deny", t["arch"]),   # another ABI (ia32): deny everything
+        (_LD_W_ABS, 0, 0, _NR), (_JGE_K, "deny", None, _X32_BIT),        # x32's numbers under the same arch
+        *((_JEQ_K, "deny", None, nr) for nr in deny),
+        (_JEQ_K, "enosys", None, t["clone3"]), (_JEQ_K, "clone", None, t["clone"]),
+        (_JEQ_K, "socket", None, t["socket"]), "allow",
+        ("clone:", _LD_W_ABS, 0, 0, _ARG0), (_JSET_K, "allow", "deny", _CLONE_THREAD),
+        ("socket:", _LD_W_ABS, 0, 0, _ARG0), (_JEQ_K, "allow", "eacces", _AF_UNIX),
+        ("deny:", _RET_K, 0, 0, _ERRNO | errno.EPERM), ("enosys:", _RET_K, 0, 0, _ERRNO | errno.ENOSYS),
+        ("eacces:", _RET_K, 0, 0, _ERRNO | errno.EACCES), ("allow:", _RET_K, 0, 0, _ALLOW),
     ]
+    code = [(_RET_K, 0, 0, _ALLOW) if c == "allow" else c for c in code]  # the fall-through allow
+    labels = {c[0][:-1]: i for i, c in enumerate(code) if isinstance(c[0], str)}
+    out = []
+    for i, c in enumerate(code):
+        op, jt, jf, k = c[1:] if isinstance(c[0], str) else c
+        rel = [0 if j is None or j == 0 else labels[j] - i - 1 for j in (jt, jf)]
+        assert all(0 <= r < 256 for r in rel), "seccomp jump out of range"
+        out.append((op, rel[0], rel[1], k))
+    return out
 
 
-def install() -> None:
-    """Install the filter on the calling thread (and whatever it execs). For ``preexec_fn``: after the fork, before
-    the tool's exec. Raises OSError when the kernel refuses."""
+def install(exec_allowed: bool = True) -> None:
+    """Install the filter on the calling thread (and whatever it execs): ``PR_SET_NO_NEW_PRIVS``, then the filter.
+    Raises OSError when the kernel refuses."""
     libc = ctypes.CDLL(None, use_errno=True)
-    insns = program()
+    insns = program(exec_allowed)
     raw = b"".join(struct.pack("HBBI", *i) for i in insns)
     buf = ctypes.create_string_buffer(raw, len(raw))
 

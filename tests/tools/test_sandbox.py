@@ -75,11 +75,20 @@ def test_threads_work_and_sockets_other_than_unix_do_not():
     assert r.text.startswith("unix ok\n") and "PermissionError: [Errno 13]" in r.text
 
 
-def test_a_scratch_directory_that_goes_away_and_an_environment_without_secrets(monkeypatch):
+@pytest.mark.parametrize("isolation", ["namespaces", "process"])
+def test_a_scratch_directory_that_goes_away_and_an_environment_without_secrets(monkeypatch, isolation):
+    import glob
+    import tempfile
+
     monkeypatch.setenv("HF_TOKEN", "secret")
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "hybridrl-tool-*")))
     r = run_python("import os\nopen('notes.txt', 'w').write('hi')\nprint(open('notes.txt').read(), os.getcwd(),"
-                   " os.environ.get('HF_TOKEN'))")
+                   " os.environ.get('HF_TOKEN'))", isolation=isolation)
     said, cwd, token = r.text.split()
-    assert (said, token) == ("hi", "None") and os.path.basename(cwd).startswith("hybridrl-tool-")
-    assert not os.path.exists(cwd)
-    assert r.isolation == ("seccomp+rlimits" if seccomp.available() else "rlimits")
+    assert (said, token) == ("hi", "None")
+    if isolation == "namespaces":  # a tmpfs of its own
+        assert cwd == "/scratch" and r.isolation.startswith("namespaces+")
+    else:
+        assert os.path.basename(cwd).startswith("hybridrl-tool-") and not os.path.exists(cwd)
+        assert r.isolation == ("seccomp+rlimits" if seccomp.available() else "rlimits")
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "hybridrl-tool-*"))) == before

@@ -49,6 +49,16 @@ def mode() -> str:
     return value
 
 
+@functools.cache
+def real_root() -> bool:
+    """Root of the machine (not a container's root mapped to another uid): it can switch the tool to ``TOOL_UID``."""
+    try:
+        ident = open("/proc/self/uid_map").read().split() == ["0", "0", "4294967295"]
+    except OSError:
+        ident = False
+    return os.geteuid() == 0 and ident
+
+
 def _python_roots() -> list[str]:
     """What the tool's interpreter needs besides /usr: the Python prefix and the environment it runs from."""
     roots = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, os.path.dirname(sys.executable))}
@@ -72,7 +82,7 @@ def _dirs(paths: list[str]) -> list[str]:
 def bwrap_args(code_dir: str) -> list[str]:
     """The bubblewrap command line up to ``--`` (the tool's argv follows): ``code_dir`` (on the host) is seen
     read-only as ``/scratch/.code`` and the working directory ``/scratch`` is a fresh tmpfs."""
-    root = os.geteuid() == 0
+    root = real_root()
     roots = _python_roots()
     args = [shutil.which("bwrap") or "bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
             "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
@@ -95,7 +105,7 @@ def bwrap_args(code_dir: str) -> list[str]:
 
 def drop_uid() -> list[str]:
     """The argv prefix that runs the tool as ``TOOL_UID`` with no capabilities (a root worker), else nothing."""
-    if os.geteuid() != 0:
+    if not real_root():
         return []
     return ["/usr/bin/setpriv", f"--reuid={TOOL_UID}", f"--regid={TOOL_UID}", "--clear-groups", "--inh-caps=-all",
             "--bounding-set=-all", "--no-new-privs", "--"]
@@ -106,7 +116,7 @@ def probe() -> str | None:
     """None when this machine can run a namespaced tool; else why not, in one line (bwrap's own message)."""
     if shutil.which("bwrap") is None:
         return "bubblewrap (bwrap) is not installed"
-    if os.geteuid() == 0 and not os.path.exists("/usr/bin/setpriv"):
+    if real_root() and not os.path.exists("/usr/bin/setpriv"):
         return "setpriv (util-linux) is not installed"
     empty = os.path.dirname(os.path.abspath(__file__))
     try:
@@ -135,7 +145,7 @@ def describe(isolation: str) -> str:
     why = probe()
     if why:
         return f"namespaces REFUSED here: {why} (tools.isolation: process runs them without)"
-    who = f"uid {TOOL_UID}" if os.geteuid() == 0 else "the worker's uid in a user namespace"
+    who = f"uid {TOOL_UID}" if real_root() else "the worker's uid in a user namespace"
     cg = ", cgroup " + "+".join(sorted(Cgroup.paths())) if Cgroup.paths() else ", no cgroup (none writable)"
     return f"namespaces (bubblewrap: mount/pid/net/ipc/uts, {who}{cg}) + seccomp + rlimits"
 

@@ -16,7 +16,7 @@ from core.config.algo import (AdvantageConfig, AlgoConfig, KLInRewardConfig, PFP
 from core.config.roles import (OFFLOAD_MODES, STRATEGIES, ActorConfig, AgentConfig, CriticConfig, ImplicitPRMConfig,
                                LoraConfig, MegatronConfig, OptimConfig, RewardModelConfig, RolloutConfig,
                                check_offload_mode)
-from core.config.run import DataConfig, RewardConfig, RunConfig
+from core.config.run import DataConfig, RewardConfig, RunConfig, ToolsConfig
 from core.config.schema import AsyncConfig, PlacementConfig, PoolConfig, TrainerConfig
 
 T = TypeVar("T")
@@ -24,7 +24,8 @@ T = TypeVar("T")
 __all__ = ["validate", "RunConfig", "TrainerConfig", "DataConfig", "PlacementConfig", "PoolConfig", "ActorConfig",
            "OptimConfig", "AgentConfig", "CriticConfig", "RewardModelConfig", "RolloutConfig", "AlgoConfig",
            "SamplingParams", "AdvantageConfig", "PolicyLossConfig", "KLInRewardConfig", "RewardConfig", "OFFLOAD_MODES",
-           "check_offload_mode", "MegatronConfig", "ImplicitPRMConfig", "STRATEGIES", "LoraConfig", "AsyncConfig", "PFPPOConfig"]
+           "check_offload_mode", "MegatronConfig", "ImplicitPRMConfig", "STRATEGIES", "LoraConfig", "AsyncConfig", "PFPPOConfig",
+           "ToolsConfig"]
 
 
 def validate(schema: type[T], tree: Any, where: str = "config") -> T:

@@ -2,7 +2,7 @@
 
     trainer: TrainerConfig   data: DataConfig   placement: PlacementConfig   actor: ActorConfig
     use_ref, use_critic      critic: CriticConfig   rollout: RolloutConfig   algo: AlgoConfig   reward: RewardConfig
-    use_reward_model         reward_model: RewardModelConfig   implicit_prm: ImplicitPRMConfig
+    use_reward_model         reward_model: RewardModelConfig   implicit_prm: ImplicitPRMConfig   tools: ToolsConfig
 
 A recipe with a section of its own (DAPO's ``dapo:``) keeps it as a dataclass in its train.py, validated beside
 this one (``core.train.load_recipe_config``), not as a subclass.
@@ -50,6 +50,18 @@ class RewardConfig:
 
 
 @dataclass(frozen=True)
+class ToolsConfig:
+    # where model-written code runs (agent tools, code rewards; core.tools.isolation): namespaces (bubblewrap: a
+    # read-only view of the interpreter only, no network, uid nobody, cgroup limits; refused where namespaces
+    # cannot be made) | process (rlimits and seccomp only: the tool reads every file the worker can)
+    isolation: str = "namespaces"
+
+    def __post_init__(self):
+        if self.isolation not in ("namespaces", "process"):
+            raise ValueError(f"tools.isolation must be 'namespaces' or 'process', got {self.isolation!r}")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -68,6 +80,7 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
 
     def __post_init__(self):
         a = self.trainer.async_

@@ -12,7 +12,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from core.rewards import gsm8k, math_answer as math_reward
+from core.rewards import code_tests, gsm8k, math_answer as math_reward
 from core.rewards.scoring import RewardError, RewardFn, ScoredBatch, sample_names, score_batch
 
 
@@ -97,6 +97,15 @@ def math_dapo(data_source, solution_str, ground_truth, extra_info=None):
     Examples vs '34': 'Answer: 34' -> {'score': 1.0, 'acc': True, 'pred': '34'}; '\\boxed{34}' -> 1.0;
     'Answer: 33' -> -1.0."""
     return math_reward.compute_score_dapo(solution_str, str(ground_truth))
+
+
+@REWARDS.register(*code_tests.SOURCES)
+def code_unit_tests(data_source, solution_str, ground_truth, extra_info=None):
+    """Code RL: the response's program run against the problem's unit tests in the tool sandbox (namespaces,
+    ``tools.isolation``), score = share of tests passed (``core.rewards.code_tests``; verl sends these sources to
+    Sandbox Fusion). Example: ('```python\\nprint(int(input()) * 2)\\n```', '{"inputs": ["2"], "outputs": ["4"]}')
+    -> {'score': 1.0, 'acc': True, 'pred': '1/1 tests passed'}."""
+    return code_tests.compute_score(solution_str, ground_truth)
 
 
 def default_compute_score(data_source, solution_str, ground_truth, extra_info=None):

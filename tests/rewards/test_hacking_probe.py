@@ -30,6 +30,7 @@ from typing import Callable
 
 import pytest
 
+from core.rewards.code_tests import SOURCES as CODE_SOURCES
 from tests.rewards import answers as A, references as R
 
 # the format each registered data source wants (a name not listed here is probed in the \boxed{} format)
@@ -72,6 +73,8 @@ def scorers(every_name: bool = False) -> list[Scorer]:
 
     out, seen = [], {}
     for name in REWARDS.names():
+        if name in CODE_SOURCES:  # scores programs against unit tests, not answers against these golds
+            continue  # (its constant programs: tests/rewards/test_code_tests.py)
         fn = REWARDS[name]
         if not every_name and id(fn) in seen:
             seen[id(fn)].append(name)

@@ -99,6 +99,8 @@ def plan_run(cfg) -> tuple[str, bool]:
         about.append(f"vision tower + connector {m.vision_params / 1e9:.2f}B ({m.vision_layers} blocks, width "
                      f"{m.vision_hidden})")
     out.append("; ".join(about))
+    from core.tools.isolation import describe
+    out.append(f"tools (agent calls, code rewards): {describe(cfg.tools.isolation)}")
     fits = True
     for name in used:
         pool = cfg.placement.pools[name]

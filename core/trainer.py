@@ -9,6 +9,7 @@ question about verl's config; at the end, ``core.report``'s summary and ``<outpu
 from __future__ import annotations
 
 import json
+import os
 import math
 import random
 import time
@@ -31,6 +32,7 @@ from core.loop import Roles, kl_controller, prompts_from_rows, step, sync_rollou
 from core.one_step_off import RolloutAhead
 from core.report import report
 from core.roles import RolloutWorker
+from core.tools import isolation
 from core.tracking import make_trackers
 from core.worker import RoleSpec
 from core.worker_group import RoleGroup, WorkerError, init_ray
@@ -151,7 +153,9 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
                           f"data.prompts_per_step={cfg.data.prompts_per_step}, but core's step trains every prompt "
                           "it draws; it is for a recipe's step that filters (e.g. DAPO's): drop it, or run that recipe")
     t, out = cfg.trainer, Path(cfg.trainer.output_dir)
+    os.environ[isolation.ENV] = cfg.tools.isolation  # this process's reward workers; Ray's: start_roles
     reward_fn, rows, val_rows = load_inputs(cfg, out)
+    check_tools_isolation(cfg, rows + val_rows)
     trackers = make_trackers(t.logger, out, t.project_name, t.experiment_name or out.name, asdict(cfg),
                              t.tracker_mode, write=tqdm.write)  # before Ray: a missing package fails here
     placement, roles = start_roles(cfg, trackers)
@@ -268,6 +272,16 @@ def load_inputs(cfg: RunConfig, out: Path) -> tuple[Callable, list[dict], list[d
     return reward_fn, rows, val_rows
 
 
+def check_tools_isolation(cfg: RunConfig, rows: list[dict]) -> None:
+    """A run that executes model-written code (agent tools, a code reward's data source) with
+    ``tools.isolation: namespaces`` where namespaces cannot be made fails here, before Ray, with what allows it."""
+    from core.rewards.code_tests import SOURCES
+
+    runs_code = cfg.rollout.agent.enable or any(r.get("data_source") in SOURCES for r in rows)
+    if runs_code and cfg.tools.isolation == "namespaces" and (why := isolation.probe()):
+        raise ConfigError(isolation.refusal(why))
+
+
 def start_roles(cfg: RunConfig, trackers: list) -> tuple:
     """Ray (with backend ray) and the worker groups of every role; the trackers' runs end if a worker fails to
     start (no dangling "running" runs). Returns (placement, Roles)."""
@@ -277,7 +291,9 @@ def start_roles(cfg: RunConfig, trackers: list) -> tuple:
     placement = None
     try:
         if cfg.trainer.backend == "ray":
-            init_ray(cfg.trainer.ray_address, cfg.trainer.runtime_env)
+            env = dict(cfg.trainer.runtime_env)  # every worker runs tools with the run's isolation
+            env["env_vars"] = {**env.get("env_vars", {}), isolation.ENV: cfg.tools.isolation}
+            init_ray(cfg.trainer.ray_address, env)
         placement = place(cfg.placement, role_specs(cfg), cfg.trainer.backend, cfg.trainer.call_timeout_s,
                           cfg.trainer.node_loss_timeout_s)
         roles = Roles(actor=placement["actor"], rollout=placement["rollout"],

@@ -109,13 +109,19 @@ def test_no_namespaces_is_a_refusal_naming_the_setting_never_a_downgrade():
     and says what allows it; with tools.isolation: process it runs."""
     _need_namespaces()
     code = ("from core.tools.sandbox import run_python\nfrom core.tools.isolation import SandboxUnavailable\n"
+            "from core.config import RunConfig, validate\nfrom core.trainer import check_tools_isolation\n"
             "print(run_python('print(1)', isolation='process').text.strip())\n"
-            "try:\n    run_python('print(1)')\nexcept SandboxUnavailable as e:\n    print('refused:', e)\n")
+            "try:\n    run_python('print(1)')\nexcept SandboxUnavailable as e:\n    print('refused:', e)\n"
+            "for iso in ('namespaces', 'process'):\n"
+            "    cfg = validate(RunConfig, {'rollout': {'agent': {'enable': True}}, 'tools': {'isolation': iso}})\n"
+            "    try:\n        check_tools_isolation(cfg, [])\n        print('run starts')\n"
+            "    except Exception as e:\n        print('run refused:', type(e).__name__, str(e)[:60])\n")
     r = subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c",
                         f"echo 0 > /proc/sys/user/max_user_namespaces && exec {sys.executable} -c \"$0\"", code],
                        capture_output=True, text=True, cwd=PROJECT, timeout=60)
     assert r.returncode == 0, r.stderr
-    ran, refused = r.stdout.strip().split("\n")
-    assert ran == "1"
+    ran, refused, run_refused, run_starts = r.stdout.strip().split("\n")
+    assert ran == "1" and run_starts == "run starts"
+    assert run_refused == "run refused: ConfigError tools.isolation: namespaces, but this machine cannot make th"
     assert refused.startswith("refused: tools.isolation: namespaces, but this machine cannot make them (")
     assert "max_user_namespaces" in refused and "tools.isolation: process" in refused

@@ -18,9 +18,10 @@ Where the mathematics and math-verify part, the mathematics decides: a derivativ
 from __future__ import annotations
 
 import itertools
+import re
 
 from core.rewards import latex_eval as L
-from core.rewards.latex_tokens import strip_units
+from core.rewards.latex_tokens import call_names, strip_units, tokens
 
 MAX_VARS = 6        # variables tried per point, in name order
 NEWTON_STEPS = 40
@@ -42,10 +43,11 @@ def _equation(s: str):
     """(lhs, rhs) compiled, for a text with exactly one ``=`` whose trailing unit word math-verify strips from the
     whole; None otherwise."""
     s = strip_units(s)
-    if s.count("=") != 1:
+    calls = call_names(tokens(s.replace("=", "+")) or []) if s.count("=") == 1 else None
+    if calls is None:
         return None
     sides = [L.compiled(t, units=False) for t in s.split("=")]
-    return None if None in sides else tuple(sides)
+    return None if None in sides else (*sides, calls)
 
 
 def _gap(eq, point) -> tuple[complex, float] | None:
@@ -64,11 +66,12 @@ def _at(k: int, values: dict[str, float]) -> L.Point:
     return p
 
 
-def _root(eq, k: int, names: tuple[str, ...]) -> tuple[dict[str, float], float] | None:
+def _root(eq, k: int, names: tuple[str, ...], start: dict[str, float] | None = None
+          ) -> tuple[dict[str, float], float] | None:
     """A real root of ``eq`` near point ``k``, moving one variable (a real gap) or two (a complex one: its real and
     imaginary parts), by Newton's method with central differences; with a radius within which it lies. None when
     Newton's method does not settle on a simple root."""
-    x = {n: L.Point(k)[n] for n in names}
+    x = dict(start) if start else {n: L.Point(k)[n] for n in names}
     for _ in range(NEWTON_STEPS):
         f = _gap(eq, _at(k, x))
         if f is None:
@@ -112,21 +115,26 @@ def _bracketed(eq, k: int, x: dict[str, float], radius: float) -> bool:
     return _real(a) and _real(b) and a[0].real * b[0].real < 0
 
 
-def _solves_one_not_other(e1, e2) -> bool:
+def _solves_one_not_other(e1, e2, floats: bool) -> bool:
+    """A real root of e1 (one variable at a time, at each point) robustly not a root of e2. ``floats``: a decimal in
+    either text -- math-verify rounds a solution's floats to 6 places, so e2's own root must lie farther away."""
     for k in range(len(L.POINTS)):
         seen = _Seen(k)
         g = _gap(e1, seen)
         if g is None:
             continue
-        names = sorted(seen.names)[:MAX_VARS]
+        names = sorted(seen.names - e1[2])[:MAX_VARS]  # symbols there, not the names of functions
         tries = [(n,) for n in names] if _real(g) else list(itertools.combinations(names, 2))
         for vary in tries:
             found = _root(e1, k, vary)
             if found is None or not _bracketed(e1, k, *found):
                 continue
             x, radius = found
+            if floats and (near2 := _root(e2, k, vary, start=x)) is not None and \
+                    max(abs(near2[0][n] - x[n]) for n in x) <= 1e-5 * max(1.0, *map(abs, x.values())):
+                continue
             near = [_gap(e2, _at(k, {**x, n: x[n] + dx})) for n in x for dx in (-radius, radius)]
-            mid, sides = _gap(e2, _at(k, x)), [L.run(side, _at(k, x)) for side in e2]
+            mid, sides = _gap(e2, _at(k, x)), [L.run(side, _at(k, x)) for side in e2[:2]]
             if mid is None or None in near or None in sides:
                 continue
             scale = max(1.0, *(abs(r[0]) for r in sides))
@@ -151,6 +159,7 @@ def differ(a: str, b: str) -> bool:
         ea, eb = _equation(a), _equation(b)
         if ea is None or eb is None:
             return False
-        return _solves_one_not_other(ea, eb) or _solves_one_not_other(eb, ea)
+        floats = bool(re.search(r"\d\.\d", a + b))
+        return _solves_one_not_other(ea, eb, floats) or _solves_one_not_other(eb, ea, floats)
     except Exception:  # never raises: a doubt is "not shown to differ"
         return False

@@ -233,7 +233,7 @@ class _Parser:
                 raise ValueError("sin(x)^2")
         elif self.peek() in FACTOR:  # \sin 2x/3 y: sin(2x/3 y), to the next + or - or function, as math-verify
             a = self.ops(("*", "/"), self.fn_arg)[0]
-            if self.peek() not in (None, "+", "-", ")", "]", "}") and self.t[self.i] not in _FNS:
+            if self.peek() not in (None, "+", "-", ")", "]", "}", "e") and self.t[self.i] not in _FNS:
                 raise ValueError("sin x y")
         else:
             raise ValueError("function argument")  # \sin -x
@@ -258,12 +258,16 @@ class _Parser:
         return int(tok[1])
 
     def fn_arg(self):
-        r"""A function's argument without brackets: factors up to the next function, no ``\sqrt`` (math-verify's
+        r"""A function's argument without brackets: factors up to the next function or ``e``, no ``\sqrt`` (math-verify's
         reading changes with its place: ``\sin \sqrt{x} y`` is sin(sqrt(x) y), ``\sin x \sqrt{y}`` sqrt(y) sin(x))."""
         factors, infos = [], [{}]
         while self.peek() in FACTOR and self.t[self.i] not in _FNS:
             if self.t[self.i] == ("cmd", "sqrt") or self.t[self.i] == ("cmd", "frac") and factors:
                 raise ValueError("sqrt in an argument")
+            if self.peek() == "e":  # \sin x e is e sin(x) there: e ends the argument
+                if not factors:
+                    raise ValueError("e opens an argument")
+                break
             f, info = self.power(infos[-1])
             if infos[-1].get("rat") and info["rat"]:
                 raise ValueError("mixed number")

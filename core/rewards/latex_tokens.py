@@ -76,7 +76,7 @@ def tokens(s: str) -> list[tuple] | None:
         elif g["acc"]:  # \dot{x}: a symbol of its own there too
             if g["acx"].startswith("\\") and g["acx"][1:] not in GREEK:
                 return None
-            out.append(("var", f"{g['acc']}{{{g['acx']}}}" + (f"_{sub}" if sub else "").lower()))
+            out.append(("var", (f"{g['acc']}{{{g['acx']}}}" + (f"_{sub}" if sub else "")).lower()))
         elif g["prime"]:  # y', y^{\prime}: a derivative, its own quantity (math-verify reads y' as y, y^{\prime} as
             if not out or out[-1][0] != "var":  # y**prime: neither is the mathematics)
                 return None
@@ -89,13 +89,13 @@ def tokens(s: str) -> list[tuple] | None:
             if sub or g["cmd"] not in _CMDS:
                 return None
             out.append(_CMDS[g["cmd"]])
-        elif g["letter"]:  # I: imaginary there, I(0) a function, I(x+1) a product; d x: one symbol there (dx)
+        elif g["letter"]:  # I: imaginary there, I(0) a function, I(x+1) a product, I^2 read as I; d x: dx there
             letter, call = g["letter"], re.match(r"\((\d{1,15})\)", s[pos:])
             if letter == "I" and call and not sub:  # I(0): an undefined function at a number, one value
                 out.append(("var", f"I({int(call.group(1))})"))
                 pos += call.end()
                 continue
-            if letter == "I" and (sub or re.match(r"\s*[({\[]", s[pos:])) or letter in "eE" and sub or (
+            if letter == "I" and (sub or re.match(r"\s*[({\[^]", s[pos:])) or letter in "eE" and sub or (
                     letter == "d" and not sub and re.match(r"\s*\\?[a-zA-Z]", s[pos:])):
                 return None
             out.append(("e",) if letter == "e" else ("I",) if letter == "I" else
@@ -103,3 +103,22 @@ def tokens(s: str) -> list[tuple] | None:
         elif g["op"]:
             out.append((g["op"],))
     return out
+
+
+
+def call_names(toks: list[tuple]) -> set[str] | None:
+    """The names applied to a bracket (``f(1)``, ``y(0)``, ``\\theta(t)``, ``I(0)``): functions there, products
+    here; None when no symbol stands outside every such call (``y(0) = 1``: math-verify has nothing to solve for,
+    and calls any two such equations equal), so ``core.rewards.equations`` reads no such equation."""
+    names, stack, plain = set(), [], False
+    for i, t in enumerate(toks):
+        called = t[0] == "var" and i + 1 < len(toks) and toks[i + 1] == ("(",)
+        if t[0] == "var" and ("(" in t[1] or called):
+            names.add(t[1])
+        elif t[0] == "var" and not any(stack):
+            plain = True
+        if t[0] in "([{" and len(t) == 1:
+            stack.append(i > 0 and toks[i - 1][0] == "var" and toks[i - 1][1] in names and t[0] == "(")
+        elif t[0] in ")]}" and len(t) == 1 and stack:
+            stack.pop()
+    return names if plain else None

@@ -48,7 +48,7 @@ VALUES = [  # (text, value at P)
 NONE = [  # outside the grammar, or read otherwise by math-verify, or ambiguous
     "1/2x", "a/b y", "2 3", r"2\frac{1}{2}", r"\frac{1}{2}3", "x 2 3", "a^b^c", "x^23", "x^-1", "x^(2)", 
     r"\sin(x)^2", r"\sin^{-1} x", r"\sin x \sqrt{y}", r"\sin^{x} y", "f(x)^2", "x^2(y)", r"\pi^2(x)", "2E3", "2e3", "e_0", "E_{0}",
-    r"\frac{d}{dx} x^2", "dx", r"d\theta", "I(x)", "I (2)", r"\gamma", "x = 1", "1, 2", r"\dot x", r"\dot{\gamma}",
+    r"\frac{d}{dx} x^2", "dx", r"d\theta", "I(x)", "I (2)", "I^2", "x I^{x}", r"\sin e x", r"\gamma", "x = 1", "1, 2", r"\dot x", r"\dot{\gamma}",
     r"\pm 1", r"\infty", r"\text{m}", r"\mathrm{d}x", "'y", "3!", "|x|", r"\{1\}", "x < 1", r"x \le 1",
     r"\begin{pmatrix}1\end{pmatrix}", r"\frac{1}{2}12", "", "   ", "x" * 301,
     r"\unknown", "(x", "x)", "(x]", r"\left. x \right|", r"\sqrt x", r"\sqrt 2", r"\frac 1 2", r"\frac1{2}",
@@ -76,7 +76,7 @@ EQUAL = [  # math-verify calls each pair equal (checked below); differ must not
     ("x_{max} - x_{min}", "-(x_{min} - x_{max})"),
     (r"\hbar \omega (n + 1/2)", r"\hbar \omega n + \frac{\hbar\omega}{2}"), (r"\left(x+1\right)^{2}", "(x+1)^2"),
     ("[x+1] y", "y (x+1)"), ("{x+1} y", "(x+1) y"), (r"\frac12 x", r"\frac{x}{2}"),
-    ("M x + m x", "2 m x"), (r"\Omega x", r"x \omega"), (r"\sin x + 1", r"1 + \sin(x)"), ("2^{x} 2^{y}", "2^{x+y}"),
+    ("M x + m x", "2 m x"), (r"2\hat{X} + 1", r"2\hat{x} + 1"), (r"\dot{X} x", r"x \dot{x}"), (r"\Omega x", r"x \omega"), (r"\sin x + 1", r"1 + \sin(x)"), ("2^{x} 2^{y}", "2^{x+y}"),
     (r"\frac{x}{y} \cdot y z", "x z"), ("x^{-1} y", r"\frac{y}{x}"), (r"\frac{1}{\frac{1}{x}} + 1", "x + 1"),
     (r"\frac{a+b}{2}", r"\frac{a}{2} + \frac{b}{2}"), ("3(x - 2)", "3x - 6"), ("-(x - y)", "y - x"),
     ("x - (-y)", "x + y"), (r"\sqrt{x}\sqrt{x} y", "x y"), ("(x^{2})^{3}", "x^{6}"), (r"\frac{x^{3}}{x}", "x^{2}"),
@@ -125,7 +125,7 @@ TRICKY = [  # readings compared with math-verify's parse at a point
     r"\hbar \omega(v+1 / 2)",
     # function arguments without brackets run to the next + - or function; \sin^2 is a power of the value
     r"\sin x y", r"\sin 2x", r"\sin x^2", r"\sin x / 2", r"\sin x \cdot y", r"\sin^2 x", r"\sin 2 x \cos x",
-    r"\sin{x} y", r"\sin \frac{x}{2} y", r"\sin \theta(t)", r"\cos 3 \theta", r"\arcsin{\frac{x}{4}}", r"\arctan(x)",
+    r"\sin{x} y", r"\sin \frac{x}{2} y", r"\sin x e", r"\cos x e^x", r"\ln x e y", r"\sin \theta(t)", r"\cos 3 \theta", r"\arcsin{\frac{x}{4}}", r"\arctan(x)",
     # i is a symbol there (complex when standalone), I the imaginary unit, I(2) a function at a number
     "3 + 2i", "2I", "x i", r"\frac{e^{2 i t}}{(2+2 i)}",
     # a trailing unit word is dropped there, twice

@@ -11,6 +11,9 @@ setup: $(STAMP)
 # torch first and alone: `torch==2.13.0` takes the CPU wheel on this kind of machine; any looser spec would
 # pull several GB of CUDA packages. Then the project, pinned to the versions CI tested (constraints.txt).
 $(STAMP): pyproject.toml constraints.txt
+	# bubblewrap: the tool sandbox's namespaces (core/tools/isolation.py); as root, from Debian's packages
+	command -v bwrap >/dev/null || [ "$$(id -u)" != 0 ] || apt-get install -y -q bubblewrap >/dev/null \
+		|| (apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev,math]"

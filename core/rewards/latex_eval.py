@@ -154,8 +154,21 @@ class _Parser:
             f, info = self.nest(self.unary)
             info = {**info, "simple": False, "bare": info.get("bare") and not neg}
             return ((lambda p: (lambda r: (-r[0], r[1]))(f(p))) if neg else f), info
+        f, infos = self.juxtaposition(argument=False)
+        return f, {**infos[1], "len": 1} if len(infos) == 2 else {"rat": False, "len": len(infos) - 1}
+
+    def juxtaposition(self, argument: bool):
+        r"""Factors side by side (an implicit product) and their infos after a leading {}. ``argument``: a function's
+        argument without brackets -- up to the next function or ``e``, no ``\sqrt`` (math-verify's reading changes
+        with its place: ``\sin \sqrt{x} y`` is sin(sqrt(x) y), ``\sin x \sqrt{y}`` sqrt(y) sin(x))."""
         factors, infos = [], [{}]
-        while self.peek() in FACTOR:
+        while self.peek() in FACTOR and not (argument and self.t[self.i] in _FNS):
+            if argument and (self.t[self.i] == ("cmd", "sqrt") or self.t[self.i] == ("cmd", "frac") and factors):
+                raise ValueError("sqrt in an argument")
+            if argument and self.peek() == "e":  # \sin x e is e sin(x) there: e ends the argument
+                if not factors:
+                    raise ValueError("e opens an argument")
+                break
             f, info = self.power(infos[-1])
             if infos[-1].get("rat") and info["rat"]:
                 raise ValueError("mixed number")  # 2 3 -> 5, 2\frac12 -> 5/2 in math-verify
@@ -166,7 +179,7 @@ class _Parser:
         f = factors[0]
         for g in factors[1:]:
             f = _arith("*", f, g)
-        return f, {**infos[1], "len": 1} if len(factors) == 1 else {"rat": False, "len": len(factors)}
+        return f, infos
 
     def power(self, before):
         f, info = self.atom()
@@ -258,27 +271,8 @@ class _Parser:
         return int(tok[1])
 
     def fn_arg(self):
-        r"""A function's argument without brackets: factors up to the next function or ``e``, no ``\sqrt`` (math-verify's
-        reading changes with its place: ``\sin \sqrt{x} y`` is sin(sqrt(x) y), ``\sin x \sqrt{y}`` sqrt(y) sin(x))."""
-        factors, infos = [], [{}]
-        while self.peek() in FACTOR and self.t[self.i] not in _FNS:
-            if self.t[self.i] == ("cmd", "sqrt") or self.t[self.i] == ("cmd", "frac") and factors:
-                raise ValueError("sqrt in an argument")
-            if self.peek() == "e":  # \sin x e is e sin(x) there: e ends the argument
-                if not factors:
-                    raise ValueError("e opens an argument")
-                break
-            f, info = self.power(infos[-1])
-            if infos[-1].get("rat") and info["rat"]:
-                raise ValueError("mixed number")
-            factors.append(f)
-            infos.append(info)
-        if not factors:
-            raise ValueError("operand expected")
-        f = factors[0]
-        for g in factors[1:]:
-            f = _arith("*", f, g)
-        return f, {"rat": False, "len": len(factors)}
+        f, infos = self.juxtaposition(argument=True)
+        return f, {"rat": False, "len": len(infos) - 1}
 
 
 _FNS = frozenset(("cmd", f) for f in FUNCS)

@@ -21,7 +21,7 @@ import itertools
 import re
 
 from core.rewards import latex_eval as L
-from core.rewards.latex_tokens import call_names, strip_units, tokens
+from core.rewards.latex_tokens import calls, strip_units, tokens
 
 MAX_VARS = 6        # variables tried per point, in name order
 NEWTON_STEPS = 40
@@ -43,11 +43,11 @@ def _equation(s: str):
     """(lhs, rhs) compiled, for a text with exactly one ``=`` whose trailing unit word math-verify strips from the
     whole; None otherwise."""
     s = strip_units(s)
-    calls = call_names(tokens(s.replace("=", "+")) or []) if s.count("=") == 1 else None
-    if calls is None:
+    found = calls(tokens(s.replace("=", "+")) or []) if s.count("=") == 1 else None
+    if found is None or any(len(args) > 1 for args in found.values()):  # f(1) and f(2): one function, two values
         return None
-    sides = [L.compiled(t, units=False) for t in s.split("=")]
-    return None if None in sides else (*sides, calls)
+    sides = [L.compiled(t, units=False, opaque=True) for t in s.split("=")]
+    return None if None in sides else tuple(sides)
 
 
 def _gap(eq, point) -> tuple[complex, float] | None:
@@ -123,7 +123,7 @@ def _solves_one_not_other(e1, e2, floats: bool) -> bool:
         g = _gap(e1, seen)
         if g is None:
             continue
-        names = sorted(seen.names - e1[2])[:MAX_VARS]  # symbols there, not the names of functions
+        names = sorted(n for n in seen.names if "(" not in n and n != "i")[:MAX_VARS]  # symbols there, no calls
         tries = [(n,) for n in names] if _real(g) else list(itertools.combinations(names, 2))
         for vary in tries:
             found = _root(e1, k, vary)
@@ -134,7 +134,7 @@ def _solves_one_not_other(e1, e2, floats: bool) -> bool:
                     max(abs(near2[0][n] - x[n]) for n in x) <= 1e-5 * max(1.0, *map(abs, x.values())):
                 continue
             near = [_gap(e2, _at(k, {**x, n: x[n] + dx})) for n in x for dx in (-radius, radius)]
-            mid, sides = _gap(e2, _at(k, x)), [L.run(side, _at(k, x)) for side in e2[:2]]
+            mid, sides = _gap(e2, _at(k, x)), [L.run(side, _at(k, x)) for side in e2]
             if mid is None or None in near or None in sides:
                 continue
             scale = max(1.0, *(abs(r[0]) for r in sides))

@@ -49,7 +49,7 @@ import math
 import re
 import zlib
 
-from core.rewards.latex_tokens import CLOSE, FUNCS, NAMES, REWRITTEN, strip_units, tokens
+from core.rewards.latex_tokens import CLOSE, FUNCS, NAMES, REWRITTEN, call_text, strip_units, tokens
 
 MAX_CHARS, MAX_DEPTH = 300, 60
 TOL = 2e-6  # relative, and absolute below 1: math-verify rounds a float answer to 6 places (|a - b| < 1e-6)
@@ -115,8 +115,8 @@ class _Parser:
     function name there), atom_pow (one raised), simple (an atom or its power), call (a group holding a simple
     one: an argument there), bare (a lone variable), len (factors of a juxtaposition)."""
 
-    def __init__(self, toks):
-        self.t, self.i, self.depth = toks, 0, 0
+    def __init__(self, toks, opaque: bool = False):
+        self.t, self.i, self.depth, self.opaque = toks, 0, 0, opaque
 
     def peek(self, k=0):
         return self.t[self.i + k][0] if self.i + k < len(self.t) else None
@@ -169,9 +169,16 @@ class _Parser:
                 if not factors:
                     raise ValueError("e opens an argument")
                 break
+            start = self.i
             f, info = self.power(infos[-1])
             if infos[-1].get("rat") and info["rat"]:
                 raise ValueError("mixed number")  # 2 3 -> 5, 2\frac12 -> 5/2 in math-verify
+            if self.opaque and info.get("call") and infos[-1].get("atom") and self.t[start] == ("(",):
+                if self.t[start - 1][0] != "var":
+                    raise ValueError("a call of a constant")
+                name = call_text(self.t, self.t[start - 1][1], start + 1, self.i - 1)  # f(0): one variable
+                factors[-1], infos[-1] = (lambda p, n=name: (p[n], 0.0)), {"rat": False}
+                continue
             factors.append(f)
             infos.append(info)
         if not factors:
@@ -279,15 +286,17 @@ _FNS = frozenset(("cmd", f) for f in FUNCS)
 
 
 @functools.lru_cache(maxsize=8192)
-def compiled(s: str, units: bool = True):
+def compiled(s: str, units: bool = True, opaque: bool = False):
     """(closure point -> (value, error bound), is a lone variable) for ``s``, or None when ``s`` is outside the
-    grammar. ``units=False``: ``s`` is part of a text whose trailing unit word is already stripped."""
+    grammar. ``units=False``: ``s`` is part of a text whose trailing unit word is already stripped. ``opaque``: a
+    call ``f(t)`` is one variable named by its text (``latex_tokens.call_text``), as an equation needs: a product
+    f*t keeps identities but not solution sets (f(0) would be 0)."""
     if len(s) > MAX_CHARS or REWRITTEN.search(s) or NAMES.search(re.sub(r"\\[a-zA-Z]+", " ", s)):
         return None
     toks = tokens(strip_units(s) if units else s)
     if not toks:
         return None
-    parser = _Parser(toks)
+    parser = _Parser(toks, opaque)
     try:
         f, info = parser.expr()
     except (ValueError, IndexError, RecursionError):

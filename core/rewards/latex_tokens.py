@@ -106,19 +106,33 @@ def tokens(s: str) -> list[tuple] | None:
 
 
 
-def call_names(toks: list[tuple]) -> set[str] | None:
-    """The names applied to a bracket (``f(1)``, ``y(0)``, ``\\theta(t)``, ``I(0)``): functions there, products
-    here; None when no symbol stands outside every such call (``y(0) = 1``: math-verify has nothing to solve for,
-    and calls any two such equations equal), so ``core.rewards.equations`` reads no such equation."""
-    names, stack, plain = set(), [], False
-    for i, t in enumerate(toks):
-        called = t[0] == "var" and i + 1 < len(toks) and toks[i + 1] == ("(",)
-        if t[0] == "var" and ("(" in t[1] or called):
-            names.add(t[1])
-        elif t[0] == "var" and not any(stack):
+
+def call_text(toks: list[tuple], name: str, i: int, j: int) -> str:
+    """The name of the variable a call ``name(toks[i:j])`` stands for in an equation (``core.rewards.equations``)."""
+    return f"{name}(" + " ".join("".join(t) for t in toks[i:j]) + ")"
+
+
+def calls(toks: list[tuple]) -> dict[str, set[str]] | None:
+    """name -> the argument texts it is applied to (``f(1)``, ``y(0)``, ``\\theta(t)``: functions there); None when
+    no symbol stands outside every call (``y(0) = 1``: math-verify has nothing to solve for and calls any two such
+    equations equal; ``i``, the imaginary unit in its equations, is no symbol either)."""
+    found: dict[str, set[str]] = {}
+    depth, plain, i = 0, False, 0
+    while i < len(toks):
+        t = toks[i]
+        if t[0] == "var" and i + 1 < len(toks) and toks[i + 1] == ("(",):
+            level, j = 0, i + 1
+            while j < len(toks):
+                level += (toks[j][0] in "([{" and len(toks[j]) == 1) - (toks[j][0] in ")]}" and len(toks[j]) == 1)
+                if level == 0:
+                    break
+                j += 1
+            found.setdefault(t[1], set()).add(call_text(toks, t[1], i + 2, j))
+            i = j + 1
+            continue
+        if t[0] == "var" and "(" in t[1]:
+            found.setdefault(t[1], set()).add("")
+        elif t[0] == "var" and t[1] != "i":
             plain = True
-        if t[0] in "([{" and len(t) == 1:
-            stack.append(i > 0 and toks[i - 1][0] == "var" and toks[i - 1][1] in names and t[0] == "(")
-        elif t[0] in ")]}" and len(t) == 1 and stack:
-            stack.pop()
-    return names if plain else None
+        i += 1
+    return found if plain else None

@@ -27,7 +27,7 @@ WRONG = [  # math-verify: unequal; differ must find it (a real root of one that 
     # complex-valued (I is the imaginary unit there): a real root of real and imaginary parts together
     (r"I \frac{d \omega}{d t}+2 B \omega=T", r"I \frac{d \omega}{d t}+2 B \omega=T + 1"), ("x + I y = 0", "x + I y = 1"),
     (r"m l \ddot{\theta}(t)-m g \sin \theta(t)=f(t) \cos \theta(t)",
-     r"m l \ddot{\theta}(t)-m g \sin \theta(t)=f(t) \cos \theta(t) + 1"),
+     r"m l \ddot{\theta}(t)-m g \sin \theta(t)=f(t) \cos \theta(t) + 1"), ("m f(t) = 1", "m f(t) = 2"),
 ]
 DEVIATIONS = [  # math-verify: equal; not the mathematics: rejected here
     (r"\frac{dx}{dt}=kx-a", "kx-a=0"), ("y'+r y=0", "y+r y=0"), (r"\frac{d x}{d t}", "0"),
@@ -38,7 +38,9 @@ UNDECIDED = [  # no claim either way: math-verify decides (some equal there: emp
     # equal there: function values leave no symbol to solve for; floats in solutions are rounded to 6 places; I^2 is I
     ("f(1) = 2", "f(1) = 3"), ("I(0) = 5", "I(0) = 6"), (r"y(\pi) = 0", r"y(\pi) = 1"),
     ("10000000 x y = 1.0 y", "10000000 x y = 2.0 y"), ("3000000 x y = y", "3000000 x y = 1.1 y"),
-    ("P = I^2 R", "P = I R"),
+    ("P = I^2 R", "P = I R"), ("i = 3", "i = 4"), ("x I = 2", "i = 3"),
+    # a call is one value (f(0) read as f*0 = 0 would make c = 0 a root of the first only): equal
+    ("y c = f(0)", r"y = \frac{f(0)}{c}"), (r"y = \frac{y(0)}{x_0}", "y x_0 = y(0)"),
 ]
 
 

@@ -9,8 +9,9 @@ Namespaces are made by bubblewrap (``bwrap``, Debian's ``bubblewrap``), per call
   * PID (``/proc`` shows the sandbox's processes only), network (loopback only), IPC, UTS and cgroup;
   * the tool's uid is not the worker's: a root worker's tool runs as ``nobody`` (uid 65534) -- a real uid, so
     ``/proc/<pid>/status`` outside says 65534 and no root-owned file is readable by it -- with every capability
-    dropped and ``no_new_privs``. A root worker needs no user namespace for the others, and one would map the
-    tool to root outside. A worker that is not root gets a user namespace (its own uid outside: it has no other);
+    dropped and ``no_new_privs``, then in a user namespace of its own mapping 65534 to 65534 (root makes the other
+    namespaces; a user namespace made by root would map the tool to root outside). A worker that is not root makes
+    them all in a user namespace, which maps the tool to the worker's own uid (it has no other);
   * cgroup limits of memory and pids where the worker may make cgroups (v1 or v2, under its own cgroup);
   * its own session, and killed with the worker (``--die-with-parent``).
 Inside, ``core.tools.sandbox_launch`` adds the rlimits and the seccomp filter (``core.tools.seccomp``).
@@ -104,11 +105,13 @@ def bwrap_args(code_dir: str) -> list[str]:
 
 
 def drop_uid() -> list[str]:
-    """The argv prefix that runs the tool as ``TOOL_UID`` with no capabilities (a root worker), else nothing."""
+    """The argv prefix that runs the tool as ``TOOL_UID`` with no capabilities, in a user namespace of its own that
+    maps it to ``TOOL_UID`` outside (a root worker: an unprivileged bwrap inside the sandbox), else nothing."""
     if not real_root():
         return []
     return ["/usr/bin/setpriv", f"--reuid={TOOL_UID}", f"--regid={TOOL_UID}", "--clear-groups", "--inh-caps=-all",
-            "--bounding-set=-all", "--no-new-privs", "--"]
+            "--bounding-set=-all", "--no-new-privs", "--", shutil.which("bwrap") or "bwrap", "--unshare-user",
+            "--uid", str(TOOL_UID), "--gid", str(TOOL_UID), "--bind", "/", "/", "--die-with-parent", "--"]
 
 
 @functools.cache
@@ -145,9 +148,9 @@ def describe(isolation: str) -> str:
     why = probe()
     if why:
         return f"namespaces REFUSED here: {why} (tools.isolation: process runs them without)"
-    who = f"uid {TOOL_UID}" if real_root() else "the worker's uid in a user namespace"
+    who = f"uid {TOOL_UID}" if real_root() else "the worker's uid"
     cg = ", cgroup " + "+".join(sorted(Cgroup.paths())) if Cgroup.paths() else ", no cgroup (none writable)"
-    return f"namespaces (bubblewrap: mount/pid/net/ipc/uts, {who}{cg}) + seccomp + rlimits"
+    return f"namespaces (bubblewrap: user/mount/pid/net/ipc/uts, {who}{cg}) + seccomp + rlimits"
 
 
 class Cgroup:

@@ -93,13 +93,15 @@ def test_the_tool_is_nobody_without_capabilities_in_namespaces_of_its_own():
         if status["Seccomp"].strip() == "2":
             break
         time.sleep(0.01)
-    ours = {ns: os.readlink(f"/proc/self/ns/{ns}") for ns in ("mnt", "pid", "net", "ipc", "uts")}
+    ours = {ns: os.readlink(f"/proc/self/ns/{ns}") for ns in ("user", "mnt", "pid", "net", "ipc", "uts")}
     theirs = {ns: os.readlink(f"/proc/{tool}/ns/{ns}") for ns in ours}
+    uid_map = open(f"/proc/{tool}/uid_map").read().split()
     t.join()
     expect_uid = str(isolation.TOOL_UID) if isolation.real_root() else str(os.getuid())
     assert status["Uid"].split() == [expect_uid] * 4 and status["Gid"].split()[0] == expect_uid
     assert int(status["CapEff"], 16) == 0 and int(status["CapPrm"], 16) == 0 and status["NoNewPrivs"].strip() == "1"
     assert status["Seccomp"].strip() == "2"
+    assert uid_map[1:] == [expect_uid, "1"], uid_map  # one uid, the tool's own, outside
     assert all(ours[ns] != theirs[ns] for ns in ours), (ours, theirs)
     assert result["r"].ok
 

@@ -116,7 +116,7 @@ def drop_uid() -> list[str]:
 
 @functools.cache
 def probe() -> str | None:
-    """None when this machine can run a namespaced tool; else why not, in one line (bwrap's own message)."""
+    """None when a namespaced tool can run on this host; else why not, in one line (bwrap's own message)."""
     if shutil.which("bwrap") is None:
         return "bubblewrap (bwrap) is not installed"
     if real_root() and not os.path.exists("/usr/bin/setpriv"):
@@ -134,7 +134,7 @@ def probe() -> str | None:
 
 
 def refusal(reason: str) -> str:
-    return (f"tools.isolation: namespaces, but this machine cannot make them ({reason}). Install bubblewrap "
+    return (f"tools.isolation: namespaces, but they cannot be made on this host ({reason}). Install bubblewrap "
             f"(apt-get install bubblewrap) and allow user namespaces (sysctl user.max_user_namespaces > 0 and "
             f"kernel.unprivileged_userns_clone=1; a container needs a runtime or seccomp profile that permits them), "
             f"or set tools.isolation: process to run tools with rlimits and seccomp only -- the tool then reads "
@@ -142,7 +142,7 @@ def refusal(reason: str) -> str:
 
 
 def describe(isolation: str) -> str:
-    """One line for ``hybridrl plan``: the isolation a run's tools will get on this machine."""
+    """One line for ``hybridrl plan``: the isolation a run's tools will get on this host."""
     if isolation == "process":
         return "process (rlimits + seccomp; the tool reads every file the worker can)"
     why = probe()

@@ -56,7 +56,7 @@ class ToolResult:
     exit_code: int | None
     seconds: float
     # what contained the process: "namespaces+seccomp+rlimits", "seccomp+rlimits" (tools.isolation: process) or
-    # "rlimits" (no seccomp on this machine), with "+cgroup" where a cgroup limited it
+    # "rlimits" (no seccomp on this host), with "+cgroup" where a cgroup limited it
     isolation: str
 
     @property

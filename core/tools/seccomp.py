@@ -17,7 +17,7 @@ What it denies (errno, not a kill: the tool sees an ``OSError`` it can report):
   * ``execve`` and ``execveat`` -> EPERM when the filter is installed with ``exec=False`` (the launcher runs the tool
     in its own interpreter, so no program -- a shell, a setuid binary -- can be started at all);
   * any syscall of another ABI (ia32, and x32's numbers on x86_64) -> EPERM.
-x86_64 and aarch64 only; ``available()`` says whether this machine has one of them and seccomp.
+x86_64 and aarch64 only; ``available()`` says whether this host has one of them and seccomp.
 """
 
 from __future__ import annotations

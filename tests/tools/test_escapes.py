@@ -124,6 +124,6 @@ def test_no_namespaces_is_a_refusal_naming_the_setting_never_a_downgrade():
     assert r.returncode == 0, r.stderr
     ran, refused, run_refused, run_starts = r.stdout.strip().split("\n")
     assert ran == "1" and run_starts == "run starts"
-    assert run_refused == "run refused: ConfigError tools.isolation: namespaces, but this machine cannot make th"
-    assert refused.startswith("refused: tools.isolation: namespaces, but this machine cannot make them (")
+    assert run_refused.startswith("run refused: ConfigError tools.isolation: namespaces, but they cannot be")
+    assert refused.startswith("refused: tools.isolation: namespaces, but they cannot be made on this host (")
     assert "max_user_namespaces" in refused and "tools.isolation: process" in refused

@@ -1,4 +1,4 @@
-"""The RL dataflow: one ``step()`` that reads top to bottom, and ``fit()`` that runs it over the data.
+"""The RL dataflow: one ``step()`` that reads top to bottom (``core.trainer.fit`` runs it over the data).
 
 Core branches on which roles exist (reference? critic?), never on an algorithm's name. An algorithm whose
 loop differs (DAPO's dynamic sampling, VAPO's value warm-up, SPPO, agents) copies ``step`` into its recipe.

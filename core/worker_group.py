@@ -1,11 +1,12 @@
 """Resource pools, worker groups and explicit dispatch: how the single controller drives many processes.
 
     pool  = ResourcePool(nnodes=1, slots_per_node=2)                 # 2 ranks, one Ray actor each
-    group = WorkerGroup(pool, {"actor": RoleSpec(FSDPActor), "ref": RoleSpec(RefPolicy)})
+    group = WorkerGroup(pool, {"actor": RoleSpec(FSDPActor, {"cfg": actor_cfg}),
+                               "ref": RoleSpec(FSDPActor, {"cfg": frozen_cfg})})   # colocated
     actor = group.role("actor")
     out   = actor.dp_split(FSDPActor.compute_logprobs, batch)        # split rows across DP ranks, concat back
     stats = actor.call_all(FSDPActor.update, batch)                  # same args on every rank, list of results
-    cfg   = actor.call_rank0(FSDPActor.state_summary)                # rank 0 only
+    plan  = actor.call_rank0(FSDPActor.bucket_plan)                  # rank 0 only
 
 Dispatch takes the worker *method itself* (``FSDPActor.compute_logprobs``), so jump-to-definition from the
 controller lands on the code that runs; the group checks that the method belongs to the role's class. A role with

@@ -123,7 +123,7 @@ class ActorConfig:
     ulysses_sp: int = 1
     # CUDA only: none | idle (sharded weights and optimizer state in host memory while the actor is idle, on the GPU
     # for its calls; GPU optimizer) | full (in host memory always, FSDP2 CPUOffloadPolicy; CPU optimizer, slowest).
-    # core.engines.sharding.OFFLOAD_MODES; the capacity planner (--dry-run) shows what each costs per GPU and node
+    # core.config.roles.OFFLOAD_MODES; the capacity planner (--dry-run) shows what each costs per GPU and node
     offload: str = "none"
     # seed for model init order and mini-batch shuffles
     seed: int = 0

@@ -84,8 +84,8 @@ def _root(eq, k: int, names: tuple[str, ...], start: dict[str, float] | None = N
                 return None
             cols.append((hi[0] - lo[0]) / (2 * h))
         if len(names) == 1:  # f real: solve slope * step = f
-            slope, det = cols[0].real, cols[0].real
-            steps = [f[0].real / slope] if slope else None
+            det = cols[0].real
+            steps = [f[0].real / det] if det else None
         else:  # [Re; Im] of f, a 2 x 2 system
             (a, c), (b, d) = (cols[0].real, cols[0].imag), (cols[1].real, cols[1].imag)
             det = a * d - b * c
@@ -98,7 +98,7 @@ def _root(eq, k: int, names: tuple[str, ...], start: dict[str, float] | None = N
         if max(map(abs, x.values())) > 1e6:
             return None
         if size <= 1e-13 * max(1.0, *map(abs, x.values())):
-            gain = max(abs(col) for col in cols) / abs(det) * (len(names))  # ~ the inverse Jacobian's norm
+            gain = max(abs(col) for col in cols) / abs(det) * len(names)  # ~ the inverse Jacobian's norm
             f = _gap(eq, _at(k, x))
             if f is None:
                 return None

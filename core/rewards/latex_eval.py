@@ -86,8 +86,11 @@ def _func(name, a, ea):
         on_cut = abs(z.real) <= ea and abs(z.imag) >= 1 - ea if name == "arctan" else \
             abs(z.imag) <= ea and abs(z.real) >= 1 - ea
         v = getattr(cmath, "a" + name[3:])(z)
-        slope = 1 / abs(1 + z * z) if name == "arctan" else 1 / abs(cmath.sqrt(1 - z * z)) if not on_cut else INF
-        return (v.real if v.imag == 0 else v), INF if on_cut else slope * ea + EPS * (1 + abs(v))
+        v = v.real if v.imag == 0 else v
+        if on_cut:
+            return v, INF
+        slope = 1 / abs(1 + z * z) if name == "arctan" else 1 / abs(cmath.sqrt(1 - z * z))
+        return v, slope * ea + EPS * (1 + abs(v))
     v = getattr(m, name)(a)
     slope = {"exp": abs(v), "tan": abs(1 + v * v), "sin": abs(m.cos(a)) + ea, "cos": abs(m.sin(a)) + ea}[name]
     return v, slope * (ea + EPS * (1 + abs(a)))

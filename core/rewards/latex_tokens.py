@@ -105,8 +105,6 @@ def tokens(s: str) -> list[tuple] | None:
     return out
 
 
-
-
 def call_text(toks: list[tuple], name: str, i: int, j: int) -> str:
     """The name of the variable a call ``name(toks[i:j])`` stands for in an equation (``core.rewards.equations``)."""
     return f"{name}(" + " ".join("".join(t) for t in toks[i:j]) + ")"
@@ -117,7 +115,7 @@ def calls(toks: list[tuple]) -> dict[str, set[str]] | None:
     no symbol stands outside every call (``y(0) = 1``: math-verify has nothing to solve for and calls any two such
     equations equal; ``i``, the imaginary unit in its equations, is no symbol either)."""
     found: dict[str, set[str]] = {}
-    depth, plain, i = 0, False, 0
+    plain, i = False, 0
     while i < len(toks):
         t = toks[i]
         if t[0] == "var" and i + 1 < len(toks) and toks[i + 1] == ("(",):

@@ -4,8 +4,8 @@ Two answers are equal when (1) their normal forms match (Hendrycks MATH ``strip_
 ``\\left``/``\\right``, degrees, percent, ``\\frac12``, ``a/b``, thousands separators), or (2) both read as numbers
 that match by ``core.rewards.numbers.matches`` (exact for integers and fractions, to the gold's written precision
 for decimals and scientific notation), or (3) ``math-verify`` (optional, the ``math`` extra) finds them equal in
-both directions from complete LaTeX parses -- unless ``core.rewards.latex_eval.differ`` first shows values that
-differ at a point (a wrong symbolic answer rejected in ~0.1 ms instead of math-verify's ~100 ms). The fallback only
+both directions from complete LaTeX parses -- unless ``core.rewards.equations.differ`` first shows values that
+differ at a point or equations with different solutions (a wrong symbolic answer rejected in ~0.1 ms instead of math-verify's ~100 ms). The fallback only
 widens what is equal: it never runs on two numbers (the exact rule decides), sees only answers of at most
 ``MAX_VERIFY_CHARS``, takes no partial parse (math-verify's first-match fallback read ``-1./3+1`` as ``-1``) and no
 numeral with a base subscript (it reads ``1011_2`` as 1011).
@@ -192,8 +192,6 @@ def is_equiv(pred: str | None, gold: str, use_math_verify: bool = True) -> bool:
         v = _value(pred)
         return v is not None and matches(v, y)
     if differ(pred, gold):  # both evaluate and differ at a point: math-verify could not call them equal (fast)
-        return False
-    if _latex(gold) is None:  # math-verify has no reading of the gold: nothing more can be shown equal
         return False
     if x is not None and (v := _value(gold)) is not None:  # a number against a closed form (\sqrt{2}): exactly
         return x.unit is None and _verified(pred, gold) or x.value == v.value

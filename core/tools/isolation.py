@@ -97,9 +97,9 @@ def bwrap_args(code_dir: str) -> list[str]:
     args += _dirs(roots)
     for r in roots:
         args += ["--ro-bind", r, r]
-    for path in ("/tmp", "/dev/shm", "/scratch"):
-        args += (["--proc", "/proc", "--dev", "/dev"] if path == "/tmp" else []) + \
-            ["--size", str(TMP_BYTES), "--perms", "1777", "--tmpfs", path]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    for path in ("/tmp", "/dev/shm", "/scratch"):  # /dev/shm over --dev's own
+        args += ["--size", str(TMP_BYTES), "--perms", "1777", "--tmpfs", path]
     args += ["--ro-bind", code_dir, "/scratch/.code", "--chdir", "/scratch", "--setenv", "HOME", "/scratch"]
     return args + ["--"]
 

@@ -80,18 +80,17 @@ def program(exec_allowed: bool = True) -> list[tuple[int, int, int, int]]:
         (_LD_W_ABS, 0, 0, _NR), (_JGE_K, "deny", None, _X32_BIT),        # x32's numbers under the same arch
         *((_JEQ_K, "deny", None, nr) for nr in deny),
         (_JEQ_K, "enosys", None, t["clone3"]), (_JEQ_K, "clone", None, t["clone"]),
-        (_JEQ_K, "socket", None, t["socket"]), "allow",
+        (_JEQ_K, "socket", None, t["socket"]), (_RET_K, 0, 0, _ALLOW),  # everything else
         ("clone:", _LD_W_ABS, 0, 0, _ARG0), (_JSET_K, "allow", "deny", _CLONE_THREAD),
         ("socket:", _LD_W_ABS, 0, 0, _ARG0), (_JEQ_K, "allow", "eacces", _AF_UNIX),
         ("deny:", _RET_K, 0, 0, _ERRNO | errno.EPERM), ("enosys:", _RET_K, 0, 0, _ERRNO | errno.ENOSYS),
         ("eacces:", _RET_K, 0, 0, _ERRNO | errno.EACCES), ("allow:", _RET_K, 0, 0, _ALLOW),
     ]
-    code = [(_RET_K, 0, 0, _ALLOW) if c == "allow" else c for c in code]  # the fall-through allow
     labels = {c[0][:-1]: i for i, c in enumerate(code) if isinstance(c[0], str)}
     out = []
     for i, c in enumerate(code):
         op, jt, jf, k = c[1:] if isinstance(c[0], str) else c
-        rel = [0 if j is None or j == 0 else labels[j] - i - 1 for j in (jt, jf)]
+        rel = [labels[j] - i - 1 if isinstance(j, str) else 0 for j in (jt, jf)]
         assert all(0 <= r < 256 for r in rel), "seccomp jump out of range"
         out.append((op, rel[0], rel[1], k))
     return out

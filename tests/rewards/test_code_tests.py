@@ -12,7 +12,7 @@ import pytest
 
 from core.rewards import REWARDS, default_compute_score
 from core.rewards.code_tests import SOURCES, outputs_match, program
-from core.tools import isolation
+from tests.tools.escapes import need_namespaces
 
 SUM = json.dumps({"inputs": ["1 2\n", "10 -3\n", "-5 -5\n", "0 0\n"], "outputs": ["3\n", "7\n", "-10\n", "0\n"],
                   "time_limit_s": 2})
@@ -21,9 +21,7 @@ ADD = {"fn_name": "add", "inputs": [[1, 2], [2, 3], [[1], [2]]], "outputs": [3, 
 
 @pytest.fixture(autouse=True)
 def _namespaces():
-    why = isolation.probe()
-    if why:
-        (pytest.fail if os.environ.get("CI") == "true" else pytest.skip)(f"no namespaced sandbox here: {why}")
+    need_namespaces()
 
 
 def score(response, gt, source="code_tests"):

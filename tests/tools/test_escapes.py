@@ -9,7 +9,6 @@ A machine without namespaces skips these, except in CI (``CI=true``), where that
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -19,20 +18,12 @@ import pytest
 
 from core.tools import isolation
 from core.tools.sandbox import SandboxLimits, run_python
-from tests.tools.escapes import CASES, PROJECT, Targets, run_case
-
-
-def _need_namespaces():
-    why = isolation.probe()
-    if why:
-        (pytest.fail if os.environ.get("CI") == "true" else pytest.skip)(f"no namespaced sandbox here: {why}")
-    if shutil.which("cc") is None:
-        (pytest.fail if os.environ.get("CI") == "true" else pytest.skip)("no C compiler (cc) for the library case")
+from tests.tools.escapes import CASES, PROJECT, Targets, need_namespaces, run_case
 
 
 @pytest.fixture(scope="module")
 def targets():
-    _need_namespaces()
+    need_namespaces(compiler=True)
     t = Targets()
     yield t
     t.close()
@@ -70,7 +61,7 @@ def _descendants(pid: int) -> list[int]:
 
 def test_the_tool_is_nobody_without_capabilities_in_namespaces_of_its_own():
     """Read from outside: /proc/<tool pid>/status and /proc/<tool pid>/ns while the tool sleeps."""
-    _need_namespaces()
+    need_namespaces()
     result = {}
     t = threading.Thread(target=lambda: result.update(r=run_python("import time\ntime.sleep(3)",
                                                                    SandboxLimits(timeout_s=10))))
@@ -109,7 +100,7 @@ def test_the_tool_is_nobody_without_capabilities_in_namespaces_of_its_own():
 def test_no_namespaces_is_a_refusal_naming_the_setting_never_a_downgrade():
     """In a user namespace whose max_user_namespaces is 0 (what a locked-down container gives): the tool refuses
     and says what allows it; with tools.isolation: process it runs."""
-    _need_namespaces()
+    need_namespaces()
     code = ("from core.tools.sandbox import run_python\nfrom core.tools.isolation import SandboxUnavailable\n"
             "from core.config import RunConfig, validate\nfrom core.trainer import check_tools_isolation\n"
             "print(run_python('print(1)', isolation='process').text.strip())\n"

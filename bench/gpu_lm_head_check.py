@@ -6,8 +6,8 @@ the forward + backward time of each (CUDA events, after warm-up). Prints one lin
 
 import torch
 
-import core.engines.lm_head as lm_head
-from core.engines.lm_head import HeadLogprobs
+import core.train.lm_head as lm_head
+from core.train.lm_head import HeadLogprobs
 
 
 def main() -> None:

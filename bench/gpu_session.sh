@@ -36,7 +36,7 @@ EOF
 
 # the tests marked gpu (those that need Ray skip themselves: none here)
 [ -n "${SKIP_TESTS:-}" ] || timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider --continue-on-collection-errors \
-  tests/engines/test_decode_graphs.py tests/engines/test_fsdp_offload.py 2>&1 | tee "$OUT/gpu_tests.log"
+  tests/rollout/test_decode_graphs.py tests/train/test_fsdp_offload.py 2>&1 | tee "$OUT/gpu_tests.log"
 
 # rollout throughput: ours (CUDA graphs), ours eager, transformers generate; batch 64 and 256, 64 new tokens
 HYBRIDRL_BENCH_MODEL=/tmp/bench-model timeout 300 python3 -m pytest -q -s -p no:cacheprovider \
@@ -51,7 +51,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from bench.test_rollout import prompts
 from core.config import SamplingParams
-from core.engines.rollout import RolloutEngine
+from core.rollout.engine import RolloutEngine
 from core.models import load_causal_lm, load_tokenizer
 tok = load_tokenizer("/tmp/bench-model")
 model = load_causal_lm("/tmp/bench-model", dtype=torch.bfloat16, device=torch.device("cuda"))

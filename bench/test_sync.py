@@ -13,7 +13,7 @@ import torch
 
 from bench.conftest import median_time
 from core.config import ActorConfig, RolloutConfig
-from core.engines.fsdp import FSDPActor
+from core.train.fsdp import FSDPActor
 from core.models import default_dtype, load_causal_lm, resolve_model
 from core.roles import RolloutWorker
 from core.worker import RoleSpec

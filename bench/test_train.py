@@ -16,7 +16,7 @@ import torch
 from bench.conftest import median_time
 from bench.test_rollout import DEV, matmul_flops_per_s
 from core.config import ActorConfig, OptimConfig
-from core.engines.fsdp import FSDPActor
+from core.train.fsdp import FSDPActor
 from core.models import default_dtype, load_causal_lm, resolve_model
 from core.protocol import Batch
 from core.worker import RoleSpec
@@ -116,6 +116,6 @@ def test_dynamic_vs_padded_batching_on_a_length_skewed_batch(full_size, report, 
                real_tokens=real, padded_s=times["padded"], dynamic_s=times["dynamic"],
                padded_over_dynamic=times["padded"] / times["dynamic"], max_logprob_diff=diff,
                mean_logprob_diff=mean_diff)
-    # fp32: the same numbers (tests/engines/test_micro_batches.py pins 1e-5); bf16 rounds differently per shape,
+    # fp32: the same numbers (tests/train/test_micro_batches.py pins 1e-5); bf16 rounds differently per shape,
     # and these random tokens have log-probs near -15, where bf16's relative error is a few 1e-2 absolute
     assert r["mean_logprob_diff"] < (0.05 if best == torch.bfloat16 else 1e-4)

@@ -5,7 +5,7 @@ run (in the sandbox, ``core.tools``), their outputs are appended as tokens, and 
 Token in, token out: each turn's prompt is the trajectory's ids so far (the prompt, the model's sampled tokens,
 the tool-response tokens), never text re-tokenised -- re-tokenising can merge tokens across a boundary and the
 trainer's log-probs would then be of other tokens than the ones sampled. The tool-response tokens come from the
-model's chat template (``core.tools.chat``). In the returned Batch (``core.engines.rollout_batch``) the response
+model's chat template (``core.tools.chat``). In the returned Batch (``core.rollout.batch``) the response
 is the whole stream: ``attention_mask`` 1 on all of it, ``response_mask`` 1 on the model's tokens only, and
 ``rollout_logprobs`` 0 on the tool tokens; per sample ``num_turns``, ``num_tool_calls``, ``num_tool_errors`` and
 ``truncated`` (its last turn did not end at EOS: cut by a length limit, or max_turns reached with a call pending).
@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 import torch
 
 from core.config import AgentConfig, SamplingParams
-from core.engines.rollout_batch import assemble
+from core.rollout.batch import assemble
 from core.protocol import Batch
 from core.tools.builtin import TOOLS, refused
 from core.tools.chat import tool_response_ids

@@ -21,7 +21,7 @@ are reported at once:
 - ``trainer.async.one_step_off``: the rollout on a pool of its own, on Ray; ``actor.ulysses_sp`` divides the actor
   pool's ranks (and, once the model is located, its attention heads);
 - ``actor.strategy`` / ``critic.strategy: megatron``: tp x pp divides the role pool's ranks (what this version can
-  run of the layout is ``core.engines.megatron_actor.run_problem``, checked once the model is located);
+  run of the layout is ``core.train.megatron_actor.run_problem``, checked once the model is located);
 - PRIME's implicit PRM (``implicit_prm``) has a pool, starts from ``actor.model`` (the reference's);
   its loss is not the actor's; estimator ``prime`` only with it.
 """

@@ -55,7 +55,7 @@ def recipe_module(folder: Path, name: str = "train"):
 def run_recipe(folder: Path, argv: list[str]) -> int:
     """The recipe's own ``train.py`` ``main(argv)`` when it has one, else core's run with its config."""
     if not (folder / "train.py").is_file():
-        from core.train import main
+        from core.run import main
 
         return main(argv, config_dir=folder)
     return recipe_module(folder).main(argv)

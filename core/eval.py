@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import torch
 
 from core.config import SamplingParams
-from core.engines.rollout import RolloutEngine
+from core.rollout.engine import RolloutEngine
 from core.rewards import default_compute_score, score_batch
 
 

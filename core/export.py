@@ -23,7 +23,7 @@ def export(checkpoint: str | Path, out_dir: str | Path, dtype: str = "bfloat16",
 
     from core.checkpoint import driver_state
     from core.config import LoraConfig
-    from core.engines import lora
+    from core.train import lora
     from core.models import load_causal_lm, load_tokenizer
 
     ckpt, out = Path(checkpoint), Path(out_dir)

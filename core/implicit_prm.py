@@ -23,7 +23,7 @@ from core.algos.advantages import reverse_linear_scan
 from core.algos.ops import group_ids, scores_to_token_rewards
 from core.config import ActorConfig, PolicyLossConfig, RunConfig
 from core.config.roles import ImplicitPRMConfig
-from core.engines.policy import PolicyWorker
+from core.train.policy import PolicyWorker
 from core.loop import Roles, Timer, reduce_over_ranks
 from core.protocol import Batch
 

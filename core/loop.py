@@ -21,9 +21,9 @@ from core.algos import (AdaptiveKLController, FixedKLController, apply_kl_reward
 from core.algos.advantages import BASELINE_ESTIMATORS
 from core.algos.filters import pf_ppo_rows
 from core.config import AlgoConfig, SamplingParams
-from core.engines.critic import ValueWorker
-from core.engines.policy import PolicyWorker
-from core.engines.reward_model import RewardModelWorker
+from core.train.critic import ValueWorker
+from core.train.policy import PolicyWorker
+from core.train.reward_model import RewardModelWorker
 from core.one_step_off import RolloutAhead
 from core.protocol import Batch
 from core.rewards import ScoredBatch, default_compute_score, sample_names, score_batch

@@ -6,7 +6,7 @@ exits non-zero when the run does not fit.
 Every term is a formula of the model's shape and the run's settings (bytes; P = parameters, W = FSDP world
 size, T = tokens per micro-batch, h = hidden size, i = MLP width, kvd = kv_heads x head_dim, L = layers,
 V = vocabulary, t = rollout tensor parallel size, k = 1 for tied embeddings else 2). They describe *our*
-implementation (core/engines): a rank never holds the full fp32 model, even while loading (meta-device build,
+implementation (core/train): a rank never holds the full fp32 model, even while loading (meta-device build,
 then each rank reads its own rows: ``sharding.load_sharded_causal_lm``, the critic's value model too).
 
 training phase, per GPU (``offload``: none | idle | full, ``core.config.OFFLOAD_MODES``)
@@ -15,7 +15,7 @@ training phase, per GPU (``offload``: none | idle | full, ``core.config.OFFLOAD_
     AdamW moments (fp32 m, v)  8P / W            (full: on the host)
     gathered bf16 layers       2 x 2 P_layer     (the layer being computed and the one prefetched; on one rank
                                                  without offload or checkpointing: a whole bf16 copy, 2P per
-                                                 model, kept, in its place: ``core.engines.one_rank``)
+                                                 model, kept, in its place: ``core.train.one_rank``)
     embeddings + LM head       2 k V h + 2 V h   (the root module stays gathered in bf16 for forward and
                                                  backward, plus the LM head's bf16 gradient)
     activations                2 T h L           (checkpointed: each layer's bf16 input) + one layer recomputed
@@ -168,7 +168,7 @@ class Plan:
         return "\n".join(out)
 
 
-# fp32 work of one chunk of the log-prob normalisation (core.engines.forward.CHUNK_VALUES = 2^28 values): the
+# fp32 work of one chunk of the log-prob normalisation (core.train.forward.CHUNK_VALUES = 2^28 values): the
 # fp32 copy, the exp and the softmax gradient
 CHUNK_WORK = 3 * (1 << 28) * 4
 
@@ -254,7 +254,7 @@ def _policy_terms(m: ModelShape, r: RunShape, W: int, p: Plan) -> tuple[float, f
 
 
 def _megatron_policy_terms(m: ModelShape, r: RunShape, W: int, p: Plan) -> tuple[float, float, float]:
-    """The actor's and the reference's lines on Megatron-core (``core.engines.megatron_actor``): each rank holds
+    """The actor's and the reference's lines on Megatron-core (``core.train.megatron_actor``): each rank holds
     1/G of the model, G = tp x pp (an MoE model's experts also split over ep), in fp32 with fp32 gradients and a
     plain AdamW (moments not sharded over DP: no distributed optimizer), on the host between calls with offload
     idle; autocast keeps a bf16 copy of the weights it casts during a forward. Activations: the h-wide
@@ -302,7 +302,7 @@ def lora_params(m: ModelShape, rank: int, targets: tuple[str, ...]) -> float:
 
 def one_rank(W: int, offload: str, checkpointing: bool) -> bool:
     """No FSDP2 on one rank without offload or checkpointing (``sharding.unsharded``): each model keeps a bf16 copy
-    of all its weights (``core.engines.one_rank``) instead of gathering layers one at a time."""
+    of all its weights (``core.train.one_rank``) instead of gathering layers one at a time."""
     return W == 1 and offload == "none" and not checkpointing
 
 

@@ -48,7 +48,7 @@ ground_truth        (B,)         object  reference answer for the reward
 extra_info          (B,)         object  per-sample dict carried from the dataset
 response_text       (B,)         object  the response decoded (``RolloutWorker.decode``; one-step-off batches carry it)
 multi_modal_inputs  (B,)         object  image prompts: the sample's vision inputs, a dict of tensors with leading
-                                         dim 1 (``core.engines.vision_inputs``: pixel values for its image tokens)
+                                         dim 1 (``core.data.vision_inputs``: pixel values for its image tokens)
 ==================  ===========  ======  =============================================================
 
 Crossing processes: pickling turns each tensor into a numpy view of its bytes, so Ray stores it as an

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import time
 
-from core.engines.policy import PolicyWorker
-from core.engines.rollout import RolloutEngine
+from core.train.policy import PolicyWorker
+from core.rollout.engine import RolloutEngine
 from core.memory import peak_memory
 
 

@@ -4,7 +4,7 @@ preference pairs, by Bradley-Terry.
 Pairs follow TRL's and verl's preference schema, one per row (.jsonl or .parquet): ``chosen`` and ``rejected``,
 each a text or a conversation (a list of {role, content} whose last turn is the assistant's), and a ``prompt``
 (a text or a conversation) unless the two conversations carry it. Each side goes through the reward model's chat
-template as a run feeds it (``core.engines.reward_model.conversation_ids``: the prompt with the generation prompt,
+template as a run feeds it (``core.train.reward_model.conversation_ids``: the prompt with the generation prompt,
 the answer's tokens, EOS).
 
 Training: AdamW on -log sigmoid(r_chosen - r_rejected) over mini-batches of pairs, the held-out pair accuracy
@@ -15,7 +15,7 @@ each mini-batch split over the ranks, the same loss as one process (a test check
 
 After every epoch the folder ``--out`` is (re)written whole -- the full weights, the tokenizer and ``rm_train.json``
 (the accuracy and loss history) -- so a stopped run keeps its last epoch. It loads with
-``AutoModelForSequenceClassification`` (``core.engines.reward_model``) and serves ``reward_model.model`` in a run.
+``AutoModelForSequenceClassification`` (``core.train.reward_model``) and serves ``reward_model.model`` in a run.
 
     torchrun --nproc_per_node 2 -m core.rm_train --model SmolLM2-135M-Instruct --train t.jsonl --val v.jsonl --out rm
 """
@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from core.engines.fsdp import full_tensor
-from core.engines.reward_model import batch_scores, bradley_terry_loss, conversation_ids, load_reward_model
+from core.train.fsdp import full_tensor
+from core.train.reward_model import batch_scores, bradley_terry_loss, conversation_ids, load_reward_model
 from core.models import resolve_dtype
 from core.worker import WorkerContext, leave_process_group
 
@@ -162,7 +162,7 @@ def train(model_name: str, train_pairs, val_pairs, out: str | Path | None = None
     dtype); None = bf16 where it is fast, else fp32. ``log_every``: print the mean loss of every so many optimizer
     steps (0 = only at the end). Under ``torchrun`` each mini-batch of ``batch`` pairs is split over the ranks and
     its loss is the same mean over the whole mini-batch as in one process."""
-    from core.engines.sharding import fsdp_wrap
+    from core.train.sharding import fsdp_wrap
     from core.models import default_dtype, load_tokenizer
 
     ctx = _context()

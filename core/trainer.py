@@ -22,11 +22,11 @@ import torch
 from core import checkpoint
 from core.checks import ConfigError, check_data_sources, check_run
 from core.config import ActorConfig, CriticConfig, RunConfig
-from core.engines.critic import FSDPCritic, ValueWorker
-from core.engines.fsdp import FSDPActor
-from core.engines.lora import LoraReference
-from core.engines.policy import PolicyWorker
-from core.engines.reward_model import RewardModelWorker
+from core.train.critic import FSDPCritic, ValueWorker
+from core.train.fsdp import FSDPActor
+from core.train.lora import LoraReference
+from core.train.policy import PolicyWorker
+from core.train.reward_model import RewardModelWorker
 from core.implicit_prm import prm_actor_config
 from core.loop import Roles, kl_controller, prompts_from_rows, step, sync_rollout, validate
 from core.one_step_off import RolloutAhead
@@ -73,7 +73,7 @@ def policy_spec(actor: ActorConfig) -> RoleSpec:
     """The actor's (or the reference's) role on its training engine; a Megatron model replica's tp x pp ranks, or
     a Ulysses group's ulysses_sp ranks, share one chunk of rows."""
     if actor.strategy == "megatron":
-        from core.engines.megatron_actor import MegatronActor
+        from core.train.megatron_actor import MegatronActor
 
         return RoleSpec(MegatronActor, {"cfg": actor}, mp_size=actor.megatron.tp * actor.megatron.pp)
     return RoleSpec(FSDPActor, {"cfg": actor}, mp_size=actor.ulysses_sp)  # a sequence-parallel group shares rows
@@ -82,7 +82,7 @@ def policy_spec(actor: ActorConfig) -> RoleSpec:
 def critic_spec(critic: CriticConfig) -> RoleSpec:
     """The critic's role on its training engine (a Megatron model replica's TP ranks share one chunk of rows)."""
     if critic.strategy == "megatron":
-        from core.engines.megatron_critic import MegatronCritic
+        from core.train.megatron_critic import MegatronCritic
 
         return RoleSpec(MegatronCritic, {"cfg": critic}, mp_size=critic.megatron.tp)
     return RoleSpec(FSDPCritic, {"cfg": critic})
@@ -226,7 +226,7 @@ def load_inputs(cfg: RunConfig, out: Path) -> tuple[Callable, list[dict], list[d
     from core.data.dataset import fit_prompt_lengths, load_rl_parquet
     from core.models import load_tokenizer, resolve_model
     from core.rewards import default_compute_score, load_reward_fn
-    from core.engines.vision_inputs import image_prompt_problem
+    from core.data.vision_inputs import image_prompt_problem
     from core.vision_processors import processor_for
 
     out.mkdir(parents=True, exist_ok=True)
@@ -254,7 +254,7 @@ def load_inputs(cfg: RunConfig, out: Path) -> tuple[Callable, list[dict], list[d
         if role is not None and role.strategy == "megatron":
             from transformers import AutoConfig
 
-            from core.engines.megatron_actor import run_problem
+            from core.train.megatron_actor import run_problem
 
             c = AutoConfig.from_pretrained(resolve_model(role.model))
             mixed = getattr(c, "decoder_sparse_step", 1) != 1 or bool(getattr(c, "mlp_only_layers", None))

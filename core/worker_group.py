@@ -10,7 +10,7 @@
 
 Dispatch takes the worker *method itself* (``FSDPActor.compute_logprobs``), so jump-to-definition from the
 controller lands on the code that runs; the group checks that the method belongs to the role's class. A role with
-several engines is called through its interface (``PolicyWorker.compute_logprobs``, core/engines/policy.py, whose
+several engines is called through its interface (``PolicyWorker.compute_logprobs``, core/train/policy.py, whose
 docstring names the engines); the method of the role's class that overrides it runs.
 ``LocalWorkerGroup`` has the same API and runs everything in the driver process (world size 1, no Ray).
 
@@ -109,7 +109,7 @@ def check_capacity(pools: dict[str, ResourcePool], nodes: list[dict]) -> None:
 
 def _method_name(role: str, role_cls: type, method: Callable) -> str:
     """The name to call remotely, after checking that ``method`` is ``role_cls``'s method or that of one of its
-    bases (an interface such as ``core.engines.policy.PolicyWorker``: the role's own override runs)."""
+    bases (an interface such as ``core.train.policy.PolicyWorker``: the role's own override runs)."""
     name = getattr(method, "__name__", None)
     if name is None or not any(vars(k).get(name) is method for k in role_cls.__mro__):
         raise TypeError(f"{method!r} is not a method of role {role!r} (class {role_cls.__qualname__}); "

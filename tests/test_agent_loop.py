@@ -8,7 +8,7 @@ import torch
 from core.agent_loop import agent_generate
 from core.config import AgentConfig
 from core.config.algo import SamplingParams
-from core.engines.rollout import RolloutEngine
+from core.rollout.engine import RolloutEngine
 from core.models import load_causal_lm, load_tokenizer
 from core.tools.chat import tool_response_text
 

@@ -10,7 +10,7 @@ import torch
 from core.config import (ActorConfig, AdvantageConfig, AgentConfig, AlgoConfig, OptimConfig, RolloutConfig,
                          SamplingParams)
 from core.data import arith
-from core.engines.fsdp import FSDPActor
+from core.train.fsdp import FSDPActor
 from core.loop import Roles, generate, logprobs, prompts_from_rows, step, Timer
 from core.roles import RolloutWorker
 from core.worker import RoleSpec
@@ -93,7 +93,7 @@ def test_the_loss_and_its_gradients_ignore_tool_tokens(roles):
     forward (shared prompt, padding removed). Scored as if the model had written them (response_mask 1), the same
     perturbation changes the loss: the check can fail."""
     from core.algos import POLICY_LOSSES, LossNorm
-    from core.engines.forward import response_logprobs
+    from core.train.forward import response_logprobs
     from core.models import load_causal_lm
 
     batch = generate(roles, prompts_from_rows(rows()), ALGO.sampling, Timer())

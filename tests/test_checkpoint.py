@@ -97,8 +97,8 @@ placement: {{roles: {{actor: main, rollout: main, ref: main, critic: main}}}}
 
 def fit_run(conf: Path, out: Path, *overrides: str) -> dict[int, dict]:
     """The recipe config ``conf`` with ``overrides`` run by ``fit`` in this process (on the caller's Ray session, as
-    ``python -m core.train`` runs it without a Ray start per run); its steady metrics by step."""
-    from core.train import load_run_config
+    ``python -m core.run`` runs it without a Ray start per run); its steady metrics by step."""
+    from core.run import load_run_config
     from core.trainer import fit
 
     fit(load_run_config(conf, overrides=[f"trainer.output_dir={out}", *overrides]))
@@ -106,9 +106,9 @@ def fit_run(conf: Path, out: Path, *overrides: str) -> dict[int, dict]:
 
 
 def train(conf: Path, out: Path) -> subprocess.Popen:
-    """``python -m core.train`` in a session of its own: a kill takes the whole process group (with Ray: the
+    """``python -m core.run`` in a session of its own: a kill takes the whole process group (with Ray: the
     driver and the Ray processes it started), as a machine that dies would."""
-    return subprocess.Popen([sys.executable, "-m", "core.train", "--config-dir", str(conf),
+    return subprocess.Popen([sys.executable, "-m", "core.run", "--config-dir", str(conf),
                              f"trainer.output_dir={out}"], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
@@ -166,7 +166,7 @@ def test_export_writes_a_folder_transformers_loads_and_that_generates(tmp_path, 
     from transformers import AutoModelForCausalLM
 
     from core.config import ActorConfig, SamplingParams
-    from core.engines.fsdp import FSDPActor
+    from core.train.fsdp import FSDPActor
     from core.export import export
     from core.worker import RoleSpec
     from core.worker_group import LocalWorkerGroup
@@ -192,7 +192,7 @@ def test_export_writes_a_folder_transformers_loads_and_that_generates(tmp_path, 
     # the rollout engine and the eval harness take the folder like any model: same greedy tokens as generate
     from core.data.dataset import load_rl_parquet
     from core.config import ActorConfig, SamplingParams
-    from core.engines.rollout import RolloutEngine
+    from core.rollout.engine import RolloutEngine
     from core.eval import evaluate_rows
     from core.models import load_causal_lm, load_tokenizer
 

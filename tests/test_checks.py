@@ -113,7 +113,7 @@ def test_overrides_of_keys_the_yaml_leaves_out_take_effect_and_typos_are_named()
     also for a schema field left at its default. Such overrides are now added, and validation names typos."""
     from pathlib import Path
 
-    from core.train import load_run_config
+    from core.run import load_run_config
 
     ppo = Path(__file__).resolve().parents[1] / "recipes" / "ppo"
     assert "backend:" not in (ppo / "config.yaml").read_text().split("rollout:")[1].split("\n\n")[0]
@@ -127,7 +127,7 @@ def test_overrides_of_keys_the_yaml_leaves_out_take_effect_and_typos_are_named()
 
 def test_megatron_layout_must_fit_the_actor_pool_and_what_cannot_run_is_named_before_ray():
     from core.config import ActorConfig, MegatronConfig
-    from core.engines.megatron_actor import run_problem
+    from core.train.megatron_actor import run_problem
 
     assert problems(run_config(actor__strategy="megatron", actor__megatron={"tp": 2})) == []  # default pool: 2 ranks
     found = problems(run_config(actor__strategy="megatron", actor__megatron={"tp": 2, "pp": 2}))

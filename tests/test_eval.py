@@ -3,7 +3,7 @@
 import pytest
 
 from core.config import SamplingParams
-from core.engines.rollout import RolloutEngine
+from core.rollout.engine import RolloutEngine
 from core.eval import evaluate_rows, majority_correct, markdown_table, pass_at_k, summarize
 from core.models import load_causal_lm, load_tokenizer
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.engines.one_rank import FOLD_CHUNK, add_into
+from core.train.one_rank import FOLD_CHUNK, add_into
 
 FAULTS = """
 import resource, torch

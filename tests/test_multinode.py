@@ -117,10 +117,10 @@ def test_a_node_with_other_code_is_named_and_runtime_env_ships_the_drivers(clust
 
 
 def train(cluster, conf: Path, out: Path, *overrides: str, timeout_s: float = 300.0):
-    """``python -m core.train`` as a driver on the head node of ``cluster`` (on a fresh local Ray when None)."""
+    """``python -m core.run`` as a driver on the head node of ``cluster`` (on a fresh local Ray when None)."""
     import subprocess
 
-    args = [sys.executable, "-m", "core.train", "--config-dir", str(conf), f"trainer.output_dir={out}", *overrides]
+    args = [sys.executable, "-m", "core.run", "--config-dir", str(conf), f"trainer.output_dir={out}", *overrides]
     if cluster is None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
         return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
@@ -166,7 +166,7 @@ def test_a_node_lost_mid_run_is_named_and_the_resumed_run_ends_as_the_uninterrup
     whole = train(cluster, conf, tmp_path / "whole", TWO_NODES, "trainer.save_freq=0")
     assert whole.returncode == 0, whole.stderr[-3000:]
     out = tmp_path / "cut"
-    args = [sys.executable, "-m", "core.train", "--config-dir", str(conf), f"trainer.output_dir={out}", TWO_NODES,
+    args = [sys.executable, "-m", "core.run", "--config-dir", str(conf), f"trainer.output_dir={out}", TWO_NODES,
             "trainer.node_loss_timeout_s=30"]
     log = open(tmp_path / "driver.log", "w")
     driver = subprocess.Popen(cluster.command(args), cwd=ROOT, env=cluster.env | {"RAY_ADDRESS": cluster.address},

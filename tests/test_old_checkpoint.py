@@ -21,7 +21,7 @@ VOLATILE = ("timing_s/", "perf/", "sync/seconds", "sync/peak_memory", "sync/reta
 
 def test_a_checkpoint_of_the_old_layout_resumes_to_the_metrics_it_was_saved_with(tmp_path):
     from core.models import tiny_random_model
-    from core.train import load_run_config
+    from core.run import load_run_config
     from core.trainer import fit
 
     model = tiny_random_model(tmp_path / "model", **MODEL)  # the config and tokenizer; the weights come from the checkpoint

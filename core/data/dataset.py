@@ -65,7 +65,7 @@ def fit_prompt_lengths(rows: list[dict], tokenizer, max_len: int, truncation: st
     Image rows (``images``) are measured through the model's ``processor``, each image's token run included, and
     are never truncated (a cut through an image's tokens breaks the model's image-token count): an overlong one is
     dropped (``filter_overlong``) or an error."""
-    from core.engines.rollout import chat_prompt_ids
+    from core.rollout.engine import chat_prompt_ids
 
     if truncation not in TRUNCATIONS:
         raise ValueError(f"data.truncation must be one of {TRUNCATIONS}, got {truncation!r}")
@@ -75,7 +75,7 @@ def fit_prompt_lengths(rows: list[dict], tokenizer, max_len: int, truncation: st
         raise ValueError(f"{first.get('where', 'a row')}: image prompts, but the rollout model has no image processor "
                          "(rollout.model must be a vision-language model folder with a processor_config.json)")
     if images:
-        from core.engines.vision_inputs import vision_prompt_ids
+        from core.data.vision_inputs import vision_prompt_ids
 
         ids = [vision_prompt_ids(processor, [r["prompt"]], [r.get("images", [])])[0][0] for r in rows]
         truncation = "error" if not filter_overlong else truncation

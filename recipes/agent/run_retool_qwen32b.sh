@@ -30,7 +30,7 @@ run=("$PY" -m core.cli train "$here" --config-name retool_qwen32b)
 if [ "$dry" = 1 ]; then
   exec "${run[@]}" --dry-run "${args[@]}"
 fi
-if ! "$PY" -c "import vllm, core.engines.vllm_rollout" 2>/dev/null; then
+if ! "$PY" -c "import vllm, core.rollout.vllm_engine" 2>/dev/null; then
   echo "run_retool_qwen32b.sh: vllm is not importable here: falling back to the embedded engine (rollout.backend=embedded, TP 1)"
   args=(rollout.backend=embedded rollout.tensor_parallel_size=1 "${args[@]}")
 fi

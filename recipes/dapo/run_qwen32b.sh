@@ -13,7 +13,7 @@
 #   then on the head: bash recipes/dapo/run_qwen32b.sh   (RAY_ADDRESS defaults to auto: the running cluster)
 # Data: DAPO-Math-17k from the HF hub (DAPO_MATH_SRC=hub, needs `pip install -e '.[hub]'`) or a local .parquet /
 # .jsonl (DAPO_MATH_SRC=/path/file.parquet); AIME 2024 from ../shared/data/aime24 (AIME_SRC=DIR or hub).
-# Rollout: vLLM TP 4 (pip install -e '.[vllm]'; core/engines/vllm_rollout.py); where vllm is not importable the run
+# Rollout: vLLM TP 4 (pip install -e '.[vllm]'; core/rollout/vllm_engine.py); where vllm is not importable the run
 # falls back to the embedded engine (rollout.backend=embedded, TP 1) -- and stops at the plan if that does not fit
 # (it does not for 32B).
 # Extra arguments are Hydra overrides, e.g. trainer.total_steps=200 actor.optim.lr=2e-6
@@ -32,7 +32,7 @@ if [ "$dry" = 1 ]; then
   exec "${run[@]}" --dry-run "${args[@]}"
 fi
 # without vllm, fall back to the embedded engine
-if ! "$PY" -c "import vllm, core.engines.vllm_rollout" 2>/dev/null; then
+if ! "$PY" -c "import vllm, core.rollout.vllm_engine" 2>/dev/null; then
   echo "run_qwen32b.sh: vllm is not importable here: falling back to the embedded engine (rollout.backend=embedded, TP 1)"
   args=(rollout.backend=embedded rollout.tensor_parallel_size=1 "${args[@]}")
 fi

@@ -104,7 +104,7 @@ def make_step(cfg, sections: dict) -> Callable:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from core.train import main as run
+    from core.run import main as run
 
     return run(argv, config_dir=HERE, sections={"dapo": DAPOConfig}, make_step=make_step)
 

@@ -2,7 +2,7 @@
 rule, so the truth behind every preference is known.
 
 The RLHF pipeline in miniature. The starting policy (SmolLM2-135M-Instruct) answers each problem of a split
-``--samples`` times at temperature 0.7 (``core.engines.rollout.RolloutEngine``); the rule (last number = answer)
+``--samples`` times at temperature 0.7 (``core.rollout.engine.RolloutEngine``); the rule (last number = answer)
 labels each answer. Two kinds of pair per problem, chosen first:
   * natural: a right answer against a wrong one of the same problem (up to ``--per-problem``);
   * edited: an answer against itself with its last number changed -- right (the true result) against wrong (the
@@ -29,8 +29,8 @@ import torch
 
 from core.config.algo import SamplingParams
 from core.data import arith
-from core.engines.rollout import RolloutEngine
-from core.engines.rollout_batch import decode_responses
+from core.rollout.engine import RolloutEngine
+from core.rollout.batch import decode_responses
 from core.models import default_dtype, load_causal_lm, load_tokenizer
 from core.rewards import default_compute_score
 

@@ -26,7 +26,7 @@ run=("$PY" -m core.cli train "$here" --config-name qwen7b_math)
 if [ "$dry" = 1 ]; then
   exec "${run[@]}" --dry-run "${args[@]}"
 fi
-if ! "$PY" -c "import vllm, core.engines.vllm_rollout" 2>/dev/null; then
+if ! "$PY" -c "import vllm, core.rollout.vllm_engine" 2>/dev/null; then
   echo "run_qwen2.5_7b_math.sh: vllm is not importable here: falling back to the embedded engine (rollout.backend=embedded)"
   args=(rollout.backend=embedded "${args[@]}")
 fi

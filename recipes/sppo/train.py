@@ -50,7 +50,7 @@ def step(roles: Roles, draw: Callable[[], Batch], cfg: AlgoConfig, reward_fn: Ca
 
 
 def main(argv: list[str] | None = None) -> int:
-    from core.train import main as run
+    from core.run import main as run
 
     return run(argv, config_dir=HERE, make_step=lambda cfg, sections: step)
 

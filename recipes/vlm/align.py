@@ -49,8 +49,8 @@ def batch_inputs(processor, rows: list[dict]) -> dict[str, torch.Tensor]:
 def caption_accuracy(model, processor, rows: list[dict]) -> float:
     """Greedy captions of held-out pictures: the share that name the right colour (and no other)."""
     from core.config import SamplingParams
-    from core.engines.rollout import RolloutEngine
-    from core.engines.vision_inputs import vision_prompt_ids
+    from core.rollout.engine import RolloutEngine
+    from core.data.vision_inputs import vision_prompt_ids
 
     engine = RolloutEngine(model, processor.tokenizer, pack_weights=False, decode_attention=False)
     ids, vision = vision_prompt_ids(processor, [r["prompt"] for r in rows], [r["images"] for r in rows])

@@ -63,7 +63,7 @@ def test_the_baseline_spans_the_whole_batch_whatever_the_groups():
 
 def model_logprobs(model_dir):
     """The tiny model's log-probs of 3 responses (grad on), their mask, and the model."""
-    from core.engines.forward import response_logprobs
+    from core.train.forward import response_logprobs
     from core.models import load_causal_lm
     from tests.engines.test_shared_prompt import grouped_batch
 

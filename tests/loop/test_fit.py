@@ -55,7 +55,7 @@ def test_config_errors_name_the_key_and_sizes_are_checked(tiny_model_dir, tmp_pa
 def test_hydra_config_with_overrides_is_validated(tmp_path):
     import yaml
 
-    from core.train import load_run_config
+    from core.run import load_run_config
 
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"trainer": {"total_steps": 3}, "actor": {"optim": {"lr": 1e-6}},
                                                          "algo": {"sampling": {"n": 2}}}))
@@ -72,7 +72,7 @@ def test_hydra_config_with_overrides_is_validated(tmp_path):
 def test_validation_runs_before_training_and_after_the_last_step(tiny_model_dir, tmp_path):
     """Step 0 holds the untrained policy's greedy held-out score, equal to scoring a fresh engine's greedy
     responses by hand; the last step's line carries the score after training."""
-    from core.engines.rollout import RolloutEngine
+    from core.rollout.engine import RolloutEngine
     from core.models import load_causal_lm, load_tokenizer
     from core.data.dataset import load_rl_parquet
 

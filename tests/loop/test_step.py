@@ -10,7 +10,7 @@ import torch
 from core.config import (ActorConfig, AdvantageConfig, AlgoConfig, OptimConfig, PlacementConfig, PolicyLossConfig,
                          PoolConfig, RolloutConfig, SamplingParams)
 from core.data.dataset import load_rl_parquet
-from core.engines.fsdp import FSDPActor
+from core.train.fsdp import FSDPActor
 from core.loop import Roles, prompts_from_rows, step
 from core.placement import place
 from core.roles import RolloutWorker
@@ -134,7 +134,7 @@ def test_bypass_mode_takes_the_rollouts_logprobs_and_reinforce_weighs_the_mismat
     from dataclasses import replace
 
     from core.algos.ops import masked_mean
-    from core.engines.policy import PolicyWorker
+    from core.train.policy import PolicyWorker
 
     specs = role_specs(tiny_model_dir)
     actor = replace(specs["actor"].kwargs["cfg"], optim=OptimConfig(lr=0.0), ppo_mini_batch_size=16,

@@ -14,7 +14,7 @@ from core.data.dataset import load_rl_parquet
 from core.expected import check, load_expected, metric_figures, run_figures
 from core.report import read_metrics
 from core.rewards import load_reward_fn
-from core.train import load_run_config
+from core.run import load_run_config
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "agent"
 EXPECTED = load_expected(RECIPE)

@@ -8,7 +8,7 @@ import pytest
 
 from core.data.prepare import write_parquet
 from core.cli import recipe_module
-from core.train import load_recipe_config
+from core.run import load_recipe_config
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "dapo"
 
@@ -133,7 +133,7 @@ def test_each_gen_batch_of_a_step_samples_with_its_own_seed():
     """A step's redraws (dynamic sampling) once reused the step's seed, replaying the first draw's uniforms. The
     first draw keeps the step's seed; later ones move past every rank's replica offset."""
     from core.config import SamplingParams
-    from core.engines.rollout import replica_seed
+    from core.rollout.engine import replica_seed
 
     train = dapo_module()
     base = SamplingParams(n=4, seed=7)

@@ -13,7 +13,7 @@ from core.cli import recipe_module
 from core.expected import check, load_expected, run_figures
 from core.report import read_metrics
 from core.rewards import load_reward_fn
-from core.train import load_run_config
+from core.run import load_run_config
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "grpo"
 EXPECTED = load_expected(RECIPE)

@@ -11,7 +11,7 @@ import pytest
 from core.cli import recipe_module
 from core.expected import load_expected
 from core.rewards import default_compute_score
-from core.train import load_run_config
+from core.run import load_run_config
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "ppo"
 EXPECTED = load_expected(RECIPE)

@@ -14,7 +14,7 @@ import torch
 from core.cli import recipe_module
 from core.data.prepare import write_parquet
 from core.report import read_metrics
-from core.train import load_recipe_config
+from core.run import load_recipe_config
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "prime"
 
@@ -29,7 +29,7 @@ def test_the_prm_starts_as_the_reference_and_learns_the_outcome_labels(tiny_mode
     Before any update its log-probs are the reference's bit for bit (z = 0, all rewards 0); after 8 updates on one
     batch its cross-entropy has fallen and its implicit reward orders right above wrong answers of each prompt."""
     from core.config import ActorConfig, RunConfig, validate
-    from core.engines.fsdp import FSDPActor
+    from core.train.fsdp import FSDPActor
     from core.implicit_prm import prm_actor_config, ranking_accuracy
     from core.algos.ops import group_ids
     from core.worker import RoleSpec

@@ -10,7 +10,7 @@ import pytest
 
 from core.cli import recipe_module
 from core.expected import load_expected
-from core.train import load_recipe_config
+from core.run import load_recipe_config
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "sppo"
 EXPECTED = load_expected(RECIPE)

@@ -15,7 +15,7 @@ from core.cli import recipe_module
 from core.data.dataset import load_rl_parquet
 from core.data.prepare import write_parquet
 from core.expected import load_expected
-from core.train import load_recipe_config
+from core.run import load_recipe_config
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "vapo"
 EXPECTED = load_expected(RECIPE)
@@ -85,7 +85,7 @@ def tiny_config(tmp_path, model_dir):
 
 
 def test_value_pretraining_leaves_actor_and_rollout_bit_identical_while_the_critic_learns(tmp_path, tiny_model_dir):
-    from core.engines.fsdp import FSDPActor
+    from core.train.fsdp import FSDPActor
     from core.loop import Roles, prompts_from_rows
     from core.placement import place
     from core.roles import RolloutWorker

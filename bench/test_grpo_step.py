@@ -37,7 +37,7 @@ from core.config import ActorConfig, AdvantageConfig, AlgoConfig, OptimConfig, R
 from core.train.fsdp import FSDPActor
 from core.loop import Roles, prompts_from_rows, step
 from core.models import default_dtype, resolve_model
-from core.roles import RolloutWorker
+from core.rollout.worker import RolloutWorker
 from core.worker import RoleSpec
 from core.worker_group import LocalWorkerGroup
 

@@ -46,7 +46,7 @@ def test_trivial_call_latency_process_vs_namespaces(full_size, report):
 def test_agent_rollout_process_vs_namespaces(full_size, report, monkeypatch):
     if isolation.probe():
         pytest.skip(f"no namespaces here: {isolation.probe()}")
-    from core.agent_loop import agent_generate
+    from core.rollout.agent_loop import agent_generate
     from core.cli import recipe_module
     from core.config import AgentConfig, SamplingParams
     from core.rollout.engine import RolloutEngine

@@ -15,7 +15,7 @@ from bench.conftest import median_time
 from core.config import ActorConfig, RolloutConfig
 from core.train.fsdp import FSDPActor
 from core.models import default_dtype, load_causal_lm, resolve_model
-from core.roles import RolloutWorker
+from core.rollout.worker import RolloutWorker
 from core.worker import RoleSpec
 from core.worker_group import LocalWorkerGroup
 

@@ -27,7 +27,8 @@ from core.train.reward_model import RewardModelWorker
 from core.one_step_off import RolloutAhead
 from core.protocol import Batch
 from core.rewards import ScoredBatch, default_compute_score, sample_names, score_batch
-from core.roles import RolloutWorker, sync_across_pools
+from core.roles import sync_across_pools
+from core.rollout.worker import RolloutWorker
 from core.worker_group import RoleGroup
 
 

@@ -11,6 +11,7 @@ naming every place it looked.
 from __future__ import annotations
 
 import fcntl
+import inspect
 import json
 import os
 import shutil
@@ -159,6 +160,23 @@ def load_causal_lm(name_or_path: str, dtype: torch.dtype = torch.float32, device
     path = resolve_model(name_or_path)
     model = lm_class(AutoConfig.from_pretrained(path)).from_pretrained(path, dtype=dtype)
     return model.to(device).eval()
+
+
+def keeps_logits(model) -> bool:
+    """Does the model's forward take ``logits_to_keep`` (project only the last positions onto the vocabulary)?"""
+    fwd = getattr(model, "forward", None)
+    return fwd is not None and "logits_to_keep" in inspect.signature(fwd).parameters
+
+
+def load_value_model(name_or_path: str, dtype: torch.dtype = torch.float32):
+    """The causal LM's backbone with a 1-output ``score`` head (random init), dropout off (transformers' generic
+    token-classification head otherwise drops 10% of the hidden state)."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    path = resolve_model(name_or_path)
+    config = AutoConfig.from_pretrained(path, num_labels=1)
+    config.classifier_dropout = 0.0
+    return AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=dtype)
 
 
 def tiny_random_model(out: str | Path, vocab_size: int = 128, hidden: int = 64, layers: int = 2, seed: int = 0,

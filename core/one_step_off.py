@@ -28,7 +28,7 @@ import torch
 
 from core.config import SamplingParams
 from core.protocol import Batch
-from core.roles import RolloutWorker
+from core.rollout.worker import RolloutWorker
 from core.worker_group import RoleGroup
 
 

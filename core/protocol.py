@@ -33,7 +33,7 @@ rm_scores           (B,)         float   the reward model's score of each sample
 function_scores     (B,)         float   with a reward model: the reward function's own score of each sample
 prm_logprobs        (B, Tr)      float   the implicit PRM's log-probs of the response tokens (``core.implicit_prm``)
 process_rewards     (B, Tr)      float   its dense rewards: beta (prm_logprobs - ref_logprobs), normalised
-num_turns           (B,)         float   agent rollouts: model turns of each trajectory (``core.agent_loop``)
+num_turns           (B,)         float   agent rollouts: model turns of each trajectory (``core.rollout.agent_loop``)
 num_tool_calls      (B,)         float   ... tool calls it made
 num_tool_errors     (B,)         float   ... calls that failed (unparsable, unknown tool, error, timeout, flood)
 truncated           (B,)         float   ... 1 when its last turn did not end at EOS (a length limit, max_turns)

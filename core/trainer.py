@@ -31,7 +31,7 @@ from core.implicit_prm import prm_actor_config
 from core.loop import Roles, kl_controller, prompts_from_rows, step, sync_rollout, validate
 from core.one_step_off import RolloutAhead
 from core.report import report
-from core.roles import RolloutWorker
+from core.rollout.worker import RolloutWorker
 from core.tools import isolation
 from core.tracking import make_trackers
 from core.worker import RoleSpec

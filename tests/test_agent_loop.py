@@ -1,11 +1,11 @@
-"""Multi-turn agent rollouts (core/agent_loop.py) through the real embedded engine and SmolLM2-135M-Instruct with a
+"""Multi-turn agent rollouts (core/rollout/agent_loop.py) through the real embedded engine and SmolLM2-135M-Instruct with a
 real calculator in the sandbox: the token stream is what the engine saw, the masks cover exactly the model's
 tokens, and the rollout's log-probs of those tokens equal a plain transformers forward of the whole stream."""
 
 import pytest
 import torch
 
-from core.agent_loop import agent_generate
+from core.rollout.agent_loop import agent_generate
 from core.config import AgentConfig
 from core.config.algo import SamplingParams
 from core.rollout.engine import RolloutEngine

@@ -12,7 +12,7 @@ from core.config import (ActorConfig, AdvantageConfig, AgentConfig, AlgoConfig, 
 from core.data import arith
 from core.train.fsdp import FSDPActor
 from core.loop import Roles, generate, logprobs, prompts_from_rows, step, Timer
-from core.roles import RolloutWorker
+from core.rollout.worker import RolloutWorker
 from core.worker import RoleSpec
 from core.worker_group import LocalWorkerGroup
 from tests.test_agent_loop import ONE_SHOT

@@ -16,7 +16,7 @@ from core.data.dataset import load_rl_parquet
 from core.train.fsdp import FSDPActor
 from core.loop import Roles, prompts_from_rows, step
 from core.placement import place
-from core.roles import RolloutWorker
+from core.rollout.worker import RolloutWorker
 from core.vision_models import smolvlm_from_smollm2, tiny_qwen_vl
 from core.worker import RoleSpec
 

@@ -253,7 +253,7 @@ class CriticConfig:
 
 @dataclass(frozen=True)
 class AgentConfig:
-    # multi-turn agent rollouts (core/agent_loop.py): the model calls tools between turns
+    # multi-turn agent rollouts (core/rollout/agent_loop.py): the model calls tools between turns
     enable: bool = False
     # model turns per trajectory (the last one is not given tool answers)
     max_turns: int = 4

@@ -53,6 +53,10 @@ from pathlib import Path
 
 import torch
 
+# attention keyword arguments whose non-None value changes the math: such calls go to SDPA, not our kernels (decode
+# and training attention alike)
+UNSUPPORTED_KWARGS = ("sliding_window", "softcap", "s_aux", "sinks", "position_bias")
+
 _SOURCES = [Path(__file__).parent / "csrc" / f for f in ("attention.cpp", "elementwise.cpp", "fp32.cpp", "linear.cpp",
                                                                 "lm_head.cpp", "ops.cpp", "train_attention.cpp")]
 _state: dict[str, bool] = {}

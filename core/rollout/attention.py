@@ -30,8 +30,6 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from core.kernels import cpu as cpu_kernels
 
 NAME = "hybridrl_decode"
-# keyword arguments whose non-None value changes the attention math: such calls go to SDPA
-UNSUPPORTED_KWARGS = ("sliding_window", "softcap", "s_aux", "sinks", "position_bias")
 
 
 def decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -41,7 +39,7 @@ def decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     (B, q, H, Dv) (Dv differs from D for multi-head latent attention)."""
     B, H, q_len, D = query.shape
     scale = scaling if scaling is not None else D ** -0.5
-    sdpa_only = module.training or any(kwargs.get(k) is not None for k in UNSUPPORTED_KWARGS)
+    sdpa_only = module.training or any(kwargs.get(k) is not None for k in cpu_kernels.UNSUPPORTED_KWARGS)
     if (not sdpa_only and query.dtype in cpu_kernels.KERNEL_DTYPES and query.device.type == "cpu"
             and not torch.is_grad_enabled() and query.shape[-1] % 8 == 0 and value.shape[-1] == query.shape[-1]
             and (attention_mask is not None or q_len == 1)

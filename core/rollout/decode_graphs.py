@@ -87,7 +87,7 @@ class DecodeGraphs:
 
     def _step(self, b: int) -> torch.Tensor:
         self.e.cache.decode_at(self.write_pos[:b], self.e.cache.max_len)
-        return self.e._forward(self.ids[:b], self.rope_pos[:b], self.mask[:b])
+        return self.e.last_logits(self.ids[:b], self.rope_pos[:b], self.mask[:b])
 
     def _record(self, b: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """Warm the step up on a side stream (lazy initialisations must not land in the graph), then record it.

@@ -21,13 +21,13 @@ from core.rollout import attention
 from core.kernels import cpu as cpu_kernels
 from core.rollout import gpu_kernels
 from core.rollout.decode_graphs import DecodeGraphs
-from core.train.forward import keeps_logits
 from core.rollout.kv_cache import SlotKVCache
 from core.rollout.packed import PackedLinears, can_pack
 from core.rollout.batch import chat_prompt_ids, decode_responses
 from core.rollout.run import Run
 from core.rollout.sampling import filter_logits, sample_inverse_cdf, uniforms, unnormalised_probs_
 from core.data.vision_inputs import never_sampled
+from core.models import keeps_logits
 from core.protocol import Batch
 
 
@@ -207,7 +207,7 @@ class RolloutEngine:
         self.wake(max_len)
         return Run(self, [list(p) for p in prompts], params, session=True)
 
-    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, **vision) -> torch.Tensor:
+    def last_logits(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, **vision) -> torch.Tensor:
         """Last-position logits (B, V) in the model's dtype; the cache already knows where this forward writes.
         ``vision``: a prefill's collated vision inputs (pixel values for its image tokens)."""
         keep = {"logits_to_keep": 1} if self._keeps_logits else {}
@@ -223,7 +223,7 @@ class RolloutEngine:
                                             device=logits.device)
         return self._fp32_logits[:len(logits)].copy_(logits)
 
-    def _sample(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator
+    def sample(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Next tokens (B,) and their log-probs under logits / temperature (raw logits when greedy); ``logits``
         (B, V) in the model's dtype, left unmodified. Top-k / top-p restrict what is drawn, never the log-probs:

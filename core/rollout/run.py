@@ -5,7 +5,7 @@ cache's slots, admission (prefill, the shared prefix once), one decode step for 
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Sequence
+from typing import Protocol, Sequence
 
 import torch
 
@@ -15,15 +15,32 @@ from core.rollout.sampling import RowGenerators
 from core.data.vision_inputs import collate, mrope_positions
 from core.protocol import Batch
 
-if TYPE_CHECKING:
-    from core.rollout.engine import RolloutEngine
+
+class Engine(Protocol):
+    """What a ``Run`` reads of its engine (``core.rollout.engine.RolloutEngine``): the model, its KV cache (and the
+    recorded decode steps on a GPU), the sizes, and the two calls of a step."""
+    model: torch.nn.Module
+    tokenizer: object
+    cache: object                  # core.rollout.kv_cache.SlotKVCache
+    graphs: object | None          # core.rollout.decode_graphs.DecodeGraphs
+    device: torch.device
+    dtype: torch.dtype
+    max_batch_size: int
+    share_prefix: bool
+    eos_ids: list[int]
+    pad_id: int
+
+    def last_logits(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, **vision) -> torch.Tensor: ...
+
+    def sample(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator
+               ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class Run:
     """The state of one ``generate`` call (or ``session``): a queue of prompts and per-slot sequences; live slots
     are [0, live). In a session the queue starts empty and each added sequence draws from its own generator."""
 
-    def __init__(self, engine: RolloutEngine, prompts: list[list[int]], params: SamplingParams, session: bool = False,
+    def __init__(self, engine: Engine, prompts: list[list[int]], params: SamplingParams, session: bool = False,
                  vision: Sequence[dict] | None = None):
         self.e, self.p, self.vision = engine, params, vision
         # columns [0, P) of every slot; none with images (the same image-token ids stand for different images)
@@ -82,7 +99,7 @@ class Run:
         ar = torch.arange(P)
         self.e.cache.prefill_into(torch.zeros(1, dtype=torch.long, device=dev))
         causal = (ar[None, :] <= ar[:, None])[None, None]
-        self.e._forward(torch.tensor([self.prefix], device=dev), ar[None].to(dev),
+        self.e.last_logits(torch.tensor([self.prefix], device=dev), ar[None].to(dev),
                         _additive(causal, self.e.dtype).to(dev))
         self.prefix_kv = self.e.cache.read(0, P)
 
@@ -117,7 +134,7 @@ class Run:
         delta = torch.zeros(m, dtype=torch.long)
         if mrope := mrope_positions(self.e.model, ids, col[None, P:] >= start[:, None], vision):  # P = 0 here
             pos, delta = mrope
-        logits = self.e._forward(ids.to(dev), pos.to(dev), _additive(allowed[:, None], self.e.dtype).to(dev),
+        logits = self.e.last_logits(ids.to(dev), pos.to(dev), _additive(allowed[:, None], self.e.dtype).to(dev),
                                  **vision)
         if n > 1:
             for r in range(m):
@@ -129,7 +146,7 @@ class Run:
         self.sample[slots] = [i * n + j for i in take for j in range(n)]
         self.live += m * n
         self._draw_for(range(slots.start, slots.stop))
-        tok, logp = self.e._sample(logits.repeat_interleave(n, 0), self.p, self.gen)
+        tok, logp = self.e.sample(logits.repeat_interleave(n, 0), self.p, self.gen)
         self._record(range(slots.start, slots.stop), tok, logp)
 
     def decode_step(self) -> None:
@@ -148,10 +165,10 @@ class Run:
             logits = self.e.graphs.decode(self.last[:L, None], pos, rope[:, None], mask)
         else:
             self.e.cache.decode_at(pos, kv_len)
-            logits = self.e._forward(self.last[:L, None], rope[:, None], mask)
+            logits = self.e.last_logits(self.last[:L, None], rope[:, None], mask)
         self.pos[:L] += 1
         self._draw_for(range(L))
-        tok, logp = self.e._sample(logits, self.p, self.gen)
+        tok, logp = self.e.sample(logits, self.p, self.gen)
         self._record(range(L), tok, logp)
 
     def _record(self, slots: range, tok: torch.Tensor, logp: torch.Tensor) -> None:

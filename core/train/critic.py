@@ -19,25 +19,12 @@ from core.algos import LossNorm, masked_mean, value_loss
 from core.checkpoint import answer_probe
 from core.config import CriticConfig
 from core.train.forward import trim_padding
-from core.train.policy import length_order, micro_batches, restore_order
+from core.train.micro_batches import (equalise_passes, global_counts, length_order, micro_batches, reshuffle_seed,
+                                       restore_order)
 from core.train.shared_prompt import prompt_groups, shared_prompt_values
-from core.train.sharding import (FSDPEngine, IdleOffload, adamw_with_warmup, equalise_passes, global_counts,
-                                   load_sharded_causal_lm, reshuffle_seed)
+from core.train.sharding import FSDPEngine, IdleOffload, adamw_with_warmup, load_sharded_causal_lm
 from core.protocol import Batch
 from core.worker import WorkerContext
-
-
-def load_value_model(name_or_path: str, dtype: torch.dtype = torch.float32):
-    """The causal LM's backbone with a 1-output ``score`` head (random init), dropout off (transformers' generic
-    token-classification head otherwise drops 10% of the hidden state)."""
-    from transformers import AutoConfig, AutoModelForTokenClassification
-
-    from core.models import resolve_model
-
-    path = resolve_model(name_or_path)
-    config = AutoConfig.from_pretrained(path, num_labels=1)
-    config.classifier_dropout = 0.0
-    return AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=dtype)
 
 
 def response_values(model, batch: Batch, remove_padding: bool = True, share_prompt: bool = False) -> torch.Tensor:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 
 import torch
 import torch.nn.functional as F
@@ -11,13 +10,8 @@ from torch.utils.checkpoint import checkpoint
 from core.train.lm_head import fused_head, head_logprobs
 from core.train.shared_prompt import prompt_groups, shared_prompt_logits, shared_prompt_logprobs
 from core.data.vision_inputs import collate, mrope_positions
+from core.models import keeps_logits
 from core.protocol import Batch
-
-
-def keeps_logits(model) -> bool:
-    """Does the model's forward take ``logits_to_keep`` (project only the last positions onto the vocabulary)?"""
-    fwd = getattr(model, "forward", None)
-    return fwd is not None and "logits_to_keep" in inspect.signature(fwd).parameters
 
 
 def trim_padding(batch: Batch) -> Batch:

@@ -22,7 +22,8 @@ from core.train import lora
 from core.train.forward import response_logprobs
 from core.train.moe import RouterStats
 from core.train.policy import PolicyWorker, bucket_names
-from core.train.sharding import FSDPEngine, IdleOffload, adamw_with_warmup, global_counts, load_sharded_causal_lm
+from core.train.micro_batches import global_counts
+from core.train.sharding import FSDPEngine, IdleOffload, adamw_with_warmup, load_sharded_causal_lm
 from core.train.ulysses import sequence_parallel, sp_logprobs
 from core.protocol import Batch
 from core.worker import WorkerContext

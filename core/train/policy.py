@@ -23,38 +23,10 @@ from core.algos.kl import kl_loss
 from core.algos.ops import masked_mean
 from core.checkpoint import answer_probe
 from core.config import ActorConfig
-from core.train.sharding import equalise_passes, global_counts, reshuffle_seed
+from core.train.micro_batches import (equalise_passes, global_counts, length_order, micro_batches, reshuffle_seed,
+                                       restore_order)
 from core.protocol import Batch
 from core.worker import WorkerContext
-
-
-def micro_batches(batch: Batch, size: int, max_tokens: int) -> list[Batch]:
-    """Consecutive micro-batches: ``size`` rows each, or as many rows as fit ``max_tokens``, counted as rows x the
-    width the group runs at once its padding is removed (its longest prompt + its longest response)."""
-    if max_tokens <= 0:
-        return batch.split(size)
-    Tp = batch["input_ids"].shape[1] - batch["responses"].shape[1]
-    prompt = batch["attention_mask"][:, :Tp].sum(-1).tolist()
-    response = batch["attention_mask"][:, Tp:].sum(-1).tolist()
-    groups, start, p_max, r_max = [], 0, 0, 0
-    for i, (p, r) in enumerate(zip(prompt, response)):
-        if i > start and (max(p_max, p) + max(r_max, r)) * (i - start + 1) > max_tokens:
-            groups.append(batch.index(slice(start, i)))
-            start, p_max, r_max = i, 0, 0
-        p_max, r_max = max(p_max, p), max(r_max, r)
-    groups.append(batch.index(slice(start, len(batch))))
-    return groups
-
-
-def length_order(batch: Batch) -> torch.Tensor:
-    """Row order by real length (stable): with a token budget, groups of similar widths then fill it instead
-    of every group running at the width of the one long row it happens to hold."""
-    return torch.argsort(batch["attention_mask"].sum(-1), stable=True)
-
-
-def restore_order(rows: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """Rows computed in ``order`` (``length_order``) back in the caller's row order."""
-    return torch.empty_like(rows).index_copy_(0, order, rows)
 
 
 def bucket_names(sizes, bucket_bytes: int) -> list[list[str]]:

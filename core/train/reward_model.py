@@ -137,7 +137,7 @@ class RewardModelWorker:
     def compute_rm_scores(self, batch: Batch) -> Batch:
         """``rm_scores`` (B,): the reward model's score of each row's prompt and valid response tokens. Keys:
         input_ids, attention_mask, responses, response_mask; ``prompt`` (chat lists) when re-tokenising."""
-        from core.train.sharding import equalise_passes
+        from core.train.micro_batches import equalise_passes
 
         batch.require("input_ids", "attention_mask", "responses", "response_mask")
         Tp = batch["input_ids"].shape[1] - batch["responses"].shape[1]

@@ -17,7 +17,6 @@ import warnings
 from contextlib import contextmanager
 
 import torch
-import torch.distributed as dist
 
 from core.config import check_offload_mode
 from core.train.one_rank import ComputeCopies, weights_changed
@@ -121,7 +120,7 @@ def load_sharded_causal_lm(name_or_path: str, ctx: WorkerContext, compute: torch
     back to the full load.
 
     ``value_head``: the critic's value model instead (the causal LM's backbone with a 1-output ``score`` head,
-    ``critic.load_value_model``); the head is not in the checkpoint and is drawn on the host as transformers
+    ``core.models.load_value_model``); the head is not in the checkpoint and is drawn on the host as transformers
     initialises it (normal, std ``initializer_range``; bias 0) from this process's torch RNG, which the caller
     seeds alike on every rank."""
     from core.models import load_causal_lm, resolve_model
@@ -131,7 +130,7 @@ def load_sharded_causal_lm(name_or_path: str, ctx: WorkerContext, compute: torch
                            else (None, None, {}))
     if model is None:
         if value_head:
-            from core.train.critic import load_value_model
+            from core.models import load_value_model
 
             model = load_value_model(name_or_path).to(ctx.device)
         else:
@@ -333,28 +332,6 @@ class FSDPEngine:
         """Collective: the state ``save_checkpoint`` wrote."""
         with self.idle.on_gpu(optim=True):
             load_state(path, self.model, self.optim, self.sched, self.ctx.rank)
-
-
-def global_counts(mask: torch.Tensor, device: torch.device) -> tuple[float, float]:
-    """Valid tokens and sequences of a mini-batch summed over the DP ranks (the loss normalisers)."""
-    t = torch.tensor([float(mask.sum()), float(mask.shape[0])], device=device)
-    dist.all_reduce(t)
-    return float(t[0]), float(t[1])
-
-
-def reshuffle_seed(ppo_epochs: int) -> int:
-    """The seed of one update's epoch reshuffles (epochs after the first): drawn from this process's torch RNG,
-    which is seeded at start and saved in checkpoints, so every update shuffles anew and a resumed run alike
-    (``cfg.seed + epoch`` gave the same permutations at every step). 0, drawing nothing, with a single epoch."""
-    return int(torch.randint(0, 2**31, ())) if ppo_epochs > 1 else 0
-
-
-def equalise_passes(micros: list, device: torch.device) -> list:
-    """Pad this rank's micro-batches with None up to the most any rank has: every rank must run as many
-    forward/backward passes as the others (FSDP collectives inside)."""
-    n = torch.tensor([len(micros)], device=device)
-    dist.all_reduce(n, op=dist.ReduceOp.MAX)
-    return micros + [None] * (int(n) - len(micros))
 
 
 def save_state(path: str, model, optim, sched, rank: int) -> None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from core.train.lm_head import head_logprobs
+from core.train.train_attention import NAME
 from core.protocol import Batch
 
 
@@ -148,6 +149,17 @@ class Parts:
         """Attention outputs of the packed rows (N, W, H, D) -> the flat row's real tokens' (1, T, H, D)."""
         return TakeRows.apply(out.flatten(0, 1), self.scatter)[None]
 
+    def attend(self, attend, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """``attend(q, k, v, mask) -> (B, q, H, D)`` run on the prompt and on the slots separately; the packed rows'
+        (N, W, H, D) output. The training attention (``core.train.train_attention``) calls it with its kernel."""
+        if self.gather is not None:  # a flat row: the packed layout first, the real tokens' outputs back at the end
+            query, key, value = map(self.unflatten, (query, key, value))
+        q_prompt, q_slots = self.split(query)
+        prompt = attend(q_prompt, key[:, :, :self.P], value[:, :, :self.P], self.prompt_mask)
+        slots = attend(q_slots, self.slot_keys(key), self.slot_keys(value), self.slot_mask)
+        out = self.join(prompt, slots)
+        return out if self.gather is None else self.flatten(out)
+
     def split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(N, H, W, D) -> the prompt's (N, H, P, D) and the slots' (N G, H, R, D)."""
         N, H, _, D = x.shape
@@ -182,18 +194,6 @@ class TakeRows(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         index, = ctx.saved_tensors
         return grad.new_zeros(ctx.rows, *grad.shape[1:]).index_add_(0, index, grad), None
-
-
-def attention_by_parts(attend, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, parts: Parts):
-    """``attend(q, k, v, mask) -> (B, q, H, D)`` run on the prompt and on the slots separately; the packed rows'
-    (N, W, H, D) output."""
-    if parts.gather is not None:  # a flat row: the packed layout first, the real tokens' outputs back at the end
-        query, key, value = map(parts.unflatten, (query, key, value))
-    q_prompt, q_slots = parts.split(query)
-    prompt = attend(q_prompt, key[:, :, :parts.P], value[:, :, :parts.P], parts.prompt_mask)
-    slots = attend(q_slots, parts.slot_keys(key), parts.slot_keys(value), parts.slot_mask)
-    out = parts.join(prompt, slots)
-    return out if parts.gather is None else parts.flatten(out)
 
 
 def attention_mask_4d(allowed: torch.Tensor, model) -> torch.Tensor:
@@ -240,8 +240,6 @@ def shared_prompt_values(model, batch: Batch, groups: list[list[int]]) -> torch.
 
 def _attends_by_parts(model) -> bool:
     """Does ``model`` run our training attention, which takes the layout and attends by parts?"""
-    from core.train.train_attention import NAME  # here: train_attention imports this module
-
     return getattr(model.config, "_attn_implementation", None) == NAME
 
 

@@ -26,8 +26,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 
-from core.rollout.attention import UNSUPPORTED_KWARGS
-from core.train.shared_prompt import attention_by_parts
+from core.kernels.cpu import UNSUPPORTED_KWARGS
 
 NAME = "hybridrl_train"
 # score elements (batch x heads x queries x keys) per call taken by the matmul path: 2^22 fp32 = 16 MB, and the
@@ -72,7 +71,7 @@ def train_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
         return ulysses.attention(module, lambda m, q, k, v, mask: _attend(m, q, k, v, mask, scaling, dropout, kwargs),
                                  query, key, value), None
     if shared_prompt_parts is not None and query.shape[2] == key.shape[2]:
-        return attention_by_parts(attend, query, key, value, shared_prompt_parts), None
+        return shared_prompt_parts.attend(attend, query, key, value), None
     return attend(query, key, value, attention_mask), None
 
 

@@ -5,7 +5,7 @@ phases.
     python recipes/agent/train.py [...]                                      (the same, without the CLI)
 
 The step is GRPO's: what makes it an agent run is ``rollout.agent`` -- the generate phase runs core's agent loop
-(``core.agent_loop.agent_generate``): each turn ends at a ``</tool_call>`` or EOS, the tools run in the sandbox
+(``core.rollout.agent_loop.agent_generate``): each turn ends at a ``</tool_call>`` or EOS, the tools run in the sandbox
 (``core.tools``), their answers are appended as tokens and the model goes on. Tool-answer tokens are attended but
 masked out of the loss (``response_mask`` 0), so every phase below trains only on the model's own tokens. The
 reward sees the model's text and ``extra_info["num_turns"]`` / ``["num_tool_calls"]`` (reward.py).

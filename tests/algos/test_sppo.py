@@ -65,7 +65,7 @@ def model_logprobs(model_dir):
     """The tiny model's log-probs of 3 responses (grad on), their mask, and the model."""
     from core.train.forward import response_logprobs
     from core.models import load_causal_lm
-    from tests.engines.test_shared_prompt import grouped_batch
+    from tests.train.test_shared_prompt import grouped_batch
 
     model = load_causal_lm(str(model_dir))
     b = grouped_batch(prompt_lens=[5, 3, 4], response_lens=[4, 2, 3], same_as=[])

@@ -127,7 +127,7 @@ def test_overlong_prompts_are_named_at_load_or_dropped_or_truncated(tmp_path, ti
 def test_the_rollout_generates_from_truncated_prompt_ids(tiny_model_dir):
     from core.config import RolloutConfig, SamplingParams
     from core.loop import prompts_from_rows
-    from core.roles import RolloutWorker
+    from core.rollout.worker import RolloutWorker
     from core.config import RolloutConfig, SamplingParams
     from core.worker import RoleSpec
     from core.worker_group import LocalWorkerGroup

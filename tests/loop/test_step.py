@@ -13,7 +13,7 @@ from core.data.dataset import load_rl_parquet
 from core.train.fsdp import FSDPActor
 from core.loop import Roles, prompts_from_rows, step
 from core.placement import place
-from core.roles import RolloutWorker
+from core.rollout.worker import RolloutWorker
 from core.worker import RoleSpec
 
 STEP = AlgoConfig(sampling=SamplingParams(n=2, temperature=1.0, max_new_tokens=8, seed=0),
@@ -168,7 +168,7 @@ def test_remax_scores_each_prompts_greedy_response_as_the_baseline(tiny_model_di
     return minus it (ReMax, no whitening)."""
     from dataclasses import replace
 
-    from core.roles import RolloutWorker as RW
+    from core.rollout.worker import RolloutWorker as RW
 
     placement = place(PlacementConfig({"main": PoolConfig(slots_per_node=1)},
                                       {"actor": "main", "rollout": "main", "ref": "main"}),

@@ -34,7 +34,7 @@ def test_the_prm_starts_as_the_reference_and_learns_the_outcome_labels(tiny_mode
     from core.algos.ops import group_ids
     from core.worker import RoleSpec
     from core.worker_group import LocalWorkerGroup
-    from tests.engines.test_shared_prompt import UNEVEN, grouped_batch
+    from tests.train.test_shared_prompt import UNEVEN, grouped_batch
 
     cfg = validate(RunConfig, {"actor": {"model": str(tiny_model_dir), "dtype": "float32"},
                                "implicit_prm": {"enable": True, "dtype": "float32", "ppo_mini_batch_size": 6,

@@ -88,7 +88,7 @@ def test_value_pretraining_leaves_actor_and_rollout_bit_identical_while_the_crit
     from core.train.fsdp import FSDPActor
     from core.loop import Roles, prompts_from_rows
     from core.placement import place
-    from core.roles import RolloutWorker
+    from core.rollout.worker import RolloutWorker
     from core.trainer import role_specs
 
     vapo = recipe_module(RECIPE)

@@ -204,7 +204,7 @@ def test_sampled_logprobs_with_a_shared_prefix_equal_a_teacher_forced_forward(en
 @pytest.mark.parametrize("sleep", [True, False])
 def test_the_rollout_role_frees_the_kv_cache_after_generating_when_asked(tiny_model_dir, sleep):
     from core.protocol import Batch
-    from core.roles import RolloutWorker
+    from core.rollout.worker import RolloutWorker
     from core.worker import WorkerContext
 
     worker = RolloutWorker(WorkerContext(0, 1, 0, torch.device("cpu")),

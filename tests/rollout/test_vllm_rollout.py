@@ -13,7 +13,7 @@ from core.config import ActorConfig, RolloutConfig, RunConfig, SamplingParams
 from core.rollout.engine import replica_seed
 from core.rollout.batch import assemble
 from core.rollout.vllm_engine import completion_rows, cpu_binding, engine_kwargs, layer_group, request_seeds, sampling_kwargs
-from core.roles import RolloutWorker
+from core.rollout.worker import RolloutWorker
 from core.worker import WorkerContext
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None

@@ -6,7 +6,8 @@ import torch
 
 from core.algos import LossNorm, value_loss
 from core.config import CriticConfig, OptimConfig, RunConfig, SamplingParams
-from core.train.critic import FSDPCritic, load_value_model, response_values
+from core.models import load_value_model
+from core.train.critic import FSDPCritic, response_values
 from core.protocol import Batch
 from core.worker import RoleSpec
 from core.worker_group import LocalWorkerGroup
@@ -85,7 +86,7 @@ def test_shared_prompt_values_and_gradients_equal_the_row_by_row_ones(tiny_model
     """Rows of one prompt packed into one row (the prompt encoded once) give each row's values and the value
     loss's gradients of the plain layout, under SDPA's dense block mask and our training attention by parts."""
     from core.train import train_attention  # noqa: F401  registers the training attention
-    from tests.engines.test_shared_prompt import UNEVEN, grouped_batch
+    from tests.train.test_shared_prompt import UNEVEN, grouped_batch
 
     model = load_value_model(str(tiny_model_dir))
     model.set_attn_implementation(attention)

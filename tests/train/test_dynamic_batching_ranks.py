@@ -15,7 +15,7 @@ from core.train.reward_model import RewardModelWorker
 from core.loop import reduce_over_ranks
 from core.worker import RoleSpec
 from core.worker_group import LocalWorkerGroup, ResourcePool, WorkerGroup
-from tests.engines.test_micro_batches import uneven_batch
+from tests.train.test_micro_batches import uneven_batch
 
 pytestmark = pytest.mark.ray
 BUDGET = 2 * (8 + 6)  # two rows at the batch's full width (Tp 8 + Tr 6) per micro-batch

@@ -104,7 +104,7 @@ def _load_critic_and_compare(rank: int, world: int, port: int, path: str, out: s
 
     import torch.distributed as dist
 
-    from core.train.critic import load_value_model
+    from core.models import load_value_model
     from core.train.sharding import load_sharded_causal_lm
     from core.worker import WorkerContext
 

@@ -18,7 +18,7 @@ from core.algos import compute_advantages
 from core.train.fsdp import FSDPActor
 from core.placement import Placement
 from core.protocol import Batch
-from core.roles import RolloutWorker
+from core.rollout.worker import RolloutWorker
 from core.worker import RoleSpec
 from core.worker_group import LocalWorkerGroup, ResourcePool, WorkerGroup, WorkerTimeoutError
 

@@ -27,7 +27,7 @@ def test_an_unknown_offload_mode_is_named_in_the_error():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_offloaded_updates_equal_the_resident_ones_on_gpu(tiny_model_dir):
     from core.protocol import Batch
-    from core.roles import RolloutWorker
+    from core.rollout.worker import RolloutWorker
     from core.worker_group import LocalWorkerGroup
 
     results = {}

@@ -89,7 +89,7 @@ def test_a_bf16_model_on_the_fused_attention_gives_sdpas_logprobs_and_gradients(
     import core.train.train_attention as train_attention
     from core.train.forward import response_logprobs
     from core.models import load_causal_lm, tiny_random_model
-    from tests.engines.test_shared_prompt import UNEVEN, grouped_batch
+    from tests.train.test_shared_prompt import UNEVEN, grouped_batch
 
     calls = []
     apply = train_attention.FusedAttention.apply

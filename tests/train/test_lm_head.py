@@ -13,7 +13,7 @@ from core.kernels import cpu as cpu_kernels
 from core.train.forward import response_logprobs
 from core.train.lm_head import HeadLogprobs, fused_head
 from core.models import load_causal_lm
-from tests.engines.test_shared_prompt import UNEVEN, grouped_batch
+from tests.train.test_shared_prompt import UNEVEN, grouped_batch
 
 
 def textbook(hidden, weight, pos, ids, T):

@@ -20,7 +20,7 @@ def test_lora_trains_only_low_rank_updates_its_reference_is_the_base_and_the_syn
     from core.train.lora import LoraReference
     from core.train.policy import PolicyWorker
     from core.placement import place
-    from core.roles import RolloutWorker
+    from core.rollout.worker import RolloutWorker
     from core.worker import RoleSpec
 
     path = str(tiny_model_dir)

@@ -8,7 +8,7 @@ import torch
 
 from core.config import ActorConfig, OptimConfig, PolicyLossConfig
 from core.train.fsdp import FSDPActor
-from core.train.policy import micro_batches
+from core.train.micro_batches import micro_batches
 from core.train.forward import response_logprobs, trim_padding
 from core.models import load_causal_lm
 from core.protocol import Batch
@@ -111,7 +111,7 @@ def test_gradient_checkpointing_changes_no_loss_or_gradient(tiny_model_dir):
 def test_epoch_reshuffles_differ_between_updates_and_replay_from_the_rng_state():
     """The reshuffle seed of each update's later epochs comes from the process's torch RNG (saved in checkpoints):
     a new permutation every update (cfg.seed + epoch repeated one), the same after restoring the RNG state."""
-    from core.train.sharding import reshuffle_seed
+    from core.train.micro_batches import reshuffle_seed
 
     torch.manual_seed(0)
     seeds = [reshuffle_seed(2) for _ in range(4)]

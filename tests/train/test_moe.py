@@ -83,7 +83,7 @@ def test_an_moe_actor_trains_logs_its_routers_and_syncs_its_experts(moe_dir, cap
     from core.loop import Roles, step
     from core.placement import place
     from core.protocol import Batch
-    from core.roles import RolloutWorker
+    from core.rollout.worker import RolloutWorker
     from core.worker import RoleSpec
 
     _, path = moe_dir

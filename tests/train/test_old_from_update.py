@@ -10,7 +10,7 @@ from core.train.fsdp import FSDPActor
 from core.protocol import Batch
 from core.worker import RoleSpec
 from core.worker_group import LocalWorkerGroup, WorkerError
-from tests.engines.test_shared_prompt import UNEVEN, grouped_batch
+from tests.train.test_shared_prompt import UNEVEN, grouped_batch
 
 TRAINED = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages")
 

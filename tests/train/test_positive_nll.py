@@ -9,7 +9,7 @@ from core.config import ActorConfig, OptimConfig
 from core.train.fsdp import FSDPActor
 from core.worker import RoleSpec
 from core.worker_group import LocalWorkerGroup
-from tests.engines.test_shared_prompt import UNEVEN, grouped_batch
+from tests.train.test_shared_prompt import UNEVEN, grouped_batch
 
 TRAINED = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages")
 

@@ -180,7 +180,7 @@ def test_the_role_scores_batches_with_a_checkpoint_that_names_no_pad_token(tiny_
     from core.train.reward_model import RewardModelWorker
     from core.worker import RoleSpec
     from core.worker_group import LocalWorkerGroup
-    from tests.engines.test_micro_batches import uneven_batch
+    from tests.train.test_micro_batches import uneven_batch
 
     rm_dir = tmp_path / "nopad"
     shutil.copytree(tiny_model_dir, rm_dir)

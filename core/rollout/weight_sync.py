@@ -21,17 +21,26 @@ the in-process mechanics only, so it imports no role (the roles import it).
 from __future__ import annotations
 
 import time
+from typing import Iterator, Protocol
 
-from core.train.policy import PolicyWorker
-from core.rollout.engine import RolloutEngine
+import torch
+
 from core.memory import peak_memory
+from core.rollout.engine import RolloutEngine
+
+
+class WeightSource(Protocol):
+    """The actor's side of a sync (``core.train.policy.PolicyWorker``, whatever engine holds its weights)."""
+
+    def weight_buckets(self, bucket_bytes: int, changed_only: bool = False
+                       ) -> Iterator[list[tuple[str, torch.Tensor]]]: ...
 
 
 class WeightSyncError(RuntimeError):
     pass
 
 
-def sync_weights(actor: PolicyWorker, engine: RolloutEngine, bucket_bytes: int = 64 << 20, debug: bool = False,
+def sync_weights(actor: WeightSource, engine: RolloutEngine, bucket_bytes: int = 64 << 20, debug: bool = False,
                  changed_only: bool = False) -> dict:
     """Copy the actor's current weights into ``engine``; returns timing, size and peak-bucket metrics.
     ``changed_only``: the engine already holds every weight from an earlier sync, so only those an update can
@@ -42,7 +51,7 @@ def sync_weights(actor: PolicyWorker, engine: RolloutEngine, bucket_bytes: int =
                       "sync/retained_memory_megabytes": mem.end_bytes / 2**20}
 
 
-def _sync(actor: PolicyWorker, engine: RolloutEngine, bucket_bytes: int, debug: bool, changed_only: bool) -> dict:
+def _sync(actor: WeightSource, engine: RolloutEngine, bucket_bytes: int, debug: bool, changed_only: bool) -> dict:
     t0 = time.perf_counter()
     # None: the engine maps names itself (vLLM fuses q/k/v and gate/up; its load_weights rejects unknown names)
     targets = engine.weight_names()

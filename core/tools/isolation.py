@@ -67,6 +67,12 @@ def _python_roots() -> list[str]:
     return sorted(r for r in roots if not any(r != o and r.startswith(o + "/") for o in roots))
 
 
+def interpreter() -> str:
+    """This Python's path with its folder's links resolved, as the tool runs it: the sandbox binds the resolved
+    roots (``_python_roots``), and a venv's ``bin/python`` must keep its folder to find its ``pyvenv.cfg``."""
+    return os.path.join(os.path.realpath(os.path.dirname(sys.executable)), os.path.basename(sys.executable))
+
+
 def _dirs(paths: list[str]) -> list[str]:
     """``--dir`` for every ancestor of the bound paths, world-searchable (bwrap would make them 0700)."""
     out, seen = [], set()
@@ -94,12 +100,12 @@ def bwrap_args(code_dir: str) -> list[str]:
     args += ["--ro-bind", "/usr", "/usr"]
     args += [a for link in ("bin", "lib", "lib64", "sbin") if os.path.islink(f"/{link}")
              for a in ("--symlink", os.readlink(f"/{link}"), f"/{link}")]
-    args += _dirs(roots)
-    for r in roots:
-        args += ["--ro-bind", r, r]
     args += ["--proc", "/proc", "--dev", "/dev"]
     for path in ("/tmp", "/dev/shm", "/scratch"):  # /dev/shm over --dev's own
         args += ["--size", str(TMP_BYTES), "--perms", "1777", "--tmpfs", path]
+    args += _dirs(roots)  # after the tmpfs mounts: an environment under /tmp (a CI runner's) stays visible
+    for r in roots:
+        args += ["--ro-bind", r, r]
     args += ["--ro-bind", code_dir, "/scratch/.code", "--chdir", "/scratch", "--setenv", "HOME", "/scratch"]
     return args + ["--"]
 

@@ -99,10 +99,11 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), stdin: str | 
             shutil.copy(os.path.join(HERE, name), code_dir)
         if mode == "namespaces":
             where, cwd = "/scratch/.code", "/"
-            argv = cgroup.enter() + iso.bwrap_args(code_dir) + iso.drop_uid()
+            argv = cgroup.enter() + iso.bwrap_args(code_dir) + iso.drop_uid() + [iso.interpreter()]
         else:
-            where, cwd, argv = code_dir, tempfile.mkdtemp(prefix="hybridrl-tool-", dir=code_dir), []
-        argv += [sys.executable, "-I", f"{where}/sandbox_launch.py", _limits_arg(limits, use_seccomp),
+            where, cwd = code_dir, tempfile.mkdtemp(prefix="hybridrl-tool-", dir=code_dir)
+            argv = [sys.executable]
+        argv += ["-I", f"{where}/sandbox_launch.py", _limits_arg(limits, use_seccomp),
                  f"{where}/main.py"]
         # no preexec_fn: Python between fork and exec in a threaded caller can deadlock (sandbox_launch.py)
         proc = subprocess.Popen(argv, cwd=cwd, env=dict(ENV, HOME="/scratch" if mode == "namespaces" else cwd),

@@ -102,7 +102,7 @@ def test_no_namespaces_is_a_refusal_naming_the_setting_never_a_downgrade():
     and says what allows it; with tools.isolation: process it runs."""
     need_namespaces()
     code = ("from core.tools.sandbox import run_python\nfrom core.tools.isolation import SandboxUnavailable\n"
-            "from core.config import RunConfig, validate\nfrom core.trainer import check_tools_isolation\n"
+            "from core.config import RunConfig, validate\nfrom core.checks import check_tools_isolation\n"
             "print(run_python('print(1)', isolation='process').text.strip())\n"
             "try:\n    run_python('print(1)')\nexcept SandboxUnavailable as e:\n    print('refused:', e)\n"
             "for iso in ('namespaces', 'process'):\n"
@@ -118,3 +118,17 @@ def test_no_namespaces_is_a_refusal_naming_the_setting_never_a_downgrade():
     assert run_refused.startswith("run refused: ConfigError tools.isolation: namespaces, but they cannot be")
     assert refused.startswith("refused: tools.isolation: namespaces, but they cannot be made on this host (")
     assert "max_user_namespaces" in refused and "tools.isolation: process" in refused
+
+
+def test_a_python_environment_under_tmp_runs_tools(tmp_path):
+    """The sandbox mounts a fresh /tmp: an environment that lives under /tmp (a CI runner's checkout), reached
+    through a link as a worktree's ``.venv`` often is, is bound after it and still runs the tool."""
+    need_namespaces()
+    assert str(tmp_path).startswith("/tmp/")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    (tmp_path / "linked").symlink_to(tmp_path / "venv")
+    code = "from core.tools.sandbox import run_python\nprint(run_python('print(6 * 7)').text.strip())"
+    for python in (tmp_path / "venv" / "bin" / "python", tmp_path / "linked" / "bin" / "python"):
+        r = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHONPATH": str(PROJECT)})
+        assert r.stdout.strip() == "42", (python, r.stdout[-500:], r.stderr[-1500:])

@@ -18,15 +18,13 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import torch  # noqa: E402
+import torch
 
-from core.algos import groups_with_variance, overlong_penalty, scores_to_token_rewards  # noqa: E402
-from core.config import AlgoConfig, SamplingParams  # noqa: E402
-from core.loop import Roles, Timer, advantages, generate, logprobs, score, step_metrics, update  # noqa: E402
-from core.protocol import Batch  # noqa: E402
+from core.algos import groups_with_variance, overlong_penalty, scores_to_token_rewards
+from core.config import AlgoConfig, SamplingParams
+from core.loop import Roles, Timer, advantages, generate, logprobs, score, step_metrics, update
+from core.protocol import Batch
 
 HERE = Path(__file__).resolve().parent
 

@@ -15,13 +15,10 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from core.config import AlgoConfig  # noqa: E402
-from core.loop import (Roles, Timer, advantages, generate, logprobs, reward_kl_penalty,  # noqa: E402
+from core.config import AlgoConfig
+from core.loop import (Roles, Timer, advantages, generate, logprobs, reward_kl_penalty,
                        score, step_metrics, update)
-from core.protocol import Batch  # noqa: E402
+from core.protocol import Batch
 
 HERE = Path(__file__).resolve().parent
 

@@ -20,16 +20,14 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import torch  # noqa: E402
+import torch
 
-from core.config import AlgoConfig, ImplicitPRMConfig  # noqa: E402
-from core.implicit_prm import process_rewards  # noqa: E402
-from core.loop import (Roles, Timer, advantages, generate, logprobs, old_left_to_update, reward_kl_penalty,  # noqa: E402
+from core.config import AlgoConfig, ImplicitPRMConfig
+from core.implicit_prm import process_rewards
+from core.loop import (Roles, Timer, advantages, generate, logprobs, old_left_to_update, reward_kl_penalty,
                        score, step_metrics, update)
-from core.protocol import Batch  # noqa: E402
+from core.protocol import Batch
 
 HERE = Path(__file__).resolve().parent
 

@@ -19,15 +19,12 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from core.algos import length_adaptive_lambda  # noqa: E402
-from core.checks import ConfigError  # noqa: E402
-from core.config import AlgoConfig  # noqa: E402
-from core.loop import (Roles, Timer, advantages, generate, logprobs, old_left_to_update, score,  # noqa: E402
+from core.algos import length_adaptive_lambda
+from core.checks import ConfigError
+from core.config import AlgoConfig
+from core.loop import (Roles, Timer, advantages, generate, logprobs, old_left_to_update, score,
                        step_metrics, update, values)
-from core.protocol import Batch  # noqa: E402
+from core.protocol import Batch
 
 HERE = Path(__file__).resolve().parent
 

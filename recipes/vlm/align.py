@@ -18,12 +18,9 @@ from pathlib import Path
 
 import torch
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from core.data.dataset import load_rl_parquet  # noqa: E402
-from core.vision_models import load_vlm, smolvlm_from_smollm2  # noqa: E402
-from core.vision_processors import load_processor  # noqa: E402
+from core.data.dataset import load_rl_parquet
+from core.vision_models import load_vlm, smolvlm_from_smollm2
+from core.vision_processors import load_processor
 
 HERE = Path(__file__).resolve().parent
 

@@ -174,9 +174,14 @@ def _agent_problems(cfg: "RunConfig") -> list[str]:
     return out
 
 
-def check_run(cfg: "RunConfig") -> None:
-    """Raise ``ConfigError`` listing every problem of ``problems(cfg)``."""
+def check_run(cfg: "RunConfig", own_step: bool = False) -> None:
+    """Raise ``ConfigError`` listing every problem of ``problems(cfg)``. ``own_step``: the run's step is a recipe's
+    copy (``fit``'s ``step_fn``), not core's."""
     found = problems(cfg)
+    if not own_step and cfg.data.train_prompts_per_step not in (0, cfg.data.prompts_per_step):
+        found.append(f"data.train_prompts_per_step={cfg.data.train_prompts_per_step} differs from "
+                     f"data.prompts_per_step={cfg.data.prompts_per_step}, but core's step trains every prompt it "
+                     "draws; it is for a recipe's step that filters (e.g. DAPO's): drop it, or run that recipe")
     if found:
         raise ConfigError(f"the run config's sections disagree ({len(found)} problem(s)):\n"
                           + "\n".join(f"- {p}" for p in found))
@@ -197,3 +202,48 @@ def check_data_sources(rows: list[dict], where: str, custom_reward: bool) -> Non
             f"{s!r} ({counts[s]} rows, the first is row {first[s] + 1})" for s in unknown)
             + f". Known: {', '.join(REWARDS.names())}. Set reward.path to a file with a compute_score for them, "
             "or register one (core.rewards.REWARDS)")
+
+
+def check_inputs(cfg: "RunConfig", rows: list[dict]) -> None:
+    """What the data and the models' own configs must agree with (before Ray; ``rows``: train and val): image
+    prompts need an engine that takes images, Ulysses groups must divide the heads, a Megatron layout must fit the
+    model, code that a policy writes needs the isolation the run asks for."""
+    from core.data.vision_inputs import image_prompt_problem
+
+    pictured = next((r for r in rows if "images" in r), None)
+    if pictured is not None and (problem := image_prompt_problem(cfg.rollout)):
+        raise ConfigError(f"{pictured['where']}: {problem}")
+    if cfg.actor.ulysses_sp > 1:
+        heads = _model_config(cfg.actor.model).num_attention_heads
+        if heads % cfg.actor.ulysses_sp:
+            raise ConfigError(f"actor.ulysses_sp={cfg.actor.ulysses_sp} must divide {cfg.actor.model}'s {heads} "
+                              "attention heads (each rank of a group attends for its share of them)")
+    for name, role in (("actor", cfg.actor), ("critic", cfg.critic if cfg.use_critic else None)):
+        if role is not None and role.strategy == "megatron":
+            from core.train.megatron_actor import run_problem
+
+            c = _model_config(role.model)
+            mixed = getattr(c, "decoder_sparse_step", 1) != 1 or bool(getattr(c, "mlp_only_layers", None))
+            if problem := run_problem(role, c.model_type, c.num_attention_heads, pictured is not None, name,
+                                      c.num_hidden_layers, mixed):
+                raise ConfigError(problem)
+    check_tools_isolation(cfg, rows)
+
+
+def check_tools_isolation(cfg: "RunConfig", rows: list[dict]) -> None:
+    """A run that executes model-written code (agent tools, a code reward's data source) with
+    ``tools.isolation: namespaces`` where namespaces cannot be made fails here, before Ray, with what allows it."""
+    from core.rewards.code_tests import SOURCES
+    from core.tools import isolation
+
+    runs_code = cfg.rollout.agent.enable or any(r.get("data_source") in SOURCES for r in rows)
+    if runs_code and cfg.tools.isolation == "namespaces" and (why := isolation.probe()):
+        raise ConfigError(isolation.refusal(why))
+
+
+def _model_config(model: str):
+    from transformers import AutoConfig
+
+    from core.models import resolve_model
+
+    return AutoConfig.from_pretrained(resolve_model(model))

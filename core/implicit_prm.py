@@ -21,23 +21,10 @@ import torch
 from core.algos import masked_mean
 from core.algos.advantages import reverse_linear_scan
 from core.algos.ops import group_ids, scores_to_token_rewards
-from core.config import ActorConfig, PolicyLossConfig, RunConfig
 from core.config.roles import ImplicitPRMConfig
 from core.train.policy import PolicyWorker
 from core.loop import Roles, Timer, reduce_over_ranks
 from core.protocol import Batch
-
-
-def prm_actor_config(cfg: RunConfig) -> ActorConfig:
-    """The ``prm`` role's engine config: a trainable policy whose loss is ``implicit_prm``, at the actor's
-    temperature (so that at the start pi_prm = pi_ref exactly and every reward is 0)."""
-    p = cfg.implicit_prm
-    return ActorConfig(model=p.model or cfg.actor.model, dtype=p.dtype, optim=p.optim,
-                       ppo_mini_batch_size=p.ppo_mini_batch_size, micro_batch_size=p.micro_batch_size,
-                       max_tokens_per_micro=p.max_tokens_per_micro, share_prompt=p.share_prompt,
-                       loss=PolicyLossConfig(name="implicit_prm", prm_beta=p.beta), loss_agg_mode="seq-mean-token-mean",
-                       temperature=cfg.actor.temperature, gradient_checkpointing=p.gradient_checkpointing,
-                       offload=p.offload, seed=p.seed)
 
 
 def process_rewards(roles: Roles, batch: Batch, cfg: ImplicitPRMConfig, timer: Timer) -> dict[str, float]:

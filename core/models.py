@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -166,6 +166,12 @@ def keeps_logits(model) -> bool:
     """Does the model's forward take ``logits_to_keep`` (project only the last positions onto the vocabulary)?"""
     fwd = getattr(model, "forward", None)
     return fwd is not None and "logits_to_keep" in inspect.signature(fwd).parameters
+
+
+def chat_prompt_ids(tokenizer, prompts: Sequence[list[dict]]) -> list[list[int]]:
+    """Token ids of chat prompts with the generation prompt appended (the model's chat template)."""
+    return [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)
+            for p in prompts]
 
 
 def load_value_model(name_or_path: str, dtype: torch.dtype = torch.float32):

@@ -22,6 +22,7 @@ cannot: the second generation asks for prompts that were not drawn ahead, and th
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -30,6 +31,8 @@ from core.config import SamplingParams
 from core.protocol import Batch
 from core.rollout.worker import RolloutWorker
 from core.worker_group import RoleGroup
+
+FILE = "rollout_ahead.pt"  # in a checkpoint: the next step's samples, generated ahead
 
 
 @dataclass
@@ -119,3 +122,13 @@ class RolloutAhead:
         self.sampling = state["sampling"]
         if "batch" in state:
             self.next = Pending(state["prompts"], state["next_sampling"], state["version"], state["batch"])
+
+    def save(self, folder: Path) -> None:
+        """Into a checkpoint's folder (``state_dict``)."""
+        torch.save(self.state_dict(), folder / FILE)
+
+    def restore(self, folder: Path, step: int) -> None:
+        """From the checkpoint of ``step``: the samples generated ahead when it was saved (none: made at step 1)."""
+        self.version = step
+        if (folder / FILE).is_file():
+            self.load_state_dict(torch.load(folder / FILE, weights_only=False))

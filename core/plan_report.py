@@ -4,6 +4,7 @@ import here, the placement, the model's shape and, per pool holding roles, the p
 
 from __future__ import annotations
 
+from core.config import RunConfig
 from core.model_shapes import model_shape
 from core.planner import GB, RunShape, plan
 
@@ -136,3 +137,32 @@ def plan_run(cfg) -> tuple[str, bool]:
             out.append(f"no verdict: state placement.pools.{name}.gpu_memory_gb and host_memory_gb (no GPU here)")
         fits = fits and (p.fits or not known)
     return "\n".join(out), fits
+
+
+def dp_size(cfg: RunConfig) -> int:
+    """The actor's data-parallel ranks: its pool's (over Megatron's tp x pp grid), or 1 with the local backend."""
+    pool = cfg.placement.pools[cfg.placement.roles["actor"]]
+    grid = cfg.actor.megatron.tp * cfg.actor.megatron.pp
+    return 1 if cfg.trainer.backend == "local" else pool.nnodes * pool.slots_per_node // grid
+
+
+def effective_sizes(cfg: RunConfig, dp_size: int) -> str:
+    """The batch-size arithmetic in words, printed at start."""
+    n, prompts = cfg.algo.sampling.n, cfg.data.train_prompts_per_step or cfg.data.prompts_per_step
+    samples = prompts * n
+    mini = cfg.actor.ppo_mini_batch_size
+    if samples % mini:
+        raise ValueError(f"samples per step ({prompts} prompts x n={n} = {samples}) must be a multiple of "
+                         f"actor.ppo_mini_batch_size={mini}")
+    per_rank = mini // dp_size
+    micro = (f"up to {cfg.actor.max_tokens_per_micro} tokens" if cfg.actor.max_tokens_per_micro > 0
+             else f"{cfg.actor.micro_batch_size} samples")
+    return "\n".join([
+        f"  prompts per step           {prompts}",
+        f"  samples per step           {samples}  (= prompts x n={n})",
+        f"  mini-batches per step      {samples // mini} x {mini} samples  (optimizer updates per step: "
+        f"{samples // mini * cfg.actor.ppo_epochs}, ppo_epochs={cfg.actor.ppo_epochs})",
+        f"  data-parallel ranks        {dp_size}  ({per_rank} samples of each mini-batch per rank)",
+        f"  micro-batch per rank       {micro}  (gradient accumulation over {-(-per_rank // cfg.actor.micro_batch_size)}"
+        f" micro-batches when by count)",
+        f"  response tokens per sample <= {cfg.algo.sampling.max_new_tokens}"])

@@ -1,14 +1,82 @@
-"""Weight sync between pools: with the rollout on a pool of its own, the controller moves the actor's weights to
-it bucket by bucket (colocated, each process syncs itself: ``core.rollout.worker.RolloutWorker.sync_weights``)."""
+"""The roles of a run: which worker class runs each (``role_specs``: the actor and its frozen reference on their
+training engine, the rollout engine, the critic, the reward model, the implicit PRM), and the weight sync between
+pools (with the rollout on a pool of its own the controller moves the actor's weights to it bucket by bucket;
+colocated, each process syncs itself: ``core.rollout.worker.RolloutWorker.sync_weights``)."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
+from core.config import ActorConfig, CriticConfig, LoraConfig, PolicyLossConfig, RunConfig
 from core.rollout.weight_sync import WeightSyncError
 from core.rollout.worker import RolloutWorker
+from core.train.critic import FSDPCritic
+from core.train.fsdp import FSDPActor
+from core.train.lora import LoraReference
 from core.train.policy import PolicyWorker
+from core.train.reward_model import RewardModelWorker
+from core.worker import RoleSpec
 from core.worker_group import RoleGroup
+
+
+def reference_config(actor: ActorConfig) -> ActorConfig:
+    """The frozen reference: the actor's config (its model, dtype, engine, layout, micro-batching, temperature,
+    offload), not trainable and without adapters -- so a setting of the actor's forward reaches the reference's."""
+    return replace(actor, trainable=False, lora=LoraConfig())
+
+
+def prm_actor_config(cfg: RunConfig) -> ActorConfig:
+    """The ``prm`` role's engine config: a trainable policy whose loss is ``implicit_prm``, at the actor's
+    temperature (so that at the start pi_prm = pi_ref exactly and every reward is 0)."""
+    p = cfg.implicit_prm
+    return ActorConfig(model=p.model or cfg.actor.model, dtype=p.dtype, optim=p.optim,
+                       ppo_mini_batch_size=p.ppo_mini_batch_size, micro_batch_size=p.micro_batch_size,
+                       max_tokens_per_micro=p.max_tokens_per_micro, share_prompt=p.share_prompt,
+                       loss=PolicyLossConfig(name="implicit_prm", prm_beta=p.beta), loss_agg_mode="seq-mean-token-mean",
+                       temperature=cfg.actor.temperature, gradient_checkpointing=p.gradient_checkpointing,
+                       offload=p.offload, seed=p.seed)
+
+
+def policy_spec(actor: ActorConfig) -> RoleSpec:
+    """The actor's (or the reference's) role on its training engine; a Megatron model replica's tp x pp ranks, or
+    a Ulysses group's ulysses_sp ranks, share one chunk of rows."""
+    if actor.strategy == "megatron":
+        from core.train.megatron_actor import MegatronActor
+
+        return RoleSpec(MegatronActor, {"cfg": actor}, mp_size=actor.megatron.tp * actor.megatron.pp)
+    return RoleSpec(FSDPActor, {"cfg": actor}, mp_size=actor.ulysses_sp)  # a sequence-parallel group shares rows
+
+
+def critic_spec(critic: CriticConfig) -> RoleSpec:
+    """The critic's role on its training engine (a Megatron model replica's TP ranks share one chunk of rows)."""
+    if critic.strategy == "megatron":
+        from core.train.megatron_critic import MegatronCritic
+
+        return RoleSpec(MegatronCritic, {"cfg": critic}, mp_size=critic.megatron.tp)
+    return RoleSpec(FSDPCritic, {"cfg": critic})
+
+
+def role_specs(cfg: RunConfig) -> dict[str, RoleSpec]:
+    """The worker class and arguments of every role the run has."""
+    specs = {"actor": policy_spec(cfg.actor),
+             # a tensor-parallel engine's replica spans tensor_parallel_size ranks: they share one chunk of prompts
+             "rollout": RoleSpec(RolloutWorker, {"cfg": cfg.rollout,
+                                                 "max_response_length": max(cfg.algo.sampling.max_new_tokens,
+                                                                            cfg.algo.val_sampling.max_new_tokens,
+                                                                            cfg.rollout.agent.max_response_tokens
+                                                                            if cfg.rollout.agent.enable else 0)},
+                                 mp_size=cfg.rollout.tensor_parallel_size)}
+    if cfg.has_reference():
+        specs["ref"] = (policy_spec(reference_config(cfg.actor)) if not cfg.actor.lora.rank
+                        else RoleSpec(LoraReference, mp_size=cfg.actor.ulysses_sp))  # the actor's forward: its groups
+    if cfg.use_critic:
+        specs["critic"] = critic_spec(cfg.critic)
+    if cfg.use_reward_model:
+        specs["reward_model"] = RoleSpec(RewardModelWorker, {"cfg": cfg.reward_model, "policy_model": cfg.actor.model})
+    if cfg.implicit_prm.enable:  # PRIME's implicit PRM: a policy on the FSDP engine whose loss is implicit_prm
+        specs["prm"] = policy_spec(prm_actor_config(cfg))
+    return specs
 
 
 def sync_across_pools(actor: RoleGroup, rollout: RoleGroup, timeout_s: float | None = None) -> dict:

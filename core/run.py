@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 from core.checks import check_run
 from core.config import RunConfig, validate
-from core.plan_report import plan_run
-from core.trainer import dp_size, effective_sizes, fit
+from core.plan_report import dp_size, effective_sizes, plan_run
+from core.trainer import fit
 
 
 _ABSENT = object()
@@ -73,8 +73,8 @@ def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.total_steps=5 actor.optim.lr=1e-5")
     a = p.parse_intermixed_args(argv)
     cfg, extra = load_recipe_config(a.config_dir, a.config_name, a.overrides, sections)
-    check_run(cfg)  # sections that disagree fail here, before the plan or Ray
-    if a.dry_run:
+    if a.dry_run:  # (a run checks in fit, before anything loads)
+        check_run(cfg, own_step=make_step is not None)  # sections that disagree fail here, before the plan
         dp, device = dp_size(cfg), cfg.placement.pools[cfg.placement.roles["actor"]].device
         print(f"config valid: actor {cfg.actor.model} on {dp} {device} rank(s)\neffective sizes:\n"
               + effective_sizes(cfg, dp))

@@ -9,6 +9,7 @@ created before the first step, so a missing package fails at start with the pip 
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Callable, Protocol
@@ -118,3 +119,24 @@ def make_trackers(names: list[str], out: Path, project: str, name: str, config: 
 def _numbers(metrics: dict) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+class MetricsLog:
+    """``<output_dir>/metrics.jsonl``, one JSON line per step appended and flushed as it comes (a step that stops the
+    run loses nothing of the ones before), the history so far (a resumed run's included) and the trackers."""
+
+    def __init__(self, path: Path, history: list[dict], trackers: list[Tracker]):
+        self.file, self.history, self.trackers = path.open("a"), history, trackers
+
+    def record(self, metrics: dict) -> None:
+        self.file.write(json.dumps(metrics) + "\n")
+        self.file.flush()
+        self.history.append(metrics)
+        for tracker in self.trackers:
+            tracker.log(metrics, metrics["step"])
+
+    def __enter__(self) -> "MetricsLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.file.close()

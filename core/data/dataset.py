@@ -65,7 +65,7 @@ def fit_prompt_lengths(rows: list[dict], tokenizer, max_len: int, truncation: st
     Image rows (``images``) are measured through the model's ``processor``, each image's token run included, and
     are never truncated (a cut through an image's tokens breaks the model's image-token count): an overlong one is
     dropped (``filter_overlong``) or an error."""
-    from core.rollout.engine import chat_prompt_ids
+    from core.models import chat_prompt_ids
 
     if truncation not in TRUNCATIONS:
         raise ValueError(f"data.truncation must be one of {TRUNCATIONS}, got {truncation!r}")

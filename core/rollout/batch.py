@@ -12,8 +12,6 @@ model's among them -- equal for a single-turn response.
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 
 from core.protocol import Batch
@@ -63,12 +61,6 @@ def decode_responses(tokenizer, batch: Batch, whole: bool = False) -> list[str]:
         return tokenizer.batch_decode([r[m > 0] for r, m in zip(batch["responses"], real)])
     return tokenizer.batch_decode([r[m > 0] for r, m in zip(batch["responses"], batch["response_mask"])],
                                   skip_special_tokens=True)
-
-
-def chat_prompt_ids(tokenizer, prompts: Sequence[list[dict]]) -> list[list[int]]:
-    """Token ids of chat prompts with the generation prompt appended (the model's chat template)."""
-    return [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)
-            for p in prompts]
 
 
 def _assemble(prompts, prompt_mask, responses, response_mask, logps, response_real=None) -> Batch:

@@ -23,11 +23,11 @@ from core.rollout import gpu_kernels
 from core.rollout.decode_graphs import DecodeGraphs
 from core.rollout.kv_cache import SlotKVCache
 from core.rollout.packed import PackedLinears, can_pack
-from core.rollout.batch import chat_prompt_ids, decode_responses
+from core.rollout.batch import decode_responses
 from core.rollout.run import Run
 from core.rollout.sampling import filter_logits, sample_inverse_cdf, uniforms, unnormalised_probs_
 from core.data.vision_inputs import never_sampled
-from core.models import keeps_logits
+from core.models import chat_prompt_ids, keeps_logits
 from core.protocol import Batch
 
 

@@ -37,9 +37,9 @@ import torch
 
 from core.config import SamplingParams
 from core.rollout.engine import replica_seed
-from core.rollout.batch import assemble, chat_prompt_ids, decode_responses
+from core.rollout.batch import assemble, decode_responses
 from core.rollout.vllm_engine import request_seeds
-from core.models import resolve_dtype, resolve_model
+from core.models import chat_prompt_ids, resolve_dtype, resolve_model
 from core.protocol import Batch
 
 # SGLang's memory tags (python/sglang/srt/constants.py: GPU_MEMORY_TYPE_KV_CACHE, GPU_MEMORY_TYPE_WEIGHTS)

@@ -44,8 +44,8 @@ import torch
 from core.config import SamplingParams
 from core.rollout import reaper
 from core.rollout.engine import replica_seed
-from core.rollout.batch import assemble, chat_prompt_ids, decode_responses
-from core.models import resolve_dtype, resolve_model
+from core.rollout.batch import assemble, decode_responses
+from core.models import chat_prompt_ids, resolve_dtype, resolve_model
 from core.protocol import Batch
 
 

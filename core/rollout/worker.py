@@ -22,7 +22,7 @@ from core.worker import WorkerContext
 class RolloutWorker:
     """A rollout engine as a role (embedded, or vLLM: ``core.rollout.vllm_engine``); colocated with the actor it
     syncs weights from. With tensor parallelism the role's ``mp_size`` is ``tensor_parallel_size``
-    (``core.trainer.role_specs``): a replica's ranks get the same prompts."""
+    (``core.roles.role_specs``): a replica's ranks get the same prompts."""
 
     def __init__(self, ctx: WorkerContext, cfg: RolloutConfig, max_response_length: int = 0):
         """``max_response_length``: the run's longest response (algo.sampling.max_new_tokens); vLLM sizes its

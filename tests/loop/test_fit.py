@@ -5,7 +5,8 @@ import json
 import pytest
 
 from core.config import RunConfig, SamplingParams, validate
-from core.trainer import effective_sizes, fit
+from core.trainer import fit
+from core.plan_report import effective_sizes
 from tests.loop.test_step import KEYS, verl_parquet
 
 

@@ -27,7 +27,7 @@ def data_module():
 @pytest.mark.parametrize("name", ["config", "retool_qwen32b"])
 def test_recipe_configs_validate_as_agent_runs(name):
     from core.checks import check_run
-    from core.trainer import effective_sizes
+    from core.plan_report import effective_sizes
 
     cfg = load_run_config(RECIPE, name)
     check_run(cfg)

@@ -75,7 +75,8 @@ def test_a_step_that_cannot_find_varying_groups_says_so(tmp_path, tiny_model_dir
 
 @pytest.mark.parametrize("name", ["config", "demo_cpu", "qwen32b"])
 def test_recipe_configs_validate_with_dapos_settings(name):
-    from core.trainer import effective_sizes, role_specs
+    from core.plan_report import effective_sizes
+    from core.roles import role_specs
 
     cfg, sections = load_recipe_config(RECIPE, name, sections={"dapo": dapo_module().DAPOConfig})
     assert (cfg.actor.loss.clip_low, cfg.actor.loss.clip_high, cfg.actor.loss.dual_clip_c) == (0.2, 0.28, 10.0)

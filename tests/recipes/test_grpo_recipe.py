@@ -25,7 +25,7 @@ def load_recipe_module(name):
 
 @pytest.mark.parametrize("name", ["config", "demo_cpu"])
 def test_recipe_configs_validate_and_sizes_add_up(name):
-    from core.trainer import effective_sizes
+    from core.plan_report import effective_sizes
 
     cfg = load_run_config(RECIPE, name)
     assert cfg.actor.temperature == cfg.algo.sampling.temperature  # log-probs under the sampling distribution

@@ -19,7 +19,8 @@ EXPECTED = load_expected(RECIPE)
 
 @pytest.mark.parametrize("name", ["config", "demo_cpu"])
 def test_configs_have_a_critic_gae_and_no_reference(name):
-    from core.trainer import effective_sizes, role_specs
+    from core.plan_report import effective_sizes
+    from core.roles import role_specs
 
     cfg = load_run_config(RECIPE, name)
     assert cfg.use_critic and cfg.algo.adv.estimator == "gae" and cfg.actor.kl_loss_coef == 0
@@ -41,7 +42,7 @@ def test_full_scale_script_resolves_to_a_valid_config():
 
 
 def test_the_reward_model_config_has_four_models_and_trains_on_the_model_alone():
-    from core.trainer import role_specs
+    from core.roles import role_specs
 
     cfg = load_run_config(RECIPE, "demo_cpu_rm")
     assert set(role_specs(cfg)) == {"actor", "rollout", "critic", "ref", "reward_model"}

@@ -30,7 +30,8 @@ def test_the_prm_starts_as_the_reference_and_learns_the_outcome_labels(tiny_mode
     batch its cross-entropy has fallen and its implicit reward orders right above wrong answers of each prompt."""
     from core.config import ActorConfig, RunConfig, validate
     from core.train.fsdp import FSDPActor
-    from core.implicit_prm import prm_actor_config, ranking_accuracy
+    from core.implicit_prm import ranking_accuracy
+    from core.roles import prm_actor_config
     from core.algos.ops import group_ids
     from core.worker import RoleSpec
     from core.worker_group import LocalWorkerGroup
@@ -185,7 +186,8 @@ def test_a_label_outside_zero_one_is_named_before_the_prm_trains():
 @pytest.mark.parametrize("name", ["config", "demo_cpu", "eurus7b"])
 def test_recipe_configs_validate_with_an_implicit_prm(name):
     from core.checks import check_run
-    from core.trainer import effective_sizes, role_specs
+    from core.plan_report import effective_sizes
+    from core.roles import role_specs
 
     cfg, sections = load_recipe_config(RECIPE, name, sections={"prime": prime_module().PRIMEConfig})
     check_run(cfg)

@@ -19,7 +19,7 @@ EXPECTED = load_expected(RECIPE)
 @pytest.mark.parametrize("name", ["config", "demo_cpu", "qwen7b_math"])
 def test_configs_carry_verls_sppo_settings(name):
     from core.checks import problems
-    from core.trainer import role_specs
+    from core.roles import role_specs
 
     cfg, _ = load_recipe_config(RECIPE, name)
     assert set(role_specs(cfg)) == {"actor", "rollout"} and not cfg.use_ref and not cfg.use_critic

@@ -23,7 +23,7 @@ EXPECTED = load_expected(RECIPE)
 
 @pytest.mark.parametrize("name", ["config", "demo_cpu", "qwen32b"])
 def test_configs_carry_vapos_settings(name):
-    from core.trainer import role_specs
+    from core.roles import role_specs
 
     cfg, _ = load_recipe_config(RECIPE, name)
     assert set(role_specs(cfg)) == {"actor", "rollout", "critic"} and not cfg.use_ref
@@ -89,7 +89,7 @@ def test_value_pretraining_leaves_actor_and_rollout_bit_identical_while_the_crit
     from core.loop import Roles, prompts_from_rows
     from core.placement import place
     from core.rollout.worker import RolloutWorker
-    from core.trainer import role_specs
+    from core.roles import role_specs
 
     vapo = recipe_module(RECIPE)
     cfg, rows = tiny_config(tmp_path, tiny_model_dir)

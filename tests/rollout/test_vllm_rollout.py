@@ -140,7 +140,7 @@ def test_vllm_missing_and_sglang_are_clear_errors(tiny_model_dir):
 
 
 def test_a_tensor_parallel_rollout_role_spans_its_replicas_ranks():
-    from core.trainer import role_specs
+    from core.roles import role_specs
 
     cfg = RunConfig()
     tp4 = replace(cfg, rollout=replace(cfg.rollout, backend="vllm", tensor_parallel_size=4))

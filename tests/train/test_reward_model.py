@@ -129,7 +129,7 @@ def test_a_run_with_a_reward_model_trains_on_its_weighted_scores(tmp_path, tiny_
     from core.loop import Roles, prompts_from_rows, step
     from core.placement import place
     from core.run import load_run_config
-    from core.trainer import role_specs
+    from core.roles import role_specs
     from tests.test_checkpoint import write_run
 
     conf = write_run(tmp_path, tiny_model_dir, total_steps=1, save_freq=0)

@@ -45,7 +45,16 @@ def _yaml_key(field_name: str) -> str:
     return field_name[:-1] if keyword.iskeyword(field_name[:-1]) else field_name
 
 
-def _build(tp: Any, value: Any, path: str) -> Any:
+def _field_default(tp: type, name: str) -> Any:
+    """The default of ``tp``'s field ``name`` when it is a dataclass instance (a section's own defaults), else None."""
+    f = next(f for f in dataclasses.fields(tp) if f.name == name)
+    value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return value if dataclasses.is_dataclass(value) and not isinstance(value, type) else None
+
+
+def _build(tp: Any, value: Any, path: str, base: Any = None) -> Any:
+    """``base``: the value this section has when absent (its parent's default, e.g. ``algo.val_sampling``'s greedy
+    SamplingParams): the keys a partial section leaves out come from it, not from the section class's defaults."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if dataclasses.is_dataclass(tp):
         if dataclasses.is_dataclass(value):
@@ -59,7 +68,10 @@ def _build(tp: Any, value: Any, path: str) -> Any:
         unknown = sorted(set(value) - fields)
         if unknown:
             raise ValueError(f"{path}: unknown key(s) {unknown}; {tp.__name__} has {sorted(fields)}")
-        kwargs = {k: _build(hints[k], v, f"{path}.{_yaml_key(k)}") for k, v in value.items()}
+        kwargs = {k: _build(hints[k], v, f"{path}.{_yaml_key(k)}",
+                            getattr(base, k) if base is not None else _field_default(tp, k)) for k, v in value.items()}
+        if base is not None:
+            kwargs = {f: getattr(base, f) for f in fields if f not in kwargs} | kwargs
         try:
             return tp(**kwargs)
         except (ValueError, TypeError) as e:
@@ -70,7 +82,7 @@ def _build(tp: Any, value: Any, path: str) -> Any:
         errors = []
         for a in (a for a in args if a is not type(None)):
             try:
-                return _build(a, value, path)
+                return _build(a, value, path, base)
             except ValueError as e:
                 errors.append(str(e))
         raise ValueError(errors[0] if len(errors) == 1 else f"{path}: {value!r} matches none of {args}")

@@ -83,8 +83,7 @@ def step(roles: Roles, prompts: Batch, cfg: AlgoConfig, reward_fn: Callable = de
             greedy_baselines(roles, prompts, batch, cfg, reward_fn, timer)
         # 3. log-probs of the same tokens under the actor before the update, and under the reference if any; the
         #    rows of the actor's first mini-batch are left to its update's own forward when nothing reads them first
-        batch = logprobs(roles, batch, timer, leave_to_update=old_left_to_update(cfg, update_actor, kl_ctrl),
-                         bypass=cfg.bypass_mode)
+        batch = logprobs(roles, batch, cfg, timer, update_actor, kl_ctrl)
         # 4. KL to the reference as a reward penalty (with a KL controller); the critic's values (with a critic)
         kl = reward_kl_penalty(batch, kl_ctrl, cfg)
         values(roles, batch, timer)
@@ -154,19 +153,23 @@ def reward_extra_infos(batch: Batch) -> list:
             for e, t, c in zip(batch["extra_info"], batch["num_turns"], batch["num_tool_calls"])]
 
 
-def logprobs(roles: Roles, batch: Batch, timer: Timer, leave_to_update: bool = False, bypass: bool = False) -> Batch:
+def logprobs(roles: Roles, batch: Batch, cfg: AlgoConfig, timer: Timer, update_actor: bool = True,
+             kl_ctrl: FixedKLController | AdaptiveKLController | None = None) -> Batch:
     """``old_logprobs`` under the actor before its update (the PPO ratio's denominator), and ``ref_logprobs``
-    under the frozen reference when the run has one. ``leave_to_update``: the rows the actor's update reaches
-    before its first optimizer step get theirs from that update's forward (the same policy, one forward fewer;
-    ``PolicyWorker.compute_logprobs``): only when no phase before ``update`` reads ``old_logprobs``.
-    ``bypass`` (``algo.bypass_mode``, verl's): ``old_logprobs`` are the rollout engine's, no actor pass -- the
-    loss's ratio is pi / pi_rollout and its weights correct for the engine's mismatch (e.g. loss ``reinforce``)."""
+    under the frozen reference when the run has one. ``update_actor`` and ``kl_ctrl``: the step's (``step``).
+
+    When nothing before ``update`` reads ``old_logprobs`` (``_old_left_to_update``), the rows the actor's update
+    reaches before its first optimizer step get theirs from that update's own forward: the same policy, one forward
+    fewer (``PolicyWorker.compute_logprobs(leave_to_update=True)``); they are NaN until then, so a phase that reads
+    them early fails loudly instead of using stale numbers. ``cfg.bypass_mode`` (verl's): ``old_logprobs`` are the
+    rollout engine's, no actor pass -- the loss's ratio is pi / pi_rollout and its weights correct for the engine's
+    mismatch (e.g. loss ``reinforce``)."""
     with timer("old_logprob"):
-        if bypass:
+        if cfg.bypass_mode:
             batch["old_logprobs"] = batch["rollout_logprobs"]
         else:
-            batch = batch.union(roles.actor.dp_split(PolicyWorker.compute_logprobs, batch,
-                                                     leave_to_update=leave_to_update))
+            leave = _old_left_to_update(cfg, update_actor, kl_ctrl)
+            batch = batch.union(roles.actor.dp_split(PolicyWorker.compute_logprobs, batch, leave_to_update=leave))
     if roles.ref is not None:
         with timer("ref"):
             batch["ref_logprobs"] = roles.ref.dp_split(PolicyWorker.compute_logprobs, batch)["old_logprobs"]
@@ -202,13 +205,13 @@ def advantages(batch: Batch, cfg: AlgoConfig, timer: Timer) -> None:
         if cfg.pf_ppo.enable:
             if "old_from_update" in batch:
                 raise ValueError("algo.pf_ppo resamples the rows after the old log-probs were left to the update's "
-                                 "first forward: this step must compute them (core.loop.old_left_to_update)")
+                                 "first forward: this step must compute them (core.loop.logprobs)")
             batch.reindex_(pf_ppo_rows(batch, cfg.pf_ppo.method, cfg.pf_ppo.weight_pow,
                                        torch.Generator().manual_seed(cfg.sampling.seed)))
 
 
-def old_left_to_update(cfg: AlgoConfig, update_actor: bool = True, kl_ctrl=None) -> bool:
-    """May the actor's update fill in its first mini-batch's old log-probs (``logprobs(leave_to_update=)``)? Only
+def _old_left_to_update(cfg: AlgoConfig, update_actor: bool = True, kl_ctrl=None) -> bool:
+    """May the actor's update fill in its first mini-batch's old log-probs (``logprobs``)? Only
     when the actor updates and nothing before the update reads or reorders them: no KL-in-reward controller, no
     truncated IS, no PF-PPO resampling, no bypass mode (old log-probs are the rollout's there)."""
     return (update_actor and kl_ctrl is None and cfg.tis_cap == 0 and not cfg.pf_ppo.enable

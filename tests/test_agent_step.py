@@ -43,7 +43,7 @@ def test_the_trainer_scores_the_model_s_tokens_as_the_engine_sampled_them(roles)
     timer = Timer()
     batch = generate(roles, prompts_from_rows(rows()), ALGO.sampling, timer)
     assert (batch["num_turns"] > 1).any(), "no tool answer in the batch: the test checks nothing"
-    batch = logprobs(roles, batch, timer)
+    batch = logprobs(roles, batch, ALGO, timer, update_actor=False)  # every row computed here
     m = batch["response_mask"] > 0
     gaps = (batch["attention_mask"][:, batch["prompts"].shape[1]:] > 0) & ~m
     assert gaps.any()

@@ -77,7 +77,7 @@ class PolicyWorker:
         ``leave_to_update``: the rows this actor's next ``update`` trains on before its first optimizer step (its
         first mini-batch, with one PPO epoch) are not computed here. The policy has not moved when the update reaches
         them, so its own forward gives the same numbers (the ratio is exactly 1 there): one forward saved per such
-        row. They come back as zeros with ``old_from_update`` True, and ``update_old_logprobs`` returns them after
+        row. They come back as NaN with ``old_from_update`` True, and ``update_old_logprobs`` returns them after
         the update. Only for a step where nothing before the update reads ``old_logprobs`` (no KL-in-reward, no
         truncated IS); with several PPO epochs or with ``with_entropy`` every row is computed here."""
         skip = self._rows_before_first_step(len(batch)) if leave_to_update and not with_entropy else 0
@@ -98,7 +98,7 @@ class PolicyWorker:
         if order is not None:
             out = {k: restore_order(v, order) for k, v in out.items()}
         if leave_to_update:
-            out["old_logprobs"] = torch.cat([torch.zeros(skip, width), out["old_logprobs"]])
+            out["old_logprobs"] = torch.cat([torch.full((skip, width), float("nan")), out["old_logprobs"]])
             out["old_from_update"] = torch.arange(len(batch)) < skip
         return Batch(out)
 

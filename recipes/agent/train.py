@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from core.config import AlgoConfig
-from core.loop import (Roles, Timer, advantages, generate, logprobs, old_left_to_update,
+from core.loop import (Roles, Timer, advantages, generate, logprobs,
                        reward_kl_penalty, score, step_metrics, update)
 from core.protocol import Batch
 
@@ -37,8 +37,7 @@ def step(roles: Roles, draw: Callable[[], Batch], cfg: AlgoConfig, reward_fn: Ca
         scored = score(roles, batch, cfg, reward_fn, timer)
         # 3. log-probs of the model's tokens under the actor (and the reference when the run has one); the rows of
         #    the actor's first mini-batch are left to its update's own forward when nothing reads them first
-        batch = logprobs(roles, batch, timer, leave_to_update=old_left_to_update(cfg, update_actor, kl_ctrl),
-                         bypass=cfg.bypass_mode)
+        batch = logprobs(roles, batch, cfg, timer, update_actor, kl_ctrl)
         # 4. KL to the reference as a reward penalty, only when algo.kl_in_reward.coef > 0
         kl = reward_kl_penalty(batch, kl_ctrl, cfg)
         # 5. advantages: each conversation's score against its group's (algo.adv)

@@ -79,7 +79,7 @@ def step(roles: Roles, draw: Callable[[], Batch], cfg: AlgoConfig, reward_fn: Ca
         batch = Batch.concat(kept).index(slice(0, train_groups * n))
         batch["token_rewards"] = scores_to_token_rewards(batch["scores"], batch["response_mask"])
         # 3. log-probs under the actor before the update (no reference: DAPO has no KL)
-        batch = logprobs(roles, batch, timer, bypass=cfg.bypass_mode)
+        batch = logprobs(roles, batch, cfg, timer, update_actor, kl_ctrl)
         # 5. advantages by algo.adv.estimator (grpo), truncated IS when algo.tis_cap > 0
         advantages(batch, cfg, timer)
         # 6. policy update (clip-higher, token-mean) and the weight sync

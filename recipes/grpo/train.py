@@ -33,7 +33,7 @@ def step(roles: Roles, draw: Callable[[], Batch], cfg: AlgoConfig, reward_fn: Ca
         # 2. score each response with the verifiable reward; the outcome goes on its last valid token
         scored = score(roles, batch, cfg, reward_fn, timer)
         # 3. log-probs under the actor before the update, and under the reference (for the KL loss)
-        batch = logprobs(roles, batch, timer, bypass=cfg.bypass_mode)
+        batch = logprobs(roles, batch, cfg, timer, update_actor, kl_ctrl)
         # 4. KL to the reference as a reward penalty, only when algo.kl_in_reward.coef > 0 (GRPO: a KL loss instead)
         kl = reward_kl_penalty(batch, kl_ctrl, cfg)
         # 5. advantages: each sample's score against its group's (algo.adv)

@@ -33,7 +33,7 @@ def step(roles: Roles, draw: Callable[[], Batch], cfg: AlgoConfig, reward_fn: Ca
         # 2. score each response; the outcome goes on its last valid token
         scored = score(roles, batch, cfg, reward_fn, timer)
         # 3. log-probs under the actor before the update, and under the reference
-        batch = logprobs(roles, batch, timer, bypass=cfg.bypass_mode)
+        batch = logprobs(roles, batch, cfg, timer, update_actor, kl_ctrl)
         # 4. KL to the reference subtracted from the token rewards (algo.kl_in_reward); the critic's values
         kl = reward_kl_penalty(batch, kl_ctrl, cfg)
         values(roles, batch, timer)

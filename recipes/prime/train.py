@@ -25,7 +25,7 @@ import torch
 
 from core.config import AlgoConfig, ImplicitPRMConfig
 from core.implicit_prm import process_rewards
-from core.loop import (Roles, Timer, advantages, generate, logprobs, old_left_to_update, reward_kl_penalty,
+from core.loop import (Roles, Timer, advantages, generate, logprobs, reward_kl_penalty,
                        score, step_metrics, update)
 from core.protocol import Batch
 
@@ -79,8 +79,7 @@ def step(roles: Roles, draw: Callable[[], Batch], cfg: AlgoConfig, reward_fn: Ca
         # 3. keep train_groups groups, those of mid accuracy first (PRIME's filter)
         batch, passed = keep_groups(batch, n, train_groups, prime, cfg.sampling.max_new_tokens)
         # 4. log-probs under the actor before the update and under the reference (the implicit PRM's baseline)
-        batch = logprobs(roles, batch, timer, leave_to_update=old_left_to_update(cfg, update_actor, kl_ctrl),
-                         bypass=cfg.bypass_mode)
+        batch = logprobs(roles, batch, cfg, timer, update_actor, kl_ctrl)
         kl = reward_kl_penalty(batch, kl_ctrl, cfg)
         # 5. the implicit PRM learns from the outcome labels (implicit_prm.update) and gives each token its reward
         prm_metrics = process_rewards(roles, batch, prm, timer)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from core.config import AlgoConfig
-from core.loop import (Roles, Timer, advantages, generate, logprobs, old_left_to_update, score,
+from core.loop import (Roles, Timer, advantages, generate, logprobs, score,
                        step_metrics, update)
 from core.protocol import Batch
 
@@ -34,8 +34,7 @@ def step(roles: Roles, draw: Callable[[], Batch], cfg: AlgoConfig, reward_fn: Ca
         # 2. score each response with the rule reward; the outcome goes on its last valid token
         scored = score(roles, batch, cfg, reward_fn, timer)
         # 3. log-probs under the actor before the update (the first mini-batch's: from the update's own forward)
-        batch = logprobs(roles, batch, timer, leave_to_update=old_left_to_update(cfg, update_actor),
-                         bypass=cfg.bypass_mode)
+        batch = logprobs(roles, batch, cfg, timer, update_actor, kl_ctrl)
         # 4. advantages: each reward against the whole batch's soft-mean (not a group's)
         advantages(batch, cfg, timer)
         # 5. the squared-loss update on every DP rank and the weight sync to the rollout engine

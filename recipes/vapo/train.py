@@ -22,7 +22,7 @@ from typing import Callable
 from core.algos import length_adaptive_lambda
 from core.checks import ConfigError
 from core.config import AlgoConfig
-from core.loop import (Roles, Timer, advantages, generate, logprobs, old_left_to_update, score,
+from core.loop import (Roles, Timer, advantages, generate, logprobs, score,
                        step_metrics, update, values)
 from core.protocol import Batch
 
@@ -41,7 +41,7 @@ def step(roles: Roles, draw: Callable[[], Batch], cfg: AlgoConfig, reward_fn: Ca
         # 3. the actor's log-probs before its update -- policy steps only; the first mini-batch's are left to the
         #    update's own forward
         if update_actor:
-            batch = logprobs(roles, batch, timer, leave_to_update=old_left_to_update(cfg), bypass=cfg.bypass_mode)
+            batch = logprobs(roles, batch, cfg, timer, kl_ctrl=kl_ctrl)
         # 4. the critic's value of every response prefix
         values(roles, batch, timer)
         # 5. decoupled, length-adaptive GAE: returns with lam_critic (1: Monte-Carlo), advantages with lam_i

@@ -2,6 +2,7 @@
 verl-made GSM8K parquet training without conversion (local backend, one process)."""
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -15,6 +16,8 @@ from core.loop import Roles, prompts_from_rows, step
 from core.placement import place
 from core.rollout.worker import RolloutWorker
 from core.worker import RoleSpec
+
+ROOT = Path(__file__).resolve().parents[2]
 
 STEP = AlgoConfig(sampling=SamplingParams(n=2, temperature=1.0, max_new_tokens=8, seed=0),
                   adv=AdvantageConfig(estimator="grpo"))
@@ -222,3 +225,25 @@ def test_pf_ppo_resamples_the_step_batch_in_place_after_the_advantages():
     left["old_from_update"] = torch.ones(8, dtype=torch.bool)
     with pytest.raises(ValueError, match="algo.pf_ppo resamples the rows after the old log-probs were left"):
         advantages(left, cfg, Timer())
+
+
+@pytest.mark.parametrize("recipe", ["grpo", "ppo"])
+def test_a_recipes_step_leaves_the_first_minibatchs_old_logprobs_to_the_update(tiny_model_dir, recipe):
+    """The saved forward comes with the public step piece (``core.loop.logprobs``), so a recipe's copy of the step
+    has it without knowing of it: the first mini-batch's rows (8 of 16) come back from the update filled in."""
+    from core.cli import recipe_module
+
+    module = recipe_module(ROOT / "recipes" / recipe)
+    placement = place(PlacementConfig({"main": PoolConfig(slots_per_node=1)},
+                                      {"actor": "main", "rollout": "main", "ref": "main"}),
+                      role_specs(tiny_model_dir), "local")
+    rows = [{"prompt": [{"role": "user", "content": f"Q{i} " + "xy" * i}], "data_source": "t", "ground_truth": "",
+             "extra_info": {}} for i in range(8)]
+    try:
+        roles = Roles(actor=placement["actor"], rollout=placement["rollout"], ref=placement["ref"])
+        draw = lambda: prompts_from_rows(rows)  # noqa: E731
+        batch, m = module.step(roles, draw, STEP, char_overlap)
+    finally:
+        placement.shutdown()
+    assert batch["old_from_update"].sum() == 8 and torch.isfinite(batch["old_logprobs"]).all()
+    assert m["timing_s/old_logprob"] > 0 and math.isfinite(m["actor/pg_loss"])

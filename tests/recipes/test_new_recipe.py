@@ -38,7 +38,8 @@ def test_new_copies_rewrites_resets_and_runs_the_tiny_check(recipes):
     dest = new_recipe("myalgo", recipes / "grpo", out=said.append)
     assert dest == recipes / "myalgo" and (dest / "train.py").is_file() and (dest / "reward.py").is_file()
     config = (dest / "config.yaml").read_text()
-    assert "outputs/myalgo_smollm2_cpu" in config and "estimator: grpo" in config and "recipes/grpo" not in config
+    assert "outputs/myalgo_smollm2_cpu" in config and "recipes/grpo" not in config
+    assert rewrite("adv: {estimator: grpo}", "grpo", "myalgo") == "adv: {estimator: grpo}"  # a registry name stays
     assert "hybridrl train myalgo" in (dest / "train.py").read_text()
     assert load_expected(dest) == {} and "not measured" in (dest / "README.md").read_text()
     assert load_expected(recipes / "grpo") != {}  # the source is untouched

@@ -83,6 +83,8 @@ def _sections(folder: Path) -> dict[str, type]:
     """A recipe's own sections (DAPO's ``dapo:``, PRIME's ``prime:``) as their dataclasses."""
     from core.cli import recipe_module
 
+    if not (folder / "train.py").is_file():  # core's step: RunConfig's sections only
+        return {}
     module = recipe_module(folder)
     return {name: getattr(module, cls) for name, cls in (("dapo", "DAPOConfig"), ("prime", "PRIMEConfig"))
             if hasattr(module, cls)}

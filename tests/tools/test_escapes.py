@@ -71,7 +71,7 @@ def test_the_tool_is_nobody_without_capabilities_in_namespaces_of_its_own():
         for pid in _descendants(os.getpid()):
             try:
                 argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-                if argv[0] == sys.executable.encode() and argv[2].endswith(b"sandbox_launch.py"):  # not bwrap's argv
+                if argv[0] == isolation.interpreter().encode() and argv[2].endswith(b"sandbox_launch.py"):  # not bwrap's
                     tool = pid
             except OSError:
                 pass

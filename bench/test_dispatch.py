@@ -26,7 +26,7 @@ class Passthrough:
 def group():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     g = WorkerGroup(ResourcePool(slots_per_node=2), {"echo": RoleSpec(Passthrough)})
     yield g
     g.shutdown()

@@ -190,8 +190,9 @@ def init_ray(address: str = "", runtime_env: dict | None = None, **kwargs) -> No
     env = dict(runtime_env or {})
     if "working_dir" in env:
         env["excludes"] = SHIP_EXCLUDES + list(env.get("excludes", []))
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    local = {} if address else {"include_dashboard": False}
+    # "local": a Ray of this run's own -- ray.init(address=None) would join any cluster `ray start` left on the host
+    address = address or os.environ.get("RAY_ADDRESS") or "local"
+    local = {"include_dashboard": False} if address == "local" else {}
     ray.init(address=address, runtime_env=env or None, log_to_driver=True, **local, **kwargs)
 
 

@@ -38,7 +38,7 @@ FAMILIES = {"smolvlm": (lambda v: int(v["pixel_values"].shape[1]), "vision_model
 def ray_session():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -92,7 +92,7 @@ class Reader:
 def ray_session():
     import ray
 
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -67,7 +67,7 @@ def run_steps(placement, rows, n_steps):
 def test_two_grpo_steps_on_two_ray_workers(tiny_model_dir, tmp_path):
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     placement = place(PlacementConfig({"main": PoolConfig(slots_per_node=2)},
                                       {"actor": "main", "rollout": "main", "ref": "main"}), role_specs(tiny_model_dir))
     try:

@@ -46,7 +46,7 @@ def skewed():
 def two_ranks(tiny_model_dir):
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     g = WorkerGroup(ResourcePool(slots_per_node=2), specs(tiny_model_dir), timeout_s=60)
     yield g
     g.shutdown()

@@ -44,7 +44,7 @@ def prompts(n=4) -> Batch:
 def group(tiny_model_dir):
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     g = WorkerGroup(ResourcePool(slots_per_node=2), specs(tiny_model_dir), timeout_s=300)
     yield g
     g.shutdown()

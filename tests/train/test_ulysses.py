@@ -75,7 +75,7 @@ def models_weights(path) -> dict[str, torch.Tensor]:
     return load_file(str(path / "model.safetensors"))
 
 
-@pytest.mark.slow  # make test-slow: the unit test above covers each mechanism; this one the trainer's wiring
+@pytest.mark.heavy  # make test-heavy (CI): the unit test above covers each mechanism; this one the trainer's wiring
 def test_a_run_with_sp2_gives_the_metrics_of_sp1(ray_module_session, tmp_path, tiny_model_dir):
     """Through the whole trainer (``fit``, GRPO with a KL loss: actor, reference and rollout on one 2-rank pool), the
     actor and reference on one sequence-parallel group of 2 give the 2 data-parallel ranks' metrics (rel 1e-4), a

@@ -45,7 +45,8 @@ $(VLLM_STAMP): constraints-vllm.txt pyproject.toml
 	touch $@
 
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_VENV)/bin/python -m pytest -q -rs -m "not slow and not gpu" tests/vllm tests/rollout/test_vllm_rollout.py
+	HYBRIDRL_DEV_IMPORTS=0 $(VLLM_VENV)/bin/python -m pytest -q -rs -m "not slow and not gpu" tests/vllm \
+		tests/rollout/test_vllm_rollout.py
 
 # Multi-node for real: a 2-node Ray cluster of network namespaces on this machine (root and iproute2; else
 # ray.cluster_utils, said in the output), runs across the nodes, a node lost mid-run (tests/test_multinode.py)

@@ -10,8 +10,10 @@ shows its high-water mark, and memory it leaves behind shows as well -- which is
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import threading
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -50,6 +52,36 @@ def keep_freed_memory(trim_threshold_bytes: int = 1 << 30) -> bool:
         return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, trim_threshold_bytes))
     except (OSError, AttributeError):  # not glibc
         return False
+
+
+def heap_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zeroed CPU tensor on memory from plain ``malloc`` (64-byte aligned inside it), freed with the tensor.
+    torch's CPU allocator asks glibc for aligned memory (``posix_memalign``), which carves the aligned part out of the
+    block it finds and keeps the leftover sliver in a cache of its own, beside the block; freed, the block leaves a
+    hole that the next aligned request of the same size does not fit, so that request takes fresh pages: a KV cache
+    of 4 blocks, freed by ``sleep`` and allocated again by ``wake``, took fresh pages for half of itself or more in
+    about 1 of 4 wakes (tests/test_memory.py). ``malloc`` of the same size takes the hole whole. Not glibc (or an
+    empty tensor): ``torch.zeros``."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    try:
+        libc = _libc()
+    except (OSError, AttributeError):
+        libc = None
+    if libc is None or nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    ptr = libc.malloc(nbytes + 64)
+    if not ptr:
+        raise MemoryError(f"malloc of {nbytes / 2**20:.0f} MB failed")
+    block = (ctypes.c_char * nbytes).from_address((ptr + 63) & ~63)
+    weakref.finalize(block, libc.free, ptr)  # the tensor holds the block: freed with its last view
+    return torch.frombuffer(block, dtype=torch.uint8).view(dtype).view(shape).zero_()
+
+
+def _libc():
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.restype, libc.free.argtypes = None, [ctypes.c_void_p]
+    return libc
 
 
 def rss_bytes() -> int:

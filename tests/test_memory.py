@@ -46,3 +46,39 @@ def test_add_into_is_the_mixed_dtype_add_bit_for_bit(n, dtype):
     want += grad
     add_into(acc, grad)
     assert torch.equal(acc, want)
+
+
+def _fresh_pages_on_reallocation(make, trials: int = 40) -> int:
+    """Of ``trials`` rounds -- 4 blocks of 32 MB made, freed, made again, small allocations between rounds -- how
+    many took fresh pages for half of the blocks or more the second time."""
+    import torch
+
+    from core.memory import keep_freed_memory, release_freed_memory, rss_bytes
+
+    keep_freed_memory()
+    block, fresh = 32 << 20, 0
+    for trial in range(trials):
+        small = [torch.zeros(1000 + 7 * trial) for _ in range(50)]  # noqa: F841 -- what a process holds between
+        first = [make(block) for _ in range(4)]
+        before = rss_bytes()
+        del first
+        again = [make(block) for _ in range(4)]
+        fresh += rss_bytes() - before >= 2 * block
+        del again
+        release_freed_memory()
+    return fresh
+
+
+def test_a_freed_heap_block_serves_the_next_of_its_size():
+    """``heap_zeros`` (the KV cache's CPU memory): a block freed by ``sleep`` is the next ``wake``'s, every time;
+    torch's aligned allocations took fresh pages for half or more of them in 2 of 20 rounds of 32 MB blocks and 11 of
+    40 of 134 MB ones (measured before the KV cache moved to it)."""
+    import torch
+
+    from core.memory import heap_zeros, keep_freed_memory
+
+    if not keep_freed_memory():
+        pytest.skip("not glibc: freed blocks are the allocator's own business")
+    assert _fresh_pages_on_reallocation(lambda n: heap_zeros((n // 4,), torch.float32)) == 0
+    t = heap_zeros((3, 5), torch.bfloat16)
+    assert t.shape == (3, 5) and t.dtype == torch.bfloat16 and t.data_ptr() % 64 == 0 and not t.any()

@@ -18,6 +18,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from core.kernels import cpu as cpu_kernels
+from core.memory import heap_zeros
 
 
 class SlotKVCache(Cache):
@@ -25,9 +26,11 @@ class SlotKVCache(Cache):
                  dtype: torch.dtype, device: torch.device, v_dim: int | None = None):
         super().__init__(layers=[])  # no transformers layer objects: update() below is the whole contract
         shape = (slots, kv_heads, max_len, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape[:-1] + (v_dim or head_dim,), dtype=dtype, device=device)
-                       for _ in range(num_layers)]
+        # on CPU from plain malloc: a cache freed by sleep() and made again by wake() lands on the same pages
+        zeros = (lambda s: heap_zeros(s, dtype)) if torch.device(device).type == "cpu" else (
+            lambda s: torch.zeros(s, dtype=dtype, device=device))
+        self.keys = [zeros(shape) for _ in range(num_layers)]
+        self.values = [zeros(shape[:-1] + (v_dim or head_dim,)) for _ in range(num_layers)]
         self.slots, self.max_len = slots, max_len
         self._rows: torch.Tensor | slice | None = None  # prefill: slot of each batch row (a slice: a range)
         self._offset = 0                          # prefill: first column it writes (after a shared prefix)

@@ -50,6 +50,7 @@ def plot_curves(history: list[dict], path: str | Path) -> Path | None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         return None
     val = [m for m in history if "val/reward/mean" in m]
@@ -94,6 +95,7 @@ def plot_curves(history: list[dict], path: str | Path) -> Path | None:
     frozen = [m["step"] for m in train if "timing_s/update_actor" not in m and "critic/vf_loss" in m]
     for ax in axes:
         ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps: no 0.25 ticks on a short run
         if frozen:  # critic-only steps (value pre-training / critic warm-up): the policy does not move
             ax.axvspan(min(frozen) - 0.5, max(frozen) + 0.5, color="grey", alpha=0.12, lw=0)
     if frozen:

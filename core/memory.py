@@ -10,6 +10,7 @@ shows its high-water mark, and memory it leaves behind shows as well -- which is
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 import threading
@@ -26,7 +27,7 @@ def release_freed_memory() -> None:
     keeps for this process's reuse: on request (``peak_memory(trim=True)`` in benches; nothing in the training loop,
     where it would bring the page faults back)."""
     try:
-        ctypes.CDLL(None).malloc_trim(0)
+        _libc().malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to hand back
         pass
 
@@ -48,7 +49,7 @@ def keep_freed_memory(trim_threshold_bytes: int = 1 << 30) -> bool:
     if os.environ.get("HYBRIDRL_CPU_MALLOC", "1") == "0":
         return False
     try:
-        libc = ctypes.CDLL(None)
+        libc = _libc()
         return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, trim_threshold_bytes))
     except (OSError, AttributeError):  # not glibc
         return False
@@ -77,7 +78,9 @@ def heap_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.frombuffer(block, dtype=torch.uint8).view(dtype).view(shape).zero_()
 
 
-def _libc():
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """This process's C library (glibc's malloc, free, mallopt, malloc_trim), its pointer types declared once."""
     libc = ctypes.CDLL(None)
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     libc.free.restype, libc.free.argtypes = None, [ctypes.c_void_p]

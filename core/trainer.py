@@ -104,7 +104,8 @@ def held_out(cfg: RunConfig, roles: Roles, prompts: Batch, reward_fn: Callable, 
 
 def load_inputs(cfg: RunConfig, out: Path) -> tuple[Callable, list[dict], list[dict]]:
     """Before Ray: the output folder and its config.json, the reward, the data rows (sources checked, prompt
-    lengths fitted, ``core.checks.check_inputs``), the models located or converted once. Returns (reward_fn, train rows, val rows)."""
+    lengths fitted, ``core.checks.check_inputs``), the models located or converted once. Returns (reward_fn,
+    train rows, val rows)."""
     from core.data.dataset import fit_prompt_lengths, load_rl_parquet
     from core.models import load_tokenizer, resolve_model
     from core.rewards import default_compute_score, load_reward_fn

@@ -11,11 +11,13 @@ waits for a call inside C (a backtracking ``re`` match, a huge ``int``) to come 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import math
 import multiprocessing as mp
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -104,6 +106,23 @@ def _serve(conn) -> None:
                            time.monotonic()))
 
 
+@contextlib.contextmanager
+def _main_without_unreadable_file():
+    """A script read from stdin (``python - <<EOF``) has ``__main__.__file__ == '<stdin>'``: multiprocessing would
+    have the worker re-import ``__main__`` from that path, and it dies before serving. Such a ``__main__`` is left
+    out of the worker's preparation, as ``python -c`` leaves it (its functions reach the worker by value)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is None or getattr(main, "__spec__", None) is not None or os.path.isfile(path):
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
+
+
 class _Worker:
     """One reward process (forkserver) and the pipe to it. ``todo``: the samples sent to it and not answered yet,
     in the order it runs them; ``deadline``: when the first of them must have answered."""
@@ -112,7 +131,8 @@ class _Worker:
         ctx = _pool_context()
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_serve, args=(child,), daemon=True, name="hybridrl-reward")
-        self.proc.start()
+        with _main_without_unreadable_file():
+            self.proc.start()
         child.close()  # the worker's end lives in the worker alone: its death reads as EOF here
         self.todo: list[int] = []
         self.deadline = math.inf

@@ -6,8 +6,11 @@ The reward functions are module-level: the workers (forkserver) import this modu
 
 import hashlib
 import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -109,3 +112,16 @@ def test_closures_run_in_the_worker_and_what_cannot_be_sent_is_an_error():
     with pytest.raises(RewardError, match=r"reward function '.*locked' cannot run in a reward worker process, .*"
                                           r"make it a module-level function .* or a file reward \(reward.path"):
         score_batch(locked, ["ds"], ["x"], ["1"])
+
+
+def test_a_script_read_from_stdin_scores_in_its_worker():
+    """``python - <<EOF``: ``__main__`` is ``<stdin>``, a file the worker cannot re-import; its rewards still run
+    (a lambda defined in the script, and a registered scorer) and the caller's ``__main__`` is left as it was."""
+    script = ("import __main__\nfrom core.rewards import default_compute_score, score_batch\n"
+              "out = score_batch(default_compute_score, ['openai/gsm8k'] * 2, ['#### 4', '#### 5'], ['4', '4'])\n"
+              "mine = score_batch(lambda ds, s, gt, extra=None: float(len(s)), ['x'], ['abc'], ['4'])\n"
+              "print(out.scores.tolist(), mine.scores.tolist(), __main__.__file__)\n")
+    r = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["[1.0,", "0.0]", "[3.0]", "<stdin>"], r.stdout

@@ -39,3 +39,15 @@ def ray_module_session():
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+def pytest_runtest_logreport(report):
+    """``HYBRIDRL_SKIP_REPORT=<file>``: every skipped test and its reason appended to the file, one line each, so
+    ``.ci/run`` can list all skips of all its targets together at the end (a new skip is seen, not scrolled past)."""
+    path = os.environ.get("HYBRIDRL_SKIP_REPORT")
+    if not path or not report.skipped or (report.when == "teardown"):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    reason = reason.removeprefix("Skipped: ").replace("\n", " ")
+    with open(path, "a") as f:
+        f.write(f"{report.nodeid}\t{reason}\n")

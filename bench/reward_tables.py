@@ -22,14 +22,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.rewards import answers as A, references as R  # noqa: E402
+from tests.rewards import golds as G, references as R  # noqa: E402
 
 
 def probe_table(full: bool) -> str:
     from tests.rewards import test_hacking_probe as P
 
-    if all(A.data_missing(d) for d in A.DATASETS):
-        return f"(skipped: {A.data_missing(A.DATASETS[0])})"
+    if all(G.data_missing(d) for d in G.DATASETS):
+        return f"(skipped: {G.data_missing(G.DATASETS[0])})"
     t = time.perf_counter()
     table, wrong_const, wrong_hedge, slow = P.run_probe(full)
     out = [f"Share of answers scored correct [base rate where not 0]; **!** = differs from the base rate (constants) "
@@ -54,8 +54,8 @@ def mv_table(full: bool) -> str:
         return f"(skipped: {why})"
     rows, wrong = [], []
     t = time.perf_counter()
-    for d in A.ALL_SETS:
-        if A.data_missing(d):
+    for d in G.ALL_SETS:
+        if G.data_missing(d):
             rows.append([d, "(no data)", "", "", "", ""])
             continue
         recs = M.records(d, None if full else M.N_GOLDS[d])
@@ -84,7 +84,7 @@ def verl_table(full: bool) -> str:
         if why:
             rows.append([claim.name, f"(skipped: {why})", *[""] * (len(V.HEADER) - 2)])
             continue
-        recs = V.records(claim, {d: None for d in A.ALL_SETS} if full else claim.golds)
+        recs = V.records(claim, {d: None for d in G.ALL_SETS} if full else claim.golds)
         rows.append(V.summary_row(claim, recs))
         bad += [(claim.name, r) for r in recs if r.theirs and not r.ours and not V.known_verl_wrong(r.pair)]
     out = [f"Per claim: answers verl 0.9.1 accepts that we reject (label right = our bug; label wrong = verl wrong, "

@@ -31,7 +31,7 @@ from typing import Callable
 import pytest
 
 from core.rewards.code_tests import SOURCES as CODE_SOURCES
-from tests.rewards import answers as A, references as R
+from tests.rewards import answers as A, exact as E, golds as G, references as R
 
 # the format each registered data source wants (a name not listed here is probed in the \boxed{} format)
 FORMAT_OF = {"openai/gsm8k": "gsm8k", "gsm8k": "gsm8k", "gsm8k_format": "gsm8k", "gsm8k_flexible": "plain",
@@ -96,7 +96,7 @@ def gold_equals(gold: str, answer: str) -> bool:
     """The base rate's test, independent of any scorer: the same string, or the same number exactly."""
     if gold.strip() == answer.strip():
         return True
-    n = A.read_number(gold)
+    n = E.read_number(gold)
     try:
         return n is not None and answer.strip() != "" and n.value == Fraction(answer.strip())
     except ValueError:
@@ -119,14 +119,14 @@ def quiet_math_verify():
 
 
 def rows_of(dataset: str, n: int | None) -> list[dict]:
-    rows = A.load_rows(dataset)
-    golds = A.load_golds(dataset)
+    rows = G.load_rows(dataset)
+    golds = G.load_golds(dataset)
     # stratified: rows whose gold equals a probed constant, and rows with a tiny gold (|g| < 1e-3, where an absolute
     # tolerance would accept 0), then a seeded sample of the rest
     equal = [i for i, g in enumerate(golds) if any(gold_equals(g, c) for c in NUMBERS)][:6]
-    tiny = [i for i, g in enumerate(golds) if (v := A.read_number(g)) and 0 < abs(v.value) < Fraction(1, 1000)][:3]
+    tiny = [i for i, g in enumerate(golds) if (v := E.read_number(g)) and 0 < abs(v.value) < Fraction(1, 1000)][:3]
     must = tuple(dict.fromkeys(equal + tiny))
-    return [rows[i] | {"_gold": golds[i]} for i in A.subsample(len(rows), n, must=must)]
+    return [rows[i] | {"_gold": golds[i]} for i in G.subsample(len(rows), n, must=must)]
 
 
 def probes(s: Scorer, row: dict, dataset: str, i: int, full: bool) -> list[tuple[str, str, str]]:
@@ -138,7 +138,7 @@ def probes(s: Scorer, row: dict, dataset: str, i: int, full: bool) -> list[tuple
     out.append(("empty string", "", ""))
     out.append(("1 MB, no marker", HUGE_TEXT, HUGE_TEXT))
     if full or i < ECHO_ROWS:
-        q = A.question_of(row)
+        q = G.question_of(row)
         out.append(("prompt echoed", A.wrap(s.fmt, q), q))
     if full or (i == 0 and dataset == "gsm8k"):
         out.append(("1 MB digits in format", A.wrap(s.fmt, HUGE_DIGITS), HUGE_DIGITS))
@@ -154,16 +154,16 @@ def hedges(s: Scorer, gold: str) -> list[tuple[str, str]]:
 
 
 def run_probe(full: bool):
-    missing = [d for d in A.DATASETS if A.data_missing(d)]
-    if len(missing) == len(A.DATASETS):
-        pytest.skip(A.data_missing(missing[0]))
+    missing = [d for d in G.DATASETS if G.data_missing(d)]
+    if len(missing) == len(G.DATASETS):
+        pytest.skip(G.data_missing(missing[0]))
     sc = scorers(every_name=full)
     # scorer name -> probe name -> [accepted, expected, total]
     table: dict[str, dict[str, list[int]]] = {s.name: {} for s in sc}
     wrong_const, wrong_hedge, slow = [], [], []
     with quiet_math_verify():
-        for dataset in A.DATASETS:
-            if A.data_missing(dataset):
+        for dataset in G.DATASETS:
+            if G.data_missing(dataset):
                 continue
             rows = rows_of(dataset, None if full else ROWS[dataset])
             for s in sc:

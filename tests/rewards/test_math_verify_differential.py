@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from fractions import Fraction
 
 import pytest
 
-from tests.rewards import answers as A, references as R
+from tests.rewards import answers as A, exact as E, golds as G, references as R
 
 # the default sizes run with `make test-heavy` (in CI), ~25 s; `slow` below: every gold
 pytestmark = pytest.mark.heavy
@@ -54,7 +55,7 @@ def report(dataset: str, recs: list[R.Record], seconds: float) -> str:
 
 
 def check(dataset: str, n_golds: int | None):
-    for why in (R.missing_module("math_verify"), A.data_missing(dataset)):
+    for why in (R.missing_module("math_verify"), G.data_missing(dataset)):
         if why:
             pytest.skip(why)
     t = time.perf_counter()
@@ -66,27 +67,27 @@ def check(dataset: str, n_golds: int | None):
                      f"in {len(groups)} classes not in KNOWN:\n" + "\n".join(R.class_lines(groups, "ours", "mv", k=2)))
 
 
-@pytest.mark.parametrize("dataset", A.ALL_SETS)
+@pytest.mark.parametrize("dataset", G.ALL_SETS)
 def test_ours_vs_math_verify(dataset):
     check(dataset, N_GOLDS[dataset])
 
 
 @pytest.mark.slow  # every gold: ~22,000 pairs, several minutes (not `heavy`: CI runs heavy, kept to ~4 min in all)
-@pytest.mark.parametrize("dataset", A.ALL_SETS)
+@pytest.mark.parametrize("dataset", G.ALL_SETS)
 def test_ours_vs_math_verify_every_gold(dataset):
     check(dataset, None)
 
 
 def test_generated_labels_follow_the_rule():
     """The generator's labels on the brief's examples (no scorer involved)."""
-    n = A.read_number
-    assert A.is_right(n("3.14"), A.Fraction("3.14159")) and not A.is_right(n("3.14"), A.Fraction("3.15"))
-    assert A.is_right(n("7.4e-12"), A.Fraction("7.41e-12"))
-    assert not A.is_right(n("7.4e-12"), A.Fraction(0)) and not A.is_right(n("7.4e-12"), A.Fraction("8e-12"))
-    assert not A.is_right(n("\\frac{1}{3}"), A.Fraction("0.3333333"))
-    assert A.is_right(n("\\frac{1}{2}"), A.Fraction("0.5"))
-    assert not A.is_right(n("3e6"), A.Fraction(3000001)) and A.is_right(n("8.49e-4"), A.Fraction("0.000849"))
-    assert A.is_right(n("-1./3"), A.Fraction(-1, 3)) and not A.is_right(n("-1./3"), A.Fraction(2, 3))
+    n = E.read_number
+    assert E.is_right(n("3.14"), Fraction("3.14159")) and not E.is_right(n("3.14"), Fraction("3.15"))
+    assert E.is_right(n("7.4e-12"), Fraction("7.41e-12"))
+    assert not E.is_right(n("7.4e-12"), Fraction(0)) and not E.is_right(n("7.4e-12"), Fraction("8e-12"))
+    assert not E.is_right(n("\\frac{1}{3}"), Fraction("0.3333333"))
+    assert E.is_right(n("\\frac{1}{2}"), Fraction("0.5"))
+    assert not E.is_right(n("3e6"), Fraction(3000001)) and E.is_right(n("8.49e-4"), Fraction("0.000849"))
+    assert E.is_right(n("-1./3"), Fraction(-1, 3)) and not E.is_right(n("-1./3"), Fraction(2, 3))
     kinds = {f.kind: f for f in A.forms("72")}
     assert kinds["eq.sci_times"].body == "7.2 \\times 10^{1}" and kinds["eq.sci_times"].label
     assert not kinds["neq.rel_1e-7"].label and not kinds["hedge.two_markers.gold_last"].label
@@ -99,14 +100,13 @@ def test_random_numeric_golds_are_scored_by_their_labels():
     its label, except the KNOWN classes. Labels only, no Math-Verify verdicts."""
     pytest.importorskip("hypothesis", reason="hypothesis is not installed")
     from decimal import Decimal
-    from fractions import Fraction
 
     from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
     strategy = st.one_of(
         st.integers(-10 ** 7, 10 ** 7).map(str),
         st.tuples(st.integers(-60, 60), st.integers(2, 40)).filter(lambda t: t[0] % t[1] != 0)
-          .map(lambda t: A.latex_frac(Fraction(*t))),
+          .map(lambda t: E.latex_frac(Fraction(*t))),
         st.tuples(st.integers(-99999, 99999), st.integers(1, 4))
           .map(lambda t: format(Decimal(t[0]).scaleb(-t[1]), "f")),
         st.tuples(st.integers(100, 999), st.integers(-15, 15)).map(lambda t: f"{t[0] // 100}.{t[0] % 100:02d}e{t[1]}"),

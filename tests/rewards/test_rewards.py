@@ -4,7 +4,6 @@ import math
 import time
 
 import pytest
-import torch
 
 from core.rewards import (REWARDS, RewardError, default_compute_score, load_reward_fn, score_batch)
 from core.rewards.gsm8k import extract_answer, ground_truth_from_solution

@@ -28,7 +28,7 @@ from typing import Callable
 
 import pytest
 
-from tests.rewards import answers as A, references as R
+from tests.rewards import answers as A, exact as E, golds as G, references as R
 
 # the default sizes run with `make test-heavy` (in CI), ~20 s; `slow` below: every gold
 pytestmark = pytest.mark.heavy
@@ -125,7 +125,7 @@ KNOWN_VERL_WRONG: dict[str, tuple] = {
         "verl's math_dapo reads only the last 'Answer:' line: 'Answer: 35' then 'Answer: 34' reads as 34, a hedge "
         "that scores whichever of its answers comes last"),
     "numbers read as floats (geo3k)": (
-        lambda p: p.fmt == "geo3k" and not p.label and A.read_number(p.gold) is not None,
+        lambda p: p.fmt == "geo3k" and not p.label and E.read_number(p.gold) is not None,
         "mathruler's _normalize turns any number within 1e-7 of an integer, as a float, into that integer: gold "
         "'3.89e-10' becomes '0' (so '0' and '38.9e-10' pass), and '3999999999999999999999999999999999' rounds to gold "
         "'4e33'"),
@@ -165,7 +165,7 @@ def unavailable(claim: Claim) -> str | None:
 def records(claim: Claim, golds: dict) -> list[R.Record]:
     out = []
     for dataset, n in golds.items():
-        if A.data_missing(dataset):
+        if G.data_missing(dataset):
             continue
         for fmt in claim.formats:
             for p in A.pairs(dataset, fmt, n):
@@ -208,8 +208,8 @@ def check(claim: Claim, golds: dict):
     why = unavailable(claim)
     if why:
         pytest.skip(why)
-    if all(A.data_missing(d) for d in golds):
-        pytest.skip(A.data_missing(next(iter(golds))))
+    if all(G.data_missing(d) for d in golds):
+        pytest.skip(G.data_missing(next(iter(golds))))
     t = time.perf_counter()
     recs = records(claim, golds)
     print(report(claim, recs, time.perf_counter() - t))
@@ -228,7 +228,7 @@ def test_verl_correct_is_correct_here(claim):
 @pytest.mark.slow  # every gold of every data set per claim: tens of minutes (CI runs `heavy`, not `slow`)
 @pytest.mark.parametrize("claim", CLAIMS, ids=[c.name.split(" vs ")[0] for c in CLAIMS])
 def test_verl_correct_is_correct_here_every_gold(claim):
-    check(claim, {d: None for d in A.ALL_SETS})
+    check(claim, {d: None for d in G.ALL_SETS})
 
 
 def test_retool_reward_vs_verl_recipe():

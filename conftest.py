@@ -31,14 +31,23 @@ def tiny_model_dir(tmp_path_factory):
     return tiny_random_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
-@pytest.fixture(scope="module")
-def ray_module_session():
-    """One Ray session for a test module (ray.init takes ~9 s here)."""
+@pytest.fixture(scope="session")
+def ray_shared():
+    """One local Ray for every test that needs one (a ``ray.init`` costs 5-9 s on 2 cores: once per run, not once
+    per module). 8 logical CPUs: each test's pools fit beside what an earlier test's workers still hold; the tests
+    shut their worker groups down. ``address="local"``: never a cluster already up on the host."""
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    if not ray.is_initialized():  # a run under test (fit with backend ray) may have started one already
+        ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_module_session(ray_shared):
+    """The shared Ray session, for a module whose tests start worker groups themselves."""
+    yield
 
 
 def pytest_runtest_logreport(report):

@@ -23,14 +23,10 @@ class Passthrough:
 
 
 @pytest.fixture(scope="module")
-def group():
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+def group(ray_shared):
     g = WorkerGroup(ResourcePool(slots_per_node=2), {"echo": RoleSpec(Passthrough)})
     yield g
     g.shutdown()
-    ray.shutdown()
 
 
 def test_dispatch_roundtrip_vs_inprocess_copy(group, full_size, report):

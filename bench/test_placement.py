@@ -17,7 +17,6 @@ model is SmolLM2-135M-Instruct with a fresh score head: the same compute as a tr
 from __future__ import annotations
 
 import pytest
-import torch
 
 from bench.test_grpo_step import arith_rows, grpo_specs, grpo_step_config, reward
 from core.config import AdvantageConfig, AlgoConfig, CriticConfig, KLInRewardConfig, OptimConfig, RewardModelConfig
@@ -30,12 +29,8 @@ from core.worker_group import ResourcePool, WorkerGroup
 
 
 @pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+def ray_session(ray_shared):
     yield
-    ray.shutdown()
 
 
 def median_step_seconds(groups: list[WorkerGroup], roles: Roles, rows, cfg: AlgoConfig, steps: int,

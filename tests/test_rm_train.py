@@ -54,6 +54,7 @@ def test_bradley_terry_learns_a_visible_rule_and_the_folder_scores_the_same(tmp_
     assert again == 1.0
 
 
+@pytest.mark.heavy  # two torchrun ranks from a fresh interpreter each (~11 s); the in-process tests above keep the training
 def test_two_ranks_under_torchrun_train_as_one_process(tmp_path, tiny_model_dir):
     """FSDP2 data parallelism (gloo, 2 real processes under torchrun): each mini-batch split over the ranks gives
     the one-process loss history, held-out accuracy and weights (fp32: equal up to the order of float sums), and

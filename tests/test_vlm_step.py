@@ -35,12 +35,8 @@ FAMILIES = {"smolvlm": (lambda v: int(v["pixel_values"].shape[1]), "vision_model
 
 
 @pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+def ray_session(ray_shared):
     yield
-    ray.shutdown()
 
 
 # the SmolVLM-class model carries SmolLM2-135M's real size (~50 s here): under make test-heavy; the tiny Qwen2-VL runs

@@ -89,12 +89,8 @@ class Reader:
 
 
 @pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
+def ray_session(ray_shared):
     yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

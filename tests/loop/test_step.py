@@ -64,17 +64,13 @@ def run_steps(placement, rows, n_steps):
 
 
 @pytest.mark.ray
-def test_two_grpo_steps_on_two_ray_workers(tiny_model_dir, tmp_path):
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+def test_two_grpo_steps_on_two_ray_workers(tiny_model_dir, tmp_path, ray_shared):
     placement = place(PlacementConfig({"main": PoolConfig(slots_per_node=2)},
                                       {"actor": "main", "rollout": "main", "ref": "main"}), role_specs(tiny_model_dir))
     try:
         metrics = run_steps(placement, load_rl_parquet(verl_parquet(tmp_path / "train.parquet")), 2)
     finally:
         placement.shutdown()
-        ray.shutdown()
     for m in metrics:
         assert set(KEYS) <= set(m), sorted(set(KEYS) - set(m))
         assert all(math.isfinite(v) for v in m.values())

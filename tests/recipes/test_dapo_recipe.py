@@ -114,20 +114,29 @@ def run_qwen32b(*args):
                           text=True, env={**__import__("os").environ, "PY": sys.executable}, timeout=120)
 
 
-def test_run_qwen32b_dry_run_fits_on_16_nodes_and_not_on_one():
-    out = run_qwen32b()
+def plan_qwen32b(capsys, *overrides) -> tuple[int, str]:
+    """``hybridrl plan dapo --config-name qwen32b <overrides>`` in this process: (exit code, what it printed)."""
+    from core.cli import main
+
+    capsys.readouterr()
+    rc = main(["plan", str(RECIPE), "--config-name", "qwen32b", *overrides])
+    return rc, capsys.readouterr().out
+
+
+def test_run_qwen32b_dry_run_fits_on_16_nodes_and_not_on_one(capsys):
+    out = run_qwen32b()  # the script itself, once
     assert out.returncode == 0, out.stdout + out.stderr
     assert "FSDP2 world size 128, offload idle" in out.stdout and "rollout vllm TP 4 x 32 replicas" in out.stdout
     assert out.stdout.rstrip().endswith("fits")
     # one node: the sharded state is 16 P / 8 = 65.5 GB per GPU while training (offload=idle parks it only while
     # the rollout runs); the plan says why, and what offload=full would need
-    out = run_qwen32b("trainer.nnodes=1")
-    assert out.returncode == 1
-    assert "DOES NOT FIT" in out.stdout and "train phase needs 117.4 GB per GPU, more than the 76.0 GB" in out.stdout
-    assert "hint: with offload=full" in out.stdout and "655 GB host per node: it fits" in out.stdout
+    rc, text = plan_qwen32b(capsys, "trainer.nnodes=1")
+    assert rc == 1
+    assert "DOES NOT FIT" in text and "train phase needs 117.4 GB per GPU, more than the 76.0 GB" in text
+    assert "hint: with offload=full" in text and "655 GB host per node: it fits" in text
     # offload=full on one node: the node must hold 655 GB of offloaded state and sleeping weights
-    out = run_qwen32b("trainer.nnodes=1", "actor.offload=full", "placement.pools.main.host_memory_gb=512")
-    assert out.returncode == 1 and "host memory: 655 GB per node" in out.stdout, out.stdout
+    rc, text = plan_qwen32b(capsys, "trainer.nnodes=1", "actor.offload=full", "placement.pools.main.host_memory_gb=512")
+    assert rc == 1 and "host memory: 655 GB per node" in text, text
 
 
 def test_each_gen_batch_of_a_step_samples_with_its_own_seed():

@@ -43,14 +43,10 @@ def skewed():
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tiny_model_dir):
-    import ray
-
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+def two_ranks(tiny_model_dir, ray_shared):
     g = WorkerGroup(ResourcePool(slots_per_node=2), specs(tiny_model_dir), timeout_s=60)
     yield g
     g.shutdown()
-    ray.shutdown()
 
 
 def test_log_probs_values_and_kl_equal_one_rank_under_a_token_budget(two_ranks, tiny_model_dir):

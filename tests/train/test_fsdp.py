@@ -16,7 +16,6 @@ from core.config import (ActorConfig, AdvantageConfig, AlgoConfig, OptimConfig, 
                          SamplingParams)
 from core.algos import compute_advantages
 from core.train.fsdp import FSDPActor
-from core.placement import Placement
 from core.protocol import Batch
 from core.rollout.worker import RolloutWorker
 from core.worker import RoleSpec
@@ -41,14 +40,10 @@ def prompts(n=4) -> Batch:
 
 
 @pytest.fixture(scope="module")
-def group(tiny_model_dir):
-    import ray
-
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+def group(tiny_model_dir, ray_shared):
     g = WorkerGroup(ResourcePool(slots_per_node=2), specs(tiny_model_dir), timeout_s=300)
     yield g
     g.shutdown()
-    ray.shutdown()
 
 
 def rollout_batch(group_or_local) -> Batch:

@@ -34,13 +34,10 @@ from core.algos import ADVANTAGES, AGGREGATIONS, KL_KINDS, POLICY_LOSSES
 from core.algos.advantages import VALUE_ESTIMATORS
 from core.algos.losses import FIXED_AGGREGATION, REWARD_MODEL_LOSSES
 from core.config import ActorConfig, RunConfig
+from core.config.errors import ConfigError, did_you_mean
 from core.data.dataset import TRUNCATIONS
 
 DEFAULT_AGG = ActorConfig.loss_agg_mode  # its default: what "not set" reads as
-
-
-class ConfigError(ValueError):
-    """Sections of a run config that disagree; the message lists every problem found, one per line."""
 
 
 def problems(cfg: "RunConfig") -> list[str]:
@@ -62,7 +59,8 @@ def problems(cfg: "RunConfig") -> list[str]:
                                 ("actor.kl_loss_type", a.kl_loss_type, KL_KINDS),
                                 ("algo.kl_in_reward.kind", algo.kl_in_reward.kind, KL_KINDS)):
         if name not in registry:
-            out.append(f"{key}={name!r} is no {registry.kind}; known: {', '.join(registry.names())}")
+            out.append(f"{key}={name!r} is no {registry.kind}{did_you_mean(name, registry.names())} (known: "
+                       f"{', '.join(registry.names())})")
     if a.loss.name in FIXED_AGGREGATION and a.loss_agg_mode not in (DEFAULT_AGG, FIXED_AGGREGATION[a.loss.name]):
         out.append(f"actor.loss.name={a.loss.name!r} aggregates by {FIXED_AGGREGATION[a.loss.name]} whatever "
                    f"actor.loss_agg_mode says: {a.loss_agg_mode!r} would have no effect; drop actor.loss_agg_mode")
@@ -164,9 +162,12 @@ def _agent_problems(cfg: "RunConfig") -> list[str]:
         return out
     unknown = [t for t in agent.tools if t not in TOOLS]
     if unknown:
-        out.append(f"rollout.agent.tools names unknown tool(s) {unknown}; known: {', '.join(TOOLS.names())}")
+        out.append(f"rollout.agent.tools names unknown tool(s) {unknown}{did_you_mean(unknown[0], TOOLS.names())} "
+                   f"(known: {', '.join(TOOLS.names())})")
     if agent.tool_parser not in TOOL_CALL_PARSERS:
-        out.append(f"rollout.agent.tool_parser={agent.tool_parser!r}; known: {', '.join(TOOL_CALL_PARSERS.names())}")
+        out.append(f"rollout.agent.tool_parser={agent.tool_parser!r} is no tool-call parser"
+                   f"{did_you_mean(agent.tool_parser, TOOL_CALL_PARSERS.names())} (known: "
+                   f"{', '.join(TOOL_CALL_PARSERS.names())})")
     if agent.max_response_tokens < cfg.algo.sampling.max_new_tokens:
         out.append(f"rollout.agent.max_response_tokens={agent.max_response_tokens} is less than one turn "
                    f"(algo.sampling.max_new_tokens={cfg.algo.sampling.max_new_tokens}): the first turn would be cut; "
@@ -182,9 +183,10 @@ def check_run(cfg: "RunConfig", own_step: bool = False) -> None:
         found.append(f"data.train_prompts_per_step={cfg.data.train_prompts_per_step} differs from "
                      f"data.prompts_per_step={cfg.data.prompts_per_step}, but core's step trains every prompt it "
                      "draws; it is for a recipe's step that filters (e.g. DAPO's): drop it, or run that recipe")
+    if len(found) == 1:
+        raise ConfigError(found[0])
     if found:
-        raise ConfigError(f"the run config's sections disagree ({len(found)} problem(s)):\n"
-                          + "\n".join(f"- {p}" for p in found))
+        raise ConfigError(f"{len(found)} problems in the run config:\n" + "\n".join(f"- {p}" for p in found))
 
 
 def check_data_sources(rows: list[dict], where: str, custom_reward: bool) -> None:
@@ -247,3 +249,63 @@ def _model_config(model: str):
     from core.models import resolve_model
 
     return AutoConfig.from_pretrained(resolve_model(model))
+
+
+def _looks_local(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~"))
+
+
+def file_problems(cfg: "RunConfig") -> tuple[list[str], list[str]]:
+    """What the run's files say before anything loads: (problems, missing data files). Problems: a reward file that
+    is missing, does not parse (file:line) or lacks ``reward.name``; an output dir that is a file or cannot be
+    written; a model given as a local path that does not exist. Missing data files are returned apart: a run stops
+    on them, a plan only warns (a full-scale plan is read where its data is not)."""
+    import ast
+    import os
+    from pathlib import Path
+
+    out, missing = [], []
+    for key, files in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
+        missing += [f"{key}: {f} not found" for f in files if not Path(f).is_file()]
+    if cfg.reward.path:
+        path = Path(cfg.reward.path)
+        if not path.is_file():
+            out.append(f"reward.path: {path} not found")
+        else:
+            try:
+                tree = ast.parse(path.read_text(), str(path))
+                names = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))] + [
+                    t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)]
+                if cfg.reward.name not in names and not any(isinstance(n, (ast.Import, ast.ImportFrom)) and any(
+                        (a.asname or a.name) == cfg.reward.name for a in n.names) for n in tree.body):
+                    out.append(f"reward.name: {cfg.reward.name!r} is not defined in {path}"
+                               f"{did_you_mean(cfg.reward.name, names)}")
+            except SyntaxError as e:
+                out.append(f"reward.path: {path}:{e.lineno}: {e.msg} (the reward file does not parse)")
+    o = Path(cfg.trainer.output_dir)
+    if o.exists() and not o.is_dir():
+        out.append(f"trainer.output_dir: {o} is a file, not a folder; name another output_dir")
+    else:
+        parent = next(p for p in (o, *o.absolute().parents) if p.exists())
+        if not os.access(parent, os.W_OK):
+            out.append(f"trainer.output_dir: {o} cannot be written ({parent} is not writable)")
+    models = [("actor.model", cfg.actor.model), ("rollout.model", cfg.rollout.model)]
+    models += [("critic.model", cfg.critic.model)] if cfg.use_critic else []
+    models += [("reward_model.model", cfg.reward_model.model)] if cfg.use_reward_model else []
+    out += [f"{key}: {m} not found (a model folder with config.json, or a hub id such as Qwen/Qwen2.5-7B-Instruct)"
+            for key, m in models if m and _looks_local(m) and not Path(m).expanduser().exists()]
+    return out, missing
+
+
+def check_files(cfg: "RunConfig", missing_data_ok: bool = False, data_hint: str = "") -> list[str]:
+    """Raise ``ConfigError`` with ``file_problems``' problems (missing data too, unless ``missing_data_ok``: then
+    they are returned, for a plan to print as warnings). ``data_hint``: how the recipe makes its data."""
+    found, missing = file_problems(cfg)
+    if missing and data_hint:
+        missing = [f"{m}; {data_hint}" for m in missing]
+    found += [] if missing_data_ok else missing
+    if len(found) == 1:
+        raise ConfigError(found[0])
+    if found:
+        raise ConfigError(f"{len(found)} problems in the run config:\n" + "\n".join(f"- {p}" for p in found))
+    return missing

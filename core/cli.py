@@ -62,7 +62,13 @@ def run_recipe(folder: Path, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """The ``hybridrl`` command: a user's mistake is one line on stderr and exit code 2 (``--debug``: a traceback)."""
+    from core.config.errors import answer_user_errors
+
+    return answer_user_errors(_main, list(sys.argv[1:] if argv is None else argv))
+
+
+def _main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="hybridrl", description=__doc__.split("\n\n")[0],
                                      epilog=__doc__.split("\n\n")[1], formatter_class=argparse.RawTextHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)

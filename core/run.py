@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from core.checks import check_run
+from core.checks import check_files, check_run
 from core.config import RunConfig, validate
+from core.config.errors import ConfigError, answer_user_errors, with_sources
 from core.plan_report import dp_size, effective_sizes, plan_run
 from core.trainer import fit
 
@@ -46,15 +47,20 @@ def load_recipe_config(config_dir: str | Path, config_name: str = "config", over
         base = compose(config_name=config_name)
         # a key the yaml does not spell out (a default of the schema, or a typo) is added, not refused by Hydra:
         # validation then takes the schema's value or names the typo with the keys that exist
+        user_overrides = list(overrides or [])
         overrides = [f"++{o}" if "=" in o and o[0] not in "+~" and
                      OmegaConf.select(base, o.split("=", 1)[0], default=_ABSENT) is _ABSENT else o
                      for o in overrides or []]
         tree = OmegaConf.to_container(compose(config_name=config_name, overrides=overrides), resolve=True)
-    extra = {name: validate(cls, tree.pop(name, None), where=f"{where}.{name}") for name, cls in (sections or {}).items()}
     reward = tree.get("reward") or {}
     if reward.get("path") and not Path(reward["path"]).is_absolute() and (config_dir / reward["path"]).is_file():
         reward["path"] = str(config_dir / reward["path"])
-    return validate(RunConfig, tree, where=where), extra
+    try:
+        extra = {name: validate(cls, tree.pop(name, None), where=where, prefix=name)
+                 for name, cls in (sections or {}).items()}
+        return validate(RunConfig, tree, where=where), extra
+    except ConfigError as e:
+        raise with_sources(e, user_overrides, where) from None
 
 
 def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
@@ -73,22 +79,26 @@ def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.total_steps=5 actor.optim.lr=1e-5")
     a = p.parse_intermixed_args(argv)
     cfg, extra = load_recipe_config(a.config_dir, a.config_name, a.overrides, sections)
-    if a.dry_run:  # (a run checks in fit, before anything loads)
+    recipe = Path(a.config_dir)
+    hint = (f"this recipe writes its data: `python {recipe}/data.py --help` (its run scripts run it when the files "
+            "are missing)") if (recipe / "data.py").is_file() else ""
+    try:  # (a run checks again in fit, before anything loads)
         check_run(cfg, own_step=make_step is not None)  # sections that disagree fail here, before the plan
+        missing = check_files(cfg, missing_data_ok=a.dry_run, data_hint=hint)  # a run stops on missing data
+    except ConfigError as e:
+        raise with_sources(e, a.overrides, recipe / f"{a.config_name}.yaml") from None
+    if a.dry_run:
+        for m in missing:
+            print(f"warning: {m}")
         dp, device = dp_size(cfg), cfg.placement.pools[cfg.placement.roles["actor"]].device
         print(f"config valid: actor {cfg.actor.model} on {dp} {device} rank(s)\neffective sizes:\n"
               + effective_sizes(cfg, dp))
         text, fits = plan_run(cfg)
         print(text)
         return 0 if fits else 1
-    recipe = Path(a.config_dir)
-    missing = [f for f in (*cfg.data.train_files, *cfg.data.val_files) if not Path(f).is_file()]
-    if missing and (recipe / "data.py").is_file():  # before anything loads: say how this recipe makes its data
-        raise FileNotFoundError(f"data file(s) not found: {', '.join(missing)}. This recipe writes its data with "
-                                f"`python {recipe}/data.py --help` (its run scripts do so when the files are missing)")
     fit(cfg, make_step(cfg, extra) if make_step else None)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(answer_user_errors(main, sys.argv[1:], prog="python -m core.run"))

@@ -18,7 +18,7 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from core.checks import check_data_sources, check_inputs, check_run
+from core.checks import check_files, check_data_sources, check_inputs, check_run
 from core.config import RunConfig
 from core.data.prompt_stream import PromptStream
 from core.loop import Roles, kl_controller, prompts_from_rows, step, validate
@@ -38,6 +38,7 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
     ``core.loop.step`` for an algorithm whose step differs (a recipe's own copy of the loop, e.g. DAPO's dynamic
     sampling); ``draw()`` returns the next prompt batch, as many times as the step needs."""
     check_run(cfg, own_step=step_fn is not None)  # how the sections agree, before anything is loaded or started
+    check_files(cfg)  # data, reward file, output dir, local model paths
     t, out = cfg.trainer, Path(cfg.trainer.output_dir)
     reward_fn, rows, val_rows = load_inputs(cfg, out)
     trackers = make_trackers(t.logger, out, t.project_name, t.experiment_name or out.name, asdict(cfg),

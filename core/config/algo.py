@@ -4,20 +4,21 @@ sampling -- and the policy-loss knobs the ``actor.loss`` section holds. Each fie
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from core.config.ranges import Count, NonNegative, PositiveFloat, PositiveInt, Unit, UnitOpen
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     # samples per prompt
-    n: int = 1
+    n: PositiveInt = 1
     # 0 = greedy
-    temperature: float = 1.0
+    temperature: NonNegative = 1.0
     # nucleus sampling mass (1 = off)
-    top_p: float = 1.0
+    top_p: UnitOpen = 1.0
     # keep the k most likely tokens (0 or -1 = off)
     top_k: int = -1
     # response length limit in tokens
-    max_new_tokens: int = 256
+    max_new_tokens: Count = 256
     # extra strings that end a response (EOS always does)
     stop: tuple[str, ...] = ()
     # seed of the sampling generator
@@ -31,19 +32,19 @@ class AdvantageConfig:
     # estimator name, one of core.algos.ADVANTAGES
     estimator: str = "grpo"
     # discount factor
-    gamma: float = 1.0
+    gamma: Unit = 1.0
     # GAE lambda (for decoupled GAE: the actor's lambda)
-    lam: float = 1.0
+    lam: Unit = 1.0
     # VAPO decoupled GAE: lambda for the critic's value targets
-    lam_critic: float = 1.0
+    lam_critic: Unit = 1.0
     # VAPO length-adaptive GAE: lambda_i = 1 - 1 / (alpha * length_i)
     length_alpha: float = 0.05
     # GRPO: divide by the group std (false = Dr.GRPO)
     norm_by_std: bool = True
     # added to the std before dividing
-    epsilon: float = 1e-6
+    epsilon: PositiveFloat = 1e-6
     # SPPO: temperature beta of the soft-mean baseline
-    sppo_beta: float = 1.0
+    sppo_beta: PositiveFloat = 1.0
     # GPG: normalising constant f_norm
     gpg_f_norm: float = 1.0
     # PRIME: weights of the implicit PRM's dense rewards and of the outcome, each leave-one-out (verl's
@@ -57,39 +58,39 @@ class PolicyLossConfig:
     # loss name, one of core.algos.POLICY_LOSSES
     name: str = "vanilla"
     # PPO ratio clip: [1 - clip_low, 1 + clip_high] (DAPO clip-higher: 0.2 / 0.28)
-    clip_low: float = 0.2
-    clip_high: float = 0.2
+    clip_low: NonNegative = 0.2
+    clip_high: NonNegative = 0.2
     # dual-clip constant c (> 1) bounding the loss for negative advantages
     dual_clip_c: float = 3.0
     # Clip-Cov: fraction of tokens whose gradient is cut, and the covariance window they are drawn from
-    clip_cov_ratio: float = 0.0002
+    clip_cov_ratio: Unit = 0.0002
     clip_cov_lb: float = 1.0
     clip_cov_ub: float = 5.0
     # KL-Cov: fraction of highest-covariance tokens given a KL penalty, and its coefficient
-    kl_cov_ratio: float = 0.0002
+    kl_cov_ratio: Unit = 0.0002
     kl_cov_coef: float = 1.0
     # CISPO: importance-weight clip [1 - low, 1 + high] (the paper leaves the lower side open)
-    cispo_clip_low: float = 1.0
-    cispo_clip_high: float = 0.28
+    cispo_clip_low: NonNegative = 1.0
+    cispo_clip_high: NonNegative = 0.28
     # SPPO: eta scaling the advantage target of the squared loss
     sppo_eta: float = 1.0
     # SAPO: temperatures of the soft gate for positive / negative advantages (verl: actor.tau_pos / tau_neg)
-    sapo_tau_pos: float = 1.0
-    sapo_tau_neg: float = 1.05
+    sapo_tau_pos: PositiveFloat = 1.0
+    sapo_tau_neg: PositiveFloat = 1.05
     # DRO: beta of the quadratic log-ratio penalty; must be > 0 with loss dro (verl's example: 0.05)
-    dro_beta: float = 0.0
+    dro_beta: NonNegative = 0.0
     # DPPO: trust-region bounds on the sampled token's probability change (dppo_tv: p - p_old; dppo_kl: the binary
     # KL) for negative / positive advantages (verl reads clip_ratio_low / high; its examples: 0.15 TV, 0.05 KL), and
     # the cap of the stop-gradient importance weight (verl: clip_ratio_c, 3)
-    dppo_delta_low: float = 0.2
-    dppo_delta_high: float = 0.2
-    dppo_is_cap: float = 3.0
+    dppo_delta_low: NonNegative = 0.2
+    dppo_delta_high: NonNegative = 0.2
+    dppo_is_cap: NonNegative = 3.0
     # REINFORCE: importance weights pi / pi_old of each token ("token") or of the whole sequence ("sequence"), or
     # none (""), truncated at reinforce_is_cap (TIS)
     reinforce_is: str = "token"
-    reinforce_is_cap: float = 2.0
+    reinforce_is_cap: NonNegative = 2.0
     # implicit_prm (PRIME's reward-model loss, the prm role's; core.implicit_prm): beta of its implicit reward
-    prm_beta: float = 0.05
+    prm_beta: NonNegative = 0.05
     # mixed into Clip-Cov's random token choice (each call also draws from the process's torch RNG)
     seed: int = 0
 
@@ -98,13 +99,13 @@ class PolicyLossConfig:
 class KLInRewardConfig:
     # beta of KL(old || ref) subtracted from every token's reward (0 = off; needs a reference); the start value
     # when adaptive
-    coef: float = 0.0
+    coef: NonNegative = 0.0
     # per-token KL estimator (core.algos.KL_KINDS)
     kind: str = "k1"
     # adapt beta toward target_kl over horizon samples (Ziegler et al. 2019); false = fixed beta
     adaptive: bool = False
-    target_kl: float = 0.1
-    horizon: float = 10000.0
+    target_kl: PositiveFloat = 0.1
+    horizon: PositiveFloat = 10000.0
 
 
 @dataclass(frozen=True)
@@ -128,8 +129,8 @@ class AlgoConfig:
     # advantage estimator and its knobs
     adv: AdvantageConfig = field(default_factory=AdvantageConfig)
     # processes scoring rewards in parallel (0 = in the driver) and the per-call limit
-    reward_workers: int = 0
-    reward_timeout_s: float = 10.0
+    reward_workers: Count = 0
+    reward_timeout_s: PositiveFloat = 10.0
     # score given to a sample whose reward raises / times out / is NaN (None = fail the step)
     reward_fallback: float | None = None
     # with a reward model (use_reward_model): score = reward_function_weight x the reward function's score +
@@ -139,9 +140,9 @@ class AlgoConfig:
     reward_model_weight: float = 1.0
     reward_model_sources: list[str] = field(default_factory=list)
     # a weight sync that takes longer fails the step (WorkerTimeoutError) instead of hanging on a stalled peer
-    sync_timeout_s: float = 300.0
+    sync_timeout_s: PositiveFloat = 300.0
     # truncated importance sampling (Yao et al. 2025): scale advantages by min(pi_old / pi_rollout, cap); 0 = off
-    tis_cap: float = 0.0
+    tis_cap: NonNegative = 0.0
     # verl's bypass mode: old_logprobs are the rollout engine's (no separate old-log-prob pass); the loss's ratio is
     # then pi / pi_rollout (with loss reinforce: its truncated IS weights correct the engine's mismatch)
     bypass_mode: bool = False

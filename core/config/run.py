@@ -10,11 +10,13 @@ this one (``core.run.load_recipe_config``), not as a subclass.
 
 from __future__ import annotations
 
+from typing import Literal
 from dataclasses import dataclass, field, replace
 
 from core.config.algo import AlgoConfig
 from core.config.roles import ActorConfig, CriticConfig, ImplicitPRMConfig, RewardModelConfig, RolloutConfig
 from core.config.schema import PlacementConfig, TrainerConfig
+from core.config.ranges import Count, PositiveInt
 
 
 @dataclass(frozen=True)
@@ -22,18 +24,18 @@ class DataConfig:
     # verl-schema parquet files to train on
     train_files: list[str] = field(default_factory=list)
     # prompts per RL step (each sampled n times); with a filtering step (DAPO), prompts per draw (gen batch)
-    prompts_per_step: int = 8
+    prompts_per_step: PositiveInt = 8
     # prompts whose samples one step trains on, for a recipe's step that filters and redraws (DAPO's dynamic
     # sampling keeps this many groups); 0 = prompts_per_step. Core's step trains every prompt it draws.
-    train_prompts_per_step: int = 0
+    train_prompts_per_step: Count = 0
     # shuffle the prompts each epoch (seeded by trainer.seed)
     shuffle: bool = True
     # use only the first N rows (0 = all)
-    limit: int = 0
+    limit: Count = 0
     # held-out verl-schema parquet scored greedily before training, every trainer.test_freq steps and at the end
     val_files: list[str] = field(default_factory=list)
     # use only the first N held-out rows (0 = all)
-    val_limit: int = 0
+    val_limit: Count = 0
     # drop prompts longer than rollout.max_prompt_length tokens at load (counted) instead of applying truncation
     filter_overlong_prompts: bool = False
     # a prompt longer than rollout.max_prompt_length: error (names file, row, length) | left (keep its last
@@ -54,7 +56,7 @@ class ToolsConfig:
     # where model-written code runs (agent tools, code rewards; core.tools.isolation): namespaces (bubblewrap: a
     # read-only view of the interpreter only, no network, uid nobody, cgroup limits; refused where namespaces
     # cannot be made) | process (rlimits and seccomp only: the tool reads every file the worker can)
-    isolation: str = "namespaces"
+    isolation: Literal["namespaces", "process"] = "namespaces"
 
     def __post_init__(self):
         if self.isolation not in ("namespaces", "process"):

@@ -5,23 +5,25 @@ Sections grow with the features that read them; every field has its meaning in a
 
 from __future__ import annotations
 
+from typing import Literal
 from dataclasses import dataclass, field
+from core.config.ranges import Count, NonNegative, PositiveFloat, PositiveInt
 
 
 @dataclass(frozen=True)
 class PoolConfig:
     # machines in this pool
-    nnodes: int = 1
+    nnodes: PositiveInt = 1
     # ranks (processes) per machine; with device=cuda, one GPU each
-    slots_per_node: int = 2
+    slots_per_node: PositiveInt = 2
     # cpu (gloo) or cuda (nccl)
-    device: str = "cpu"
+    device: Literal["cpu", "cuda"] = "cpu"
     # CPUs reserved per rank; also its torch thread count
-    cpus_per_slot: float = 1.0
+    cpus_per_slot: PositiveFloat = 1.0
     # memory of one GPU and of one machine, GB: the capacity planner's budget (`--dry-run`); 0 = not stated
     # (the planner then asks this machine)
-    gpu_memory_gb: float = 0.0
-    host_memory_gb: float = 0.0
+    gpu_memory_gb: NonNegative = 0.0
+    host_memory_gb: NonNegative = 0.0
 
     def __post_init__(self):
         if self.device not in ("cpu", "cuda"):
@@ -52,7 +54,7 @@ class AsyncConfig:
     # metrics exactly (to tell whether a divergence comes from the staleness)
     overlap: bool = True
     # algo.tis_cap in one-step-off runs that leave it at 0 (set this to 0 for none)
-    tis_cap: float = 2.0
+    tis_cap: NonNegative = 2.0
 
     def __post_init__(self):
         if self.tis_cap < 0:
@@ -62,26 +64,26 @@ class AsyncConfig:
 @dataclass(frozen=True)
 class TrainerConfig:
     # ray: worker groups on Ray; local: everything in this process (world size 1, for pdb)
-    backend: str = "ray"
+    backend: Literal["ray", "local"] = "ray"
     # RL steps to run
-    total_steps: int = 10
+    total_steps: Count = 10
     # where config.json and metrics.jsonl (and later checkpoints) go
     output_dir: str = "outputs/run"
     # seed of the prompt order
     seed: int = 0
     # seconds a worker call may take before the driver raises WorkerTimeoutError
-    call_timeout_s: float = 1800.0
+    call_timeout_s: PositiveFloat = 1800.0
     # score data.val_files every N steps (0 = only before the first and after the last step)
-    test_freq: int = 0
+    test_freq: Count = 0
     # held-out samples written to <output_dir>/val_generations.jsonl at each validation (question, the whole
     # response with tool answers and turn markers, score): read what the policy does (0 = none)
-    log_val_generations: int = 4
+    log_val_generations: Count = 4
     # steps at the start that train only the critic (the policy waits for useful values)
-    critic_warmup: int = 0
+    critic_warmup: Count = 0
     # checkpoint every N steps and after the last (0 = never): actor + optimizer + RNG per rank + data position
-    save_freq: int = 0
+    save_freq: Count = 0
     # checkpoints kept (the newest; 0 = all)
-    save_keep: int = 2
+    save_keep: Count = 2
     # auto: resume from <output_dir>/checkpoints/latest when there is one; disable: start fresh; or a checkpoint path
     resume_mode: str = "auto"
     # experiment trackers (core/tracking.py): console, jsonl (metrics.jsonl is always written), tensorboard,
@@ -91,14 +93,14 @@ class TrainerConfig:
     project_name: str = "hybridrl"
     experiment_name: str = ""
     # offline: trackers write under output_dir only; online: swanlab / wandb upload (their own login)
-    tracker_mode: str = "offline"
+    tracker_mode: Literal["offline", "online"] = "offline"
     # stop the run after this many consecutive steps whose actor gradient norm was inf/nan (their optimizer steps
     # are skipped and counted in actor/nonfinite_grad_frac); 0 = never stop
-    max_nonfinite_grad_steps: int = 3
+    max_nonfinite_grad_steps: Count = 3
     # the cluster's shape under verl's names, for a config to interpolate into its pools
     # (placement.pools.main.nnodes: ${trainer.nnodes}); 0 = not used
-    nnodes: int = 0
-    n_gpus_per_node: int = 0
+    nnodes: Count = 0
+    n_gpus_per_node: Count = 0
     # one-step-off-policy async training (YAML key: async)
     async_: AsyncConfig = field(default_factory=AsyncConfig)
     # the Ray cluster to join: "" = RAY_ADDRESS if set, else a new local Ray; "auto" = the cluster started on this
@@ -109,7 +111,7 @@ class TrainerConfig:
     runtime_env: dict = field(default_factory=dict)
     # after a collective breaks (a peer gone), wait up to this long for Ray to name the lost worker or node before
     # reporting the broken call itself
-    node_loss_timeout_s: float = 60.0
+    node_loss_timeout_s: PositiveFloat = 60.0
 
     def __post_init__(self):
         if self.backend not in ("ray", "local"):

@@ -228,17 +228,12 @@ def test_the_reward_model_is_counted_in_bf16_by_its_offload_mode_and_its_forward
     assert big["reward model forward, beyond the training transients"] == pytest.approx(transient - a_transient)
 
 
-def test_the_ppo_gpu_scripts_dry_run_shows_the_critic():
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+def test_the_ppo_gpu_scripts_dry_run_shows_the_critic(capsys):
+    from tests.recipes.plans import plan as plan_recipe
 
-    root = Path(__file__).resolve().parents[1]
-    out = subprocess.run(["bash", "recipes/ppo/run_qwen2.5_0.5b_gsm8k.sh", "--dry-run"], cwd=root, capture_output=True,
-                         text=True, env=dict(os.environ, PY=sys.executable))
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "critic fp32 master weights (4Pc/W)" in out.stdout and "critic AdamW moments (8Pc/W)" in out.stdout
+    rc, out = plan_recipe(capsys, "ppo", "qwen2_5_0_5b_gsm8k")
+    assert rc == 0, out[-2000:]
+    assert "critic fp32 master weights (4Pc/W)" in out and "critic AdamW moments (8Pc/W)" in out
 
 
 def test_split_placement_counts_each_pools_own_roles():
@@ -277,21 +272,15 @@ def test_split_placement_counts_each_pools_own_roles():
     assert not any(k.startswith(("fp32 master", "gathered", "rollout")) for k in crit)
 
 
-def test_the_dry_run_of_a_split_placement_plans_every_pool_and_fails_on_the_one_that_does_not_fit():
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+def test_the_dry_run_of_a_split_placement_plans_every_pool_and_fails_on_the_one_that_does_not_fit(capsys):
+    from tests.recipes.plans import plan as plan_recipe
 
-    root = Path(__file__).resolve().parents[1]
     split = ["++placement.pools.gen={nnodes: 1, slots_per_node: 1, device: cuda, gpu_memory_gb: 40, host_memory_gb: 512}",
              "++placement.pools.crit={nnodes: 1, slots_per_node: 1, device: cuda, gpu_memory_gb: 24, host_memory_gb: 512}",
              "placement.roles.rollout=gen", "placement.roles.critic=crit", "++rollout.backend=vllm",
              "++rollout.gpu_memory_utilization=0.9"]
-    out = subprocess.run(["bash", "recipes/ppo/run_qwen2.5_0.5b_gsm8k.sh", "--dry-run", *split], cwd=root,
-                         capture_output=True, text=True, env=dict(os.environ, PY=sys.executable))
-    assert out.returncode != 0, out.stderr[-2000:]
-    text = out.stdout
+    rc, text = plan_recipe(capsys, "ppo", "qwen2_5_0_5b_gsm8k", *split)
+    assert rc != 0, text[-2000:]
     main, gen, crit = (text.split(f"pool '{name}' (")[1] for name in ("main", "gen", "crit"))
     assert main.startswith("actor, ref):") and "rollout engine" not in main.split("pool 'gen'")[0]
     assert gen.startswith("rollout):") and "rollout engine (0.9 x GPU; weights 2P/1)" in gen.split("pool 'crit'")[0]
@@ -346,14 +335,9 @@ def test_mixture_of_experts_total_and_active_parameters_by_hand():
     assert (ds.experts, ds.experts_per_token, ds.intermediate) == (256, 8, 8 * 2048 + 2048)
 
 
-def test_megatron_layout_by_hand_and_the_dapo_32b_dry_run_at_tp8_pp2():
+def test_megatron_layout_by_hand_and_the_dapo_32b_dry_run_at_tp8_pp2(capsys):
     """actor.strategy megatron: each rank holds 1/(tp pp) of the model in fp32 with fp32 gradients and unsharded
     AdamW moments; activations split over TP with pp micro-batches in flight; vocab-parallel logits."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     # 8e9 params on 2 nodes x 8 GPUs at TP 4 x PP 2 (G = 8, DP 2): fp32 weights 4 x 8e9 / 8 = 4 GB, gradients 4 GB,
     # moments 8 GB (not divided by DP), bf16 autocast copy 2 GB
     m = ModelShape(params=8e9, layers=32, hidden=4096, intermediate=14336, heads=32, kv_heads=8, vocab=128256)
@@ -375,14 +359,14 @@ def test_megatron_layout_by_hand_and_the_dapo_32b_dry_run_at_tp8_pp2():
     bad = plan(m, replace(r, tp=3))
     assert "Megatron tp 3 x pp 2 = 6 GPUs per model replica does not divide the pool's 16" in bad.problems[0]
 
-    root = Path(__file__).resolve().parents[1]
-    out = subprocess.run(["bash", "recipes/dapo/run_qwen32b.sh", "--dry-run", "actor.strategy=megatron",
-                          "actor.megatron.tp=8", "actor.megatron.pp=2"], cwd=root, capture_output=True, text=True,
-                         env=dict(os.environ, PY=sys.executable))
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    assert "Megatron TP 8 x PP 2 x DP 8, offload idle" in out.stdout and "\nfits" in out.stdout
+    from tests.recipes.plans import plan as plan_recipe
+
+    rc, out = plan_recipe(capsys, "dapo", "qwen32b", "actor.strategy=megatron", "actor.megatron.tp=8",
+                          "actor.megatron.pp=2")
+    assert rc == 0, out[-2000:]
+    assert "Megatron TP 8 x PP 2 x DP 8, offload idle" in out and "\nfits" in out
     # 32.76B / 16 = 2.05B parameters per GPU: 8.19 GB of fp32 weights
-    assert "fp32 master weights (4P/G)                              8.19 GB" in out.stdout
+    assert "fp32 master weights (4P/G)                              8.19 GB" in out
 
 
 def test_lora_counts_adapter_gradients_and_moments_only_and_no_reference_model():

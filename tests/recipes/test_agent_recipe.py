@@ -15,6 +15,7 @@ from core.expected import check, load_expected, metric_figures, run_figures
 from core.report import read_metrics
 from core.rewards import load_reward_fn
 from core.run import load_run_config
+from tests.recipes.plans import plan
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "agent"
 EXPECTED = load_expected(RECIPE)
@@ -96,14 +97,13 @@ def test_retool_data_is_verl_s_prompt_with_the_tool_in_the_system_message(tmp_pa
     assert json.dumps(data.CODE_INTERPRETER) in data.RETOOL_SYSTEM and "<tool_call>" in data.RETOOL_SYSTEM
 
 
-def test_full_scale_script_plans_and_fits():
-    """The ReTool script, dry: its overrides compose and validate, and the capacity plan fits 2 x 8 GPUs."""
-    out = subprocess.run(["bash", str(RECIPE / EXPECTED["full_scale"]["run"]), "--dry-run"], cwd=RECIPE.parents[1],
-                         env=dict(os.environ, PY=sys.executable), capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    assert "Qwen/Qwen2.5-32B-Instruct on 16 cuda rank(s)" in out.stdout
-    assert "samples per step           8192" in out.stdout
-    assert out.stdout.rstrip().endswith("fits")
+def test_full_scale_script_plans_and_fits(capsys):
+    """The ReTool yaml, planned: it composes and validates, and the capacity plan fits 2 x 8 GPUs."""
+    rc, out = plan(capsys, "agent", "retool_qwen32b")
+    assert rc == 0, out[-2000:]
+    assert "Qwen/Qwen2.5-32B-Instruct on 16 cuda rank(s)" in out
+    assert "samples per step           8192" in out
+    assert out.rstrip().endswith("fits")
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from core.expected import check, load_expected, run_figures
 from core.report import read_metrics
 from core.rewards import load_reward_fn
 from core.run import load_run_config
+from tests.recipes.plans import plan
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "grpo"
 EXPECTED = load_expected(RECIPE)
@@ -75,9 +76,8 @@ def test_cpu_demo_reproduces_expected_yaml(tmp_path):
     assert (tmp_path / "curves.png").is_file()
 
 
-def test_full_scale_script_resolves_to_a_valid_config():
-    """The GPU tier's run script, dry: its overrides compose and validate, and the batch arithmetic adds up."""
-    out = subprocess.run(["bash", str(RECIPE / EXPECTED["full_scale"]["run"]), "--dry-run"], cwd=RECIPE.parents[1],
-                         env=dict(os.environ, PY=sys.executable), capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "Qwen/Qwen2-7B-Instruct on 8 cuda rank(s)" in out.stdout and "samples per step           5120" in out.stdout
+def test_full_scale_script_resolves_to_a_valid_config(capsys):
+    """The GPU tier's yaml, planned: it composes and validates, and the batch arithmetic adds up."""
+    rc, out = plan(capsys, "grpo", "qwen2_7b_gsm8k")
+    assert rc == 0, out[-2000:]
+    assert "Qwen/Qwen2-7B-Instruct on 8 cuda rank(s)" in out and "samples per step           5120" in out

@@ -1,9 +1,6 @@
 """recipes/ppo: configs validate into a run with a critic and GAE, the tiers are consistent with the configs, and
 the full-scale script resolves. (The CPU tier itself runs in `make bench`: bench/test_scores.py.)"""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +9,7 @@ from core.cli import recipe_module
 from core.expected import load_expected
 from core.rewards import default_compute_score
 from core.run import load_run_config
+from tests.recipes.plans import plan
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "ppo"
 EXPECTED = load_expected(RECIPE)
@@ -34,11 +32,10 @@ def test_cpu_tier_describes_the_demo_config():
     assert EXPECTED["cpu"]["steps"] == cfg.trainer.total_steps and cfg.trainer.critic_warmup < cfg.trainer.total_steps
 
 
-def test_full_scale_script_resolves_to_a_valid_config():
-    out = subprocess.run(["bash", str(RECIPE / EXPECTED["full_scale"]["run"]), "--dry-run"], cwd=RECIPE.parents[1],
-                         env=dict(os.environ, PY=sys.executable), capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "Qwen/Qwen2.5-0.5B-Instruct on 2 cuda rank(s)" in out.stdout
+def test_full_scale_script_resolves_to_a_valid_config(capsys):
+    rc, out = plan(capsys, "ppo", "qwen2_5_0_5b_gsm8k")
+    assert rc == 0, out[-2000:]
+    assert "Qwen/Qwen2.5-0.5B-Instruct on 2 cuda rank(s)" in out
 
 
 def test_the_reward_model_config_has_four_models_and_trains_on_the_model_alone():
@@ -71,11 +68,11 @@ def test_preference_pairs_prefer_the_rule_s_truth():
 
 
 @pytest.mark.parametrize("placement,pools", [("colocated", ["main"]), ("split", ["policy", "scorers"])])
-def test_the_four_model_full_scale_script_plans_both_placements(placement, pools):
-    out = subprocess.run(["bash", str(RECIPE / "run_qwen2_7b_rm.sh"), "--dry-run"], cwd=RECIPE.parents[1],
-                         env=dict(os.environ, PY=sys.executable, PLACEMENT=placement), capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    assert "Qwen/Qwen2-7B-Instruct on" in out.stdout and "reward model FSDP2" in out.stdout
-    assert out.stdout.count("\nfits") == len(pools) and "DOES NOT FIT" not in out.stdout
+def test_the_four_model_full_scale_script_plans_both_placements(capsys, placement, pools):
+    # run_qwen2_7b_rm.sh plans qwen2_7b_rm.yaml, or qwen2_7b_rm_split.yaml with PLACEMENT=split
+    rc, out = plan(capsys, "ppo", "qwen2_7b_rm" + ("_split" if placement == "split" else ""))
+    assert rc == 0, out[-2000:]
+    assert "Qwen/Qwen2-7B-Instruct on" in out and "reward model FSDP2" in out
+    assert out.count("\nfits") == len(pools) and "DOES NOT FIT" not in out
     for pool in pools:
-        assert f"pool '{pool}'" in out.stdout
+        assert f"pool '{pool}'" in out

@@ -3,9 +3,6 @@ reward 0) and learns the outcome labels; the recipe's step runs with the PRM upd
 that order: after, the first step's rewards are still 0); a resumed run equals the uninterrupted one with the PRM's
 weights and optimizer in the checkpoint; the group filter, the data and the configs."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,8 +10,8 @@ import torch
 
 from core.cli import recipe_module
 from core.data.prepare import write_parquet
-from core.report import read_metrics
 from core.run import load_recipe_config
+from tests.recipes.plans import plan
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "prime"
 
@@ -217,9 +214,8 @@ def test_eurus_math_rows_keep_math_and_name_a_bad_row():
         data.eurus_math_rows([recs[0], {**recs[0], "reward_model": {}}], "e.parquet")
 
 
-def test_run_eurus_7b_dry_run_fits_on_one_node_with_the_prm_planned():
-    out = subprocess.run(["bash", str(RECIPE / "run_eurus_7b.sh"), "--dry-run"], capture_output=True, text=True,
-                         env={**os.environ, "PY": sys.executable}, timeout=120)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "prm -> main" in out.stdout and "implicit PRM AdamW moments (8P/W)" in out.stdout
-    assert out.stdout.rstrip().endswith("fits")
+def test_run_eurus_7b_dry_run_fits_on_one_node_with_the_prm_planned(capsys):
+    rc, out = plan(capsys, "prime", "eurus7b")
+    assert rc == 0, out
+    assert "prm -> main" in out and "implicit PRM AdamW moments (8P/W)" in out
+    assert out.rstrip().endswith("fits")

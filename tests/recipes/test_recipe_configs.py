@@ -107,3 +107,31 @@ def test_a_partial_section_keeps_its_own_defaults_for_the_rest():
     assert (cfg.algo.val_sampling.temperature, cfg.algo.val_sampling.max_new_tokens) == (0.0, 0)
     assert cfg.critic.optim == dataclasses.replace(absent.critic.optim, warmup_steps=3)
     assert cfg.implicit_prm.optim == dataclasses.replace(absent.implicit_prm.optim, lr=1e-6)
+
+
+SCRIPTS = sorted(ROOT.glob("recipes/*/run_*.sh"))
+_RUN = re.compile(r'-m core\.cli train "\$here" --config-name "?(\$?\w+)"?')
+
+
+def script_configs(script: Path) -> list[str]:
+    """The yamls a run script can train: its ``--config-name`` (a variable: each value the script assigns it)."""
+    text = script.read_text()
+    names = _RUN.findall(text)
+    out = []
+    for name in names:
+        if name.startswith("$"):
+            var = name[1:]
+            out += re.findall(rf'\b{var}="?\$\{{{var}:-(\w+)\}}"?', text) + re.findall(rf"\b{var}=(\w+)\b", text)
+        else:
+            out.append(name)
+    return out
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_a_run_script_is_hybridrl_train_of_a_yaml(script):
+    """One way in: every script runs ``hybridrl train <its recipe> --config-name <yaml>`` (after preparing data), so
+    ``hybridrl plan <recipe> --config-name <yaml>`` reaches every run, the full-scale ones included."""
+    names = script_configs(script)
+    assert names, f"{script.name} does not run `core.cli train \"$here\" --config-name <yaml>`"
+    for name in names:
+        assert (script.parent / f"{name}.yaml").is_file(), f"{script.name} names {name}.yaml, which is not there"

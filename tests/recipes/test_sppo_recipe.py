@@ -1,9 +1,6 @@
 """recipes/sppo: the configs carry verl's SPPO settings (n = 1, batch soft-mean, squared loss, no reference), the
 CPU run matches the GRPO CPU run's samples, the tiers agree with the configs, and the 7B script plans."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +8,7 @@ import pytest
 from core.cli import recipe_module
 from core.expected import load_expected
 from core.run import load_recipe_config
+from tests.recipes.plans import plan
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "sppo"
 EXPECTED = load_expected(RECIPE)
@@ -52,8 +50,7 @@ def test_the_reward_reads_the_boxed_answer_and_a_hedge_scores_zero():
     assert reward.compute_score("hybridrl/arith", "12", "12")["score"] == 1.0
 
 
-def test_full_scale_script_plans_and_fits():
-    out = subprocess.run(["bash", str(RECIPE / EXPECTED["full_scale"]["run"]), "--dry-run"], cwd=RECIPE.parents[1],
-                         env=dict(os.environ, PY=sys.executable), capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    assert "Qwen/Qwen2.5-7B-Instruct on 4 cuda rank(s)" in out.stdout and "fits" in out.stdout
+def test_full_scale_script_plans_and_fits(capsys):
+    rc, out = plan(capsys, "sppo", "qwen7b_math")
+    assert rc == 0, out[-3000:]
+    assert "Qwen/Qwen2.5-7B-Instruct on 4 cuda rank(s)" in out and "fits" in out

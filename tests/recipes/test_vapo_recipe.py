@@ -2,9 +2,6 @@
 bit-identical while the critic learns (the recipe's own step, a tiny real model, in-process workers), the tiers
 are consistent with the configs, and the full-scale script plans the critic too."""
 
-import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +13,7 @@ from core.data.dataset import load_rl_parquet
 from core.data.prepare import write_parquet
 from core.expected import load_expected
 from core.run import load_recipe_config
+from tests.recipes.plans import plan
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "vapo"
 EXPECTED = load_expected(RECIPE)
@@ -126,8 +124,7 @@ def test_value_pretraining_leaves_actor_and_rollout_bit_identical_while_the_crit
         placement.shutdown()
 
 
-def test_full_scale_script_plans_the_critic_too():
-    out = subprocess.run(["bash", str(RECIPE / EXPECTED["full_scale"]["run"]), "--dry-run"], cwd=RECIPE.parents[1],
-                         env=dict(os.environ, PY=sys.executable), capture_output=True, text=True)
-    assert "Qwen/Qwen2.5-32B on 128 cuda rank(s)" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
-    assert "critic" in out.stdout and out.returncode == 0, out.stdout[-3000:]
+def test_full_scale_script_plans_the_critic_too(capsys):
+    rc, out = plan(capsys, "vapo", "qwen32b")
+    assert "Qwen/Qwen2.5-32B on 128 cuda rank(s)" in out, out[-3000:]
+    assert "critic" in out and rc == 0, out[-3000:]

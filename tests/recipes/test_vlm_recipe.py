@@ -16,6 +16,7 @@ from core.expected import check, load_expected, metric_figures, run_figures
 from core.report import read_metrics
 from core.rewards import load_reward_fn
 from core.run import load_run_config
+from tests.recipes.plans import plan
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "vlm"
 EXPECTED = load_expected(RECIPE)
@@ -125,17 +126,16 @@ def test_geo3k_is_verls_prompt_and_its_test_problems_are_held_out_by_content(tmp
         data.write_geo3k(tmp_path / "out2", str(bad))
 
 
-def test_full_scale_script_plans_and_fits():
-    """The Qwen2.5-VL-7B geo3k script, dry: verl's settings compose and validate, the planner counts the vision tower,
-    and the plan fits one node of 8 x 80 GB."""
-    out = subprocess.run(["bash", str(RECIPE / EXPECTED["full_scale"]["run"]), "--dry-run"], cwd=RECIPE.parents[1],
-                         env=dict(os.environ, PY=sys.executable), capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    assert "Qwen/Qwen2.5-VL-7B-Instruct on 8 cuda rank(s)" in out.stdout
-    assert "samples per step           2560" in out.stdout and "4 x 640 samples" in out.stdout
-    assert "vision tower + connector 0.68B (32 blocks, width 1280)" in out.stdout
-    assert "vision encoder activations (checkpointed)" in out.stdout
-    assert out.stdout.rstrip().endswith("fits")
+def test_full_scale_script_plans_and_fits(capsys):
+    """The Qwen2.5-VL-7B geo3k yaml, planned: verl's settings compose and validate, the planner counts the vision
+    tower, and the plan fits one node of 8 x 80 GB."""
+    rc, out = plan(capsys, "vlm", "geo3k_qwen7b")
+    assert rc == 0, out[-2000:]
+    assert "Qwen/Qwen2.5-VL-7B-Instruct on 8 cuda rank(s)" in out
+    assert "samples per step           2560" in out and "4 x 640 samples" in out
+    assert "vision tower + connector 0.68B (32 blocks, width 1280)" in out
+    assert "vision encoder activations (checkpointed)" in out
+    assert out.rstrip().endswith("fits")
     cfg = load_run_config(RECIPE, "geo3k_qwen7b")
     assert (cfg.algo.sampling.n, cfg.actor.kl_loss_coef, cfg.data.prompts_per_step) == (5, 0.01, 512)
     assert (cfg.rollout.max_prompt_length, cfg.algo.sampling.max_new_tokens) == (1024, 2048)

@@ -6,6 +6,9 @@
     hybridrl eval --model SmolLM2-135M-Instruct --data gsm8k --limit 50  score a model on a benchmark
     hybridrl export outputs/run/checkpoints/step_000020 outputs/hf      a checkpoint as a HF folder
     hybridrl selfcheck                                                   start the worker groups, check the runtime
+    hybridrl recipes                                                     the recipes and what each reproduces
+    hybridrl config show grpo --config-name demo_cpu actor.optim.lr=2e-6 the resolved, validated config
+    hybridrl report outputs/grpo_smollm2_cpu                             a run's summary and curves.png
 
 ``<recipe>`` is a folder, or a name under ``recipes/`` (of the working directory, else of this repository).
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -31,6 +35,9 @@ EXAMPLES = {
             "  (all options: `hybridrl eval --help`)",
     "export": "hybridrl export outputs/grpo_smollm2_cpu/checkpoints/step_000020 outputs/hf --dtype bfloat16",
     "selfcheck": "hybridrl selfcheck --workers 2 --split",
+    "recipes": "hybridrl recipes",
+    "config": "hybridrl config show grpo --config-name demo_cpu actor.optim.lr=2e-6",
+    "report": "hybridrl report outputs/grpo_smollm2_cpu   (a finished or running run: its folder or metrics.jsonl)",
 }
 
 
@@ -93,6 +100,13 @@ def _main(argv: list[str]) -> int:
     check.add_argument("--backend", choices=["ray", "local"], default="ray")
     check.add_argument("--workers", type=int, default=2, help="ranks per pool")
     check.add_argument("--split", action="store_true", help="put the reference on its own pool instead of colocating")
+    command("recipes", "list the recipes, each with what it reproduces (its expected.yaml tiers)")
+    config = command("config", "show a recipe's resolved config (validated, every default filled in)")
+    config.add_argument("action", choices=["show"])
+    config.add_argument("recipe", help="a folder, or a name under recipes/")
+    config.add_argument("args", nargs=argparse.REMAINDER, help="--config-name NAME, Hydra overrides")
+    report = command("report", "a run's summary and its curves (curves.png beside metrics.jsonl)")
+    report.add_argument("run", type=Path, help="the run's output folder, or its metrics.jsonl")
     if argv[:1] in (["eval"], ["export"]):  # their own parsers own every option, --help included
         args = argparse.Namespace(command=argv[0], args=argv[1:])
     else:
@@ -105,6 +119,15 @@ def _main(argv: list[str]) -> int:
 
         new_recipe(args.name, recipe_dir(args.source), check=not args.no_check)
         return 0
+    if args.command == "recipes":
+        print(recipes_table())
+        return 0
+    if args.command == "config":
+        return _config_show(recipe_dir(args.recipe), args.args)
+    if args.command == "report":
+        from core.report import main as report_main
+
+        return report_main([str(args.run / "metrics.jsonl" if args.run.is_dir() else args.run)])
     if args.command == "eval":
         from core.eval import main as eval_main
 
@@ -114,6 +137,53 @@ def _main(argv: list[str]) -> int:
 
         return export_main(args.args)
     return _selfcheck(args)
+
+
+def recipes_table() -> str:
+    """One block per recipe: its name and first README line, then each tier of its expected.yaml with the script
+    that runs it and the bounds it must meet."""
+    from core.expected import load_expected
+
+    out = []
+    for folder in sorted(p.parent for p in (ROOT / "recipes").glob("*/config.yaml")):
+        readme = folder / "README.md"
+        title = next((line.strip("#* ").strip() for line in readme.read_text().splitlines()[1:] if line.strip()),
+                     "") if readme.is_file() else ""
+        title = title.replace("**", "").replace("*", "")
+        paper = re.search(r"arXiv:\d+\.\d+", title)
+        name = re.split(r" \(|: |\. ", title)[0]
+        out.append(f"{folder.name}: {name}{f' ({paper.group()})' if paper else ''}")
+        for tier, t in load_expected(folder).items():
+            bounds = ", ".join(f"{k} {'>=' if 'min' in b else '<='} {b.get('min', b.get('max'))}"
+                               for k, b in (t.get("bounds") or {}).items())
+            out.append(f"  {tier:<16} {t.get('run', '')}: {bounds}")
+    return "\n".join(out)
+
+
+def _config_show(folder: Path, argv: list[str]) -> int:
+    import dataclasses
+
+    import yaml
+
+    from core.run import load_recipe_config
+
+    p = argparse.ArgumentParser(prog="hybridrl config show <recipe>")
+    p.add_argument("--config-name", default="config")
+    p.add_argument("overrides", nargs="*")
+    a = p.parse_args(argv)
+    cfg, extra = load_recipe_config(folder, a.config_name, a.overrides,
+                                    getattr(recipe_module(folder), "SECTIONS", None) if (folder / "train.py").is_file()
+                                    else None)
+    tree = dataclasses.asdict(cfg) | {k: dataclasses.asdict(v) for k, v in extra.items()}
+    print(yaml.safe_dump(_plain(tree), sort_keys=False, width=120).rstrip())
+    return 0
+
+
+def _plain(v):
+    """asdict's tuples as lists and trailing-underscore keys (async_) as the yaml key, for yaml.safe_dump."""
+    if isinstance(v, dict):
+        return {(k[:-1] if isinstance(k, str) and k.endswith("_") else k): _plain(x) for k, x in v.items()}
+    return [_plain(x) for x in v] if isinstance(v, (list, tuple)) else v
 
 
 def _selfcheck(args: argparse.Namespace) -> int:

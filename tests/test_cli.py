@@ -6,7 +6,8 @@ from core.cli import main
 
 
 @pytest.mark.parametrize("argv", [["train", "--help"], ["plan", "--help"], ["new", "--help"], ["eval", "--help"],
-                                  ["export", "--help"], ["selfcheck", "--help"], ["train", "grpo", "--help"]])
+                                  ["export", "--help"], ["selfcheck", "--help"], ["train", "grpo", "--help"],
+                                  ["recipes", "--help"], ["config", "--help"], ["report", "--help"]])
 def test_every_verb_shows_an_example(argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
@@ -25,3 +26,37 @@ def test_plan_is_the_dry_run_and_its_exit_code_says_whether_it_fits(capsys):
 def test_an_unknown_recipe_lists_the_known_ones():
     with pytest.raises(SystemExit, match=r"no recipe 'grpoo' .*recipes here: agent, dapo, grpo, ppo"):
         main(["train", "grpoo"])
+
+
+def test_recipes_lists_each_recipe_with_what_it_reproduces(capsys):
+    assert main(["recipes"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("agent: ") and "\ngrpo: " in text and "\ndapo: " in text
+    assert "  cpu              run_smollm2_cpu.sh: val_end >= " in text  # grpo's cpu tier and its bounds
+    assert "  full_scale       run_qwen2_7b_gsm8k.sh: val_end >= 0.87" in text
+
+
+def test_config_show_prints_the_resolved_config_with_a_recipes_own_sections(capsys):
+    import yaml
+
+    assert main(["config", "show", "dapo", "--config-name", "qwen32b", "actor.optim.lr=2e-6"]) == 0
+    tree = yaml.safe_load(capsys.readouterr().out)
+    assert tree["actor"]["optim"]["lr"] == 2e-6 and tree["trainer"]["nnodes"] == 16
+    assert tree["trainer"]["async"]["one_step_off"] is False  # every default filled in, under its yaml key
+    assert "dapo" in tree and "max_num_gen_batches" in tree["dapo"]  # the recipe's own section
+    assert main(["config", "show", "grpo", "actor.optim.lrr=1"]) == 2  # a mistake: one line, as for plan
+    assert "did you mean 'lr'" in capsys.readouterr().err
+
+
+def test_report_summarises_a_run_folder_and_draws_its_curves(tmp_path, capsys):
+    import json
+
+    from core.report import read_metrics, report
+
+    rows = [{"step": 0, "val/reward/mean": 0.2}] + [
+        {"step": i, "reward/mean": 0.1 * i, "response_length/mean": 10.0 + i, "timing_s/step": 1.0} for i in (1, 2, 3)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["report", str(tmp_path)]) == 0  # the run's folder (or its metrics.jsonl)
+    text = capsys.readouterr().out
+    assert text.startswith("reward/mean: start 0.100 -> end 0.300") and (tmp_path / "curves.png").is_file(), text
+    assert text.rstrip() == report(read_metrics(tmp_path / "metrics.jsonl"), tmp_path / "curves.png")

@@ -4,11 +4,16 @@ call in this process: ``core.cli.main``)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from core.cli import main
 
 RECIPE = "grpo"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def answer(capsys, *args: str) -> tuple[int, str, str]:
@@ -58,8 +63,6 @@ ROWS = [
 
 @pytest.mark.parametrize("overrides,says", ROWS, ids=[" ".join(r[0]) for r in ROWS])
 def test_a_mistake_is_one_line_with_the_key_its_source_and_the_fix(capsys, overrides, says):
-    import ray
-
     rc, out, err = answer(capsys, "plan", RECIPE, *overrides)
     assert rc == 2, (out, err)
     assert err.startswith("hybridrl: ") and "Traceback" not in err, err
@@ -67,7 +70,6 @@ def test_a_mistake_is_one_line_with_the_key_its_source_and_the_fix(capsys, overr
     assert multi or err.count("\n") == 1, err  # one line (several problems: one line each)
     for s in says:
         assert s in err, (s, err)
-    assert not ray.is_initialized()
 
 
 def test_where_a_value_was_set_a_file_and_line_or_the_command_line(capsys, tmp_path):
@@ -90,14 +92,17 @@ def test_a_reward_file_that_does_not_parse_or_lacks_the_function_is_named_with_i
 
 
 def test_missing_data_warns_a_plan_and_stops_a_run_before_ray(capsys):
-    import ray
-
     rc, out, _ = answer(capsys, "plan", RECIPE, "data.train_files=[/nonexistent/train.parquet]")
     assert rc == 0 and "warning: data.train_files: /nonexistent/train.parquet not found; this recipe writes its " \
                        "data: `python " in out and "recipes/grpo/data.py --help`" in out, out
-    rc, _, err = answer(capsys, "train", RECIPE, "data.train_files=[/nonexistent/train.parquet]")
-    assert rc == 2 and err.startswith("hybridrl: data.train_files: /nonexistent/train.parquet not found"), err
-    assert not ray.is_initialized()
+    # a run: refused in a fresh interpreter that never starts Ray (this test process may hold the tests' Ray)
+    code = ("import sys, ray\nfrom core.cli import main\n"
+            "rc = main(['train', 'grpo', 'data.train_files=[/nonexistent/train.parquet]'])\n"
+            "print(rc, ray.is_initialized())\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.stdout.split() == ["2", "False"], r.stdout + r.stderr[-2000:]
+    assert r.stderr.startswith("hybridrl: data.train_files: /nonexistent/train.parquet not found"), r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
 
 
 def test_debug_shows_the_traceback(capsys):

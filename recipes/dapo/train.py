@@ -101,10 +101,14 @@ def make_step(cfg, sections: dict) -> Callable:
     return partial(step, dapo=sections["dapo"], train_groups=cfg.data.train_prompts_per_step or cfg.data.prompts_per_step)
 
 
+# this recipe's own config sections (`hybridrl config show dapo` shows them resolved)
+SECTIONS = {"dapo": DAPOConfig}
+
+
 def main(argv: list[str] | None = None) -> int:
     from core.run import main as run
 
-    return run(argv, config_dir=HERE, sections={"dapo": DAPOConfig}, make_step=make_step)
+    return run(argv, config_dir=HERE, sections=SECTIONS, make_step=make_step)
 
 
 if __name__ == "__main__":

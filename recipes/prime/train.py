@@ -100,10 +100,14 @@ def make_step(cfg, sections: dict) -> Callable:
                    train_groups=cfg.data.train_prompts_per_step or cfg.data.prompts_per_step)
 
 
+# this recipe's own config sections (`hybridrl config show prime` shows them resolved)
+SECTIONS = {"prime": PRIMEConfig}
+
+
 def main(argv: list[str] | None = None) -> int:
     from core.run import main as run
 
-    return run(argv, config_dir=HERE, sections={"prime": PRIMEConfig}, make_step=make_step)
+    return run(argv, config_dir=HERE, sections=SECTIONS, make_step=make_step)
 
 
 if __name__ == "__main__":

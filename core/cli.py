@@ -161,29 +161,8 @@ def recipes_table() -> str:
 
 
 def _config_show(folder: Path, argv: list[str]) -> int:
-    import dataclasses
-
-    import yaml
-
-    from core.run import load_recipe_config
-
-    p = argparse.ArgumentParser(prog="hybridrl config show <recipe>")
-    p.add_argument("--config-name", default="config")
-    p.add_argument("overrides", nargs="*")
-    a = p.parse_args(argv)
-    cfg, extra = load_recipe_config(folder, a.config_name, a.overrides,
-                                    getattr(recipe_module(folder), "SECTIONS", None) if (folder / "train.py").is_file()
-                                    else None)
-    tree = dataclasses.asdict(cfg) | {k: dataclasses.asdict(v) for k, v in extra.items()}
-    print(yaml.safe_dump(_plain(tree), sort_keys=False, width=120).rstrip())
-    return 0
-
-
-def _plain(v):
-    """asdict's tuples as lists and trailing-underscore keys (async_) as the yaml key, for yaml.safe_dump."""
-    if isinstance(v, dict):
-        return {(k[:-1] if isinstance(k, str) and k.endswith("_") else k): _plain(x) for k, x in v.items()}
-    return [_plain(x) for x in v] if isinstance(v, (list, tuple)) else v
+    """``hybridrl config show <recipe> [--config-name X] [overrides]``: the run's ``--cfg job``."""
+    return run_recipe(folder, ["--cfg", "job", *argv])
 
 
 def _selfcheck(args: argparse.Namespace) -> int:

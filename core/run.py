@@ -63,6 +63,36 @@ def load_recipe_config(config_dir: str | Path, config_name: str = "config", over
         raise with_sources(e, user_overrides, where) from None
 
 
+def config_yaml(cfg: RunConfig, extra: dict[str, Any] | None = None) -> str:
+    """The validated config as YAML under its yaml keys (``trainer.async``), a recipe's own sections after it."""
+    import dataclasses
+
+    import yaml
+
+    def plain(v):
+        if isinstance(v, dict):
+            return {(k[:-1] if isinstance(k, str) and k.endswith("_") else k): plain(x) for k, x in v.items()}
+        return [plain(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+    tree = dataclasses.asdict(cfg) | {k: dataclasses.asdict(v) for k, v in (extra or {}).items()}
+    return yaml.safe_dump(plain(tree), sort_keys=False, width=120).rstrip()
+
+
+def config_info(config_dir: Path, config_name: str, overrides: list[str]) -> str:
+    """Where a run's config comes from: the yaml files in the order they compose, then the command line."""
+    import yaml
+
+    chain, name = [], config_name
+    while name and name not in chain:
+        chain.append(name)
+        text = yaml.safe_load((config_dir / f"{name}.yaml").read_text()) or {}
+        parents = [d for d in text.get("defaults", []) if isinstance(d, str) and d != "_self_"]
+        name = parents[0] if parents else None
+    files = ["core's defaults (core/config/)"] + [str(config_dir / f"{n}.yaml") for n in reversed(chain)]
+    return ("config, each layer over the one before:\n" + "\n".join(f"  {f}" for f in files)
+            + f"\n  command line: {' '.join(overrides) if overrides else '(nothing)'}")
+
+
 def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
          sections: dict[str, type] | None = None, make_step: Callable | None = None) -> int:
     """The CLI of a run. A recipe's ``train.py`` calls it with its folder, its own config ``sections`` and
@@ -76,9 +106,22 @@ def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
     p.add_argument("--dry-run", action="store_true",
                    help="validate the config, print the effective batch sizes and the capacity plan (core.planner); "
                         "start nothing; exit 1 when the plan does not fit")
+    p.add_argument("--cfg", choices=["job", "hydra", "all"],
+                   help="Hydra's flag: print the run's resolved config (every default filled in) and exit")
+    p.add_argument("--info", action="store_true", help="Hydra's flag: where the config comes from, and exit")
+    p.add_argument("-m", "--multirun", action="store_true", help="Hydra's sweeps: not supported (one run per call)")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.total_steps=5 actor.optim.lr=1e-5")
     a = p.parse_intermixed_args(argv)
+    if a.multirun:
+        raise ConfigError("--multirun: a sweep is one `hybridrl train` per setting here (each run owns its Ray "
+                          "cluster and output_dir); loop over them in the shell or submit each as a job")
+    if a.cfg == "hydra":
+        raise ConfigError("--cfg hydra: runs use no Hydra runtime config (no working-dir switch, logging or launcher "
+                          "settings); --cfg job prints the run's config")
     cfg, extra = load_recipe_config(a.config_dir, a.config_name, a.overrides, sections)
+    if a.cfg or a.info:
+        print(config_info(Path(a.config_dir), a.config_name, a.overrides) if a.info else config_yaml(cfg, extra))
+        return 0
     recipe = Path(a.config_dir)
     hint = (f"this recipe writes its data: `python {recipe}/data.py --help` (its run scripts run it when the files "
             "are missing)") if (recipe / "data.py").is_file() else ""

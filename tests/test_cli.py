@@ -60,3 +60,17 @@ def test_report_summarises_a_run_folder_and_draws_its_curves(tmp_path, capsys):
     text = capsys.readouterr().out
     assert text.startswith("reward/mean: start 0.100 -> end 0.300") and (tmp_path / "curves.png").is_file(), text
     assert text.rstrip() == report(read_metrics(tmp_path / "metrics.jsonl"), tmp_path / "curves.png")
+
+
+def test_hydras_flags_answer_or_name_what_does(capsys):
+    import yaml
+
+    assert main(["train", "grpo", "--cfg", "job", "trainer.total_steps=3"]) == 0  # prints, starts nothing
+    assert yaml.safe_load(capsys.readouterr().out)["trainer"]["total_steps"] == 3
+    assert main(["train", "dapo", "--config-name", "qwen32b", "--info"]) == 0
+    text = capsys.readouterr().out
+    assert text.index("core's defaults") < text.index("recipes/dapo/config.yaml") < text.index("dapo/qwen32b.yaml")
+    for flags, says in ((["-m", "actor.optim.lr=1e-6,2e-6"], "--multirun: a sweep is one `hybridrl train` per setting"),
+                        (["--cfg", "hydra"], "--cfg hydra: runs use no Hydra runtime config")):
+        assert main(["train", "grpo", *flags]) == 2
+        assert capsys.readouterr().err.startswith(f"hybridrl: {says}")

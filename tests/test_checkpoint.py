@@ -205,7 +205,7 @@ def test_export_writes_a_folder_transformers_loads_and_that_generates(tmp_path, 
     assert results["openai/gsm8k"]["problems"] == 3 and len(samples) == 3
 
 
-@pytest.mark.heavy  # ~40 s; a kill between saves (grpo, 1 rank) stays in make test
+@pytest.mark.heavy  # ~40 s, like the kill between saves above
 def test_a_run_killed_in_the_middle_of_a_save_resumes_from_the_previous_checkpoint(tmp_path):
     """A real SIGKILL while a checkpoint's temporary folder exists (the DCP shards are being written). The model is
     wide enough (2.7M parameters: ~33 MB of weights and AdamW moments a save) that a save lasts tens of

@@ -101,26 +101,34 @@ def score_samples(owners: list[dict], texts: list[str], lengths: list[int], n: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="hybridrl eval", description=__doc__.split("\n\n")[0],
+    class Formatter(argparse.RawDescriptionHelpFormatter):
+        def _get_help_string(self, action):  # the default, where there is one the help does not already say
+            text = action.help or ""
+            d = action.default
+            shown = d is not None and d is not False and d != [] and d != argparse.SUPPRESS and "default" not in text
+            return f"{text} (default: {action.default})" if shown else text
+
+    p = argparse.ArgumentParser(prog="hybridrl eval", description="score a model on a benchmark: each dataset's "
+                                "problems sampled by the rollout engine, scored by its reward, pass@k reported",
                                 epilog="example:\n  hybridrl eval --model SmolLM2-135M-Instruct --data gsm8k --limit 50 "
-                                       "--temperature 0 --out eval_out",
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                       "--temperature 0 --out eval_out", formatter_class=Formatter)
     p.add_argument("--model", required=True, help="HF id or local folder (SmolLM2-135M-Instruct works offline)")
     p.add_argument("--data", required=True, action="append", help="dataset name (gsm8k, aime24, ...) or a parquet file")
-    p.add_argument("--split", default="test")
-    p.add_argument("--src", default=None, help="folder of the raw jsonl datasets (default ../shared/data)")
+    p.add_argument("--split", default="test", help="the dataset split to score (a dataset name's file)")
+    p.add_argument("--src", default=None, help="folder of the raw jsonl datasets (default: ../shared/data beside "
+                   "the repository)")
     p.add_argument("--template", default="{question}", help="prompt template for dataset names (format string or @file)")
     p.add_argument("--limit", type=int, default=None, help="first N problems of each dataset")
     p.add_argument("--n", type=int, default=1, help="samples per problem")
     p.add_argument("--k", type=int, action="append", default=[], help="report pass@k (repeatable; k <= n)")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=-1)
-    p.add_argument("--max-new-tokens", type=int, default=512)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: the smallest set of tokens of this mass")
+    p.add_argument("--top-k", type=int, default=-1, help="the k most likely tokens only (-1: off)")
+    p.add_argument("--max-new-tokens", type=int, default=512, help="response length limit in tokens")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                    help="auto: bf16 on CUDA or CPUs with AMX/AVX512-BF16, else fp32")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=64, help="sequences the engine decodes at once")
     p.add_argument("--reward-source", default=None, help="score under this reward key instead of each row's data_source")
     p.add_argument("--out", default=None, help="folder for results.json and samples.jsonl")
     a = p.parse_args(argv)

@@ -74,3 +74,15 @@ def test_hydras_flags_answer_or_name_what_does(capsys):
                         (["--cfg", "hydra"], "--cfg hydra: runs use no Hydra runtime config")):
         assert main(["train", "grpo", *flags]) == 2
         assert capsys.readouterr().err.startswith(f"hybridrl: {says}")
+
+
+def test_eval_help_is_plain_text_with_every_option_explained(capsys):
+    import re
+
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    text = capsys.readouterr().out
+    assert "``" not in text and "SUPPRESS" not in text  # no raw RST, no argparse internals
+    options = re.findall(r"^  (--[a-z-]+)( [A-Z_{},a-z0-9]+)?\n?( +)?(\S.*)?$", text.split("options:")[1], re.M)
+    assert len(options) >= 17 and all(o[3] for o in options if o[0] != "--help"), options
+    assert "sampling temperature (0: greedy) (default: 0.0)" in text

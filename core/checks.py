@@ -183,6 +183,11 @@ def check_run(cfg: "RunConfig", own_step: bool = False) -> None:
         found.append(f"data.train_prompts_per_step={cfg.data.train_prompts_per_step} differs from "
                      f"data.prompts_per_step={cfg.data.prompts_per_step}, but core's step trains every prompt it "
                      "draws; it is for a recipe's step that filters (e.g. DAPO's): drop it, or run that recipe")
+    raise_problems(found)
+
+
+def raise_problems(found: list[str]) -> None:
+    """``ConfigError`` for what a check found: one problem as its own line, several as a list under a count."""
     if len(found) == 1:
         raise ConfigError(found[0])
     if found:
@@ -303,9 +308,5 @@ def check_files(cfg: "RunConfig", missing_data_ok: bool = False, data_hint: str 
     found, missing = file_problems(cfg)
     if missing and data_hint:
         missing = [f"{m}; {data_hint}" for m in missing]
-    found += [] if missing_data_ok else missing
-    if len(found) == 1:
-        raise ConfigError(found[0])
-    if found:
-        raise ConfigError(f"{len(found)} problems in the run config:\n" + "\n".join(f"- {p}" for p in found))
+    raise_problems(found + ([] if missing_data_ok else missing))
     return missing

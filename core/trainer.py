@@ -18,7 +18,7 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from core.checks import check_files, check_data_sources, check_inputs, check_run
+from core.checks import check_data_sources, check_files, check_inputs, check_run
 from core.config import RunConfig
 from core.data.prompt_stream import PromptStream
 from core.loop import Roles, kl_controller, prompts_from_rows, step, validate

@@ -11,10 +11,10 @@ import types
 import typing
 from typing import Any, TypeVar
 
-from core.config.errors import ConfigError, did_you_mean
-from core.config.ranges import Range
 from core.config.algo import (AdvantageConfig, AlgoConfig, KLInRewardConfig, PFPPOConfig, PolicyLossConfig,
                               SamplingParams)
+from core.config.errors import ConfigError, did_you_mean
+from core.config.ranges import Range
 from core.config.roles import (OFFLOAD_MODES, STRATEGIES, ActorConfig, AgentConfig, CriticConfig, ImplicitPRMConfig,
                                LoraConfig, MegatronConfig, OptimConfig, RewardModelConfig, RolloutConfig,
                                check_offload_mode)

@@ -4,6 +4,7 @@ sampling -- and the policy-loss knobs the ``actor.loss`` section holds. Each fie
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 from core.config.ranges import Count, NonNegative, PositiveFloat, PositiveInt, Unit, UnitOpen
 
 

@@ -24,10 +24,6 @@ class Range:
             return f"must be <= {self.high:g}"
         return None
 
-    def __str__(self):
-        lo = "" if self.low is None else f"{'(' if self.open_low else '['}{self.low:g}"
-        return f"{lo or '(-inf'}, {'inf)' if self.high is None else f'{self.high:g}]'}"
-
 
 PositiveInt = Annotated[int, Range(1)]              # sizes and counts that must exist: ranks, samples, tokens
 Count = Annotated[int, Range(0)]                    # counts where 0 means none / off / all

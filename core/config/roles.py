@@ -3,8 +3,8 @@ commented once, here; the engines (core/train, core/rollout) read them."""
 
 from __future__ import annotations
 
-from typing import Literal
 from dataclasses import dataclass, field
+from typing import Literal
 
 from core.config.algo import PolicyLossConfig
 from core.config.ranges import Count, NonNegative, PositiveFloat, PositiveInt, UnitOpen

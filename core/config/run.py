@@ -10,13 +10,13 @@ this one (``core.run.load_recipe_config``), not as a subclass.
 
 from __future__ import annotations
 
-from typing import Literal
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from core.config.algo import AlgoConfig
+from core.config.ranges import Count, PositiveInt
 from core.config.roles import ActorConfig, CriticConfig, ImplicitPRMConfig, RewardModelConfig, RolloutConfig
 from core.config.schema import PlacementConfig, TrainerConfig
-from core.config.ranges import Count, PositiveInt
 
 
 @dataclass(frozen=True)

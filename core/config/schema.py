@@ -5,8 +5,9 @@ Sections grow with the features that read them; every field has its meaning in a
 
 from __future__ import annotations
 
-from typing import Literal
 from dataclasses import dataclass, field
+from typing import Literal
+
 from core.config.ranges import Count, NonNegative, PositiveFloat, PositiveInt
 
 

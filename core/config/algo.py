@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from core.config.ranges import Count, NonNegative, PositiveFloat, PositiveInt, Unit, UnitOpen
+from core.config.ranges import Count, NonNegative, PositiveFloat, PositiveInt, Unit, UnitOpen, check_fields
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,9 @@ class SamplingParams:
     seed: int = 0
     # keep generating past EOS up to max_new_tokens (benchmarks: every sequence has the same length)
     ignore_eos: bool = False
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,9 @@ class AdvantageConfig:
     # reward_dpo_coef, reward_gt_coef)
     prime_process_coef: float = 5.0
     prime_outcome_coef: float = 5.0
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,9 @@ class PolicyLossConfig:
     # mixed into Clip-Cov's random token choice (each call also draws from the process's torch RNG)
     seed: int = 0
 
+    def __post_init__(self):
+        check_fields(self)
+
 
 @dataclass(frozen=True)
 class KLInRewardConfig:
@@ -108,6 +117,9 @@ class KLInRewardConfig:
     target_kl: PositiveFloat = 0.1
     horizon: PositiveFloat = 10000.0
 
+    def __post_init__(self):
+        check_fields(self)
+
 
 @dataclass(frozen=True)
 class PFPPOConfig:
@@ -119,6 +131,7 @@ class PFPPOConfig:
     weight_pow: float = 2.0
 
     def __post_init__(self):
+        check_fields(self)
         if self.method not in ("pow", "max_min", "max_random"):
             raise ValueError(f"algo.pf_ppo.method must be pow, max_min or max_random, got {self.method!r}")
 
@@ -154,3 +167,6 @@ class AlgoConfig:
     # held-out validation sampling: greedy, one sample by default (max_new_tokens 0 = the training value)
     val_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(n=1, temperature=0.0,
                                                                                 max_new_tokens=0))
+
+    def __post_init__(self):
+        check_fields(self)

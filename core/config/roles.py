@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from core.config.algo import PolicyLossConfig
-from core.config.ranges import Count, NonNegative, PositiveFloat, PositiveInt, UnitOpen
+from core.config.ranges import Count, NonNegative, PositiveFloat, PositiveInt, UnitOpen, check_fields
 
 # where FSDP2 shards and optimizer state live: none | idle | full (core.train.sharding)
 OFFLOAD_MODES = ("none", "idle", "full")
@@ -32,6 +32,9 @@ class OptimConfig:
     # clip the global gradient norm to this (0 = off)
     grad_clip: NonNegative = 1.0
 
+    def __post_init__(self):
+        check_fields(self)
+
 
 # training engines of the policy (core.train.policy): FSDP2, or Megatron-core
 STRATEGIES = ("fsdp", "megatron")
@@ -48,9 +51,7 @@ class MegatronConfig:
     ep: PositiveInt = 1
 
     def __post_init__(self):
-        for name in ("tp", "pp", "ep"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"megatron.{name} must be >= 1, got {getattr(self, name)}")
+        check_fields(self)
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,7 @@ class LoraConfig:
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
     def __post_init__(self):
-        if self.rank < 0 or self.alpha <= 0:
-            raise ValueError(f"actor.lora.rank must be >= 0 and alpha > 0, got {self.rank}, {self.alpha}")
+        check_fields(self)
 
 
 def check_strategy(strategy: str, megatron: MegatronConfig, role: str) -> None:
@@ -131,14 +131,13 @@ class ActorConfig:
     seed: int = 0
 
     def __post_init__(self):
+        check_fields(self)
         check_offload_mode(self.offload, "actor")
         check_strategy(self.strategy, self.megatron, "actor")
         if self.lora.rank and self.strategy != "fsdp":
             raise ValueError("actor.lora needs actor.strategy=fsdp (the Megatron actor trains all weights)")
-        if self.positive_nll_coef < 0:
-            raise ValueError(f"actor.positive_nll_coef must be >= 0, got {self.positive_nll_coef}")
-        if self.ulysses_sp < 1 or (self.ulysses_sp > 1 and self.strategy != "fsdp"):
-            raise ValueError(f"actor.ulysses_sp={self.ulysses_sp}: must be >= 1, and > 1 only with actor.strategy=fsdp "
+        if self.ulysses_sp > 1 and self.strategy != "fsdp":
+            raise ValueError(f"actor.ulysses_sp={self.ulysses_sp}: > 1 only with actor.strategy=fsdp "
                              "(the Megatron actor has no sequence parallelism here)")
 
 
@@ -157,9 +156,8 @@ class RewardModelConfig:
     seed: int = 0
 
     def __post_init__(self):
+        check_fields(self)
         check_offload_mode(self.offload, "reward_model")
-        if self.max_tokens_per_micro < 1:
-            raise ValueError(f"reward_model.max_tokens_per_micro must be >= 1, got {self.max_tokens_per_micro}")
 
 
 # when PRIME's implicit PRM learns from a step's batch relative to scoring it (core.implicit_prm)
@@ -200,13 +198,12 @@ class ImplicitPRMConfig:
     seed: int = 0
 
     def __post_init__(self):
+        check_fields(self)
         check_offload_mode(self.offload, "implicit_prm")
         if self.update not in PRM_UPDATE_MODES:
             raise ValueError(f"implicit_prm.update must be one of {PRM_UPDATE_MODES}, got {self.update!r}")
         if self.norm not in ("batch_norm", "none"):
             raise ValueError(f"implicit_prm.norm must be batch_norm or none, got {self.norm!r}")
-        if self.beta <= 0:
-            raise ValueError(f"implicit_prm.beta must be > 0, got {self.beta}")
 
 
 @dataclass(frozen=True)
@@ -249,6 +246,7 @@ class CriticConfig:
     seed: int = 0
 
     def __post_init__(self):
+        check_fields(self)
         check_offload_mode(self.offload, "critic")
         check_strategy(self.strategy, self.megatron, "critic")
 
@@ -275,11 +273,7 @@ class AgentConfig:
     stop: tuple[str, ...] = ("</tool_call>",)
 
     def __post_init__(self):
-        for name in ("max_turns", "max_response_tokens", "tool_max_output_bytes", "tool_workers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"rollout.agent.{name} must be >= 1, got {getattr(self, name)}")
-        if self.tool_timeout_s <= 0:
-            raise ValueError(f"rollout.agent.tool_timeout_s must be > 0, got {self.tool_timeout_s}")
+        check_fields(self)
 
 
 @dataclass(frozen=True)
@@ -314,12 +308,7 @@ class RolloutConfig:
     agent: AgentConfig = field(default_factory=AgentConfig)
 
     def __post_init__(self):
-        if self.backend not in ("embedded", "vllm", "sglang"):
-            raise ValueError(f"rollout.backend must be embedded, vllm or sglang, got {self.backend!r}")
-        if self.tensor_parallel_size < 1:
-            raise ValueError(f"rollout.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        check_fields(self)
         if self.backend == "embedded" and self.tensor_parallel_size != 1:
             raise ValueError(f"rollout.tensor_parallel_size={self.tensor_parallel_size}: the embedded engine has no "
                              f"tensor parallelism (use rollout.backend=vllm or sglang, or 1)")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"rollout.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from core.config.algo import AlgoConfig
-from core.config.ranges import Count, PositiveInt
+from core.config.ranges import Count, PositiveInt, check_fields
 from core.config.roles import ActorConfig, CriticConfig, ImplicitPRMConfig, RewardModelConfig, RolloutConfig
 from core.config.schema import PlacementConfig, TrainerConfig
 
@@ -42,6 +42,9 @@ class DataConfig:
     # tokens) | right (keep its first)
     truncation: str = "error"
 
+    def __post_init__(self):
+        check_fields(self)
+
 
 @dataclass(frozen=True)
 class RewardConfig:
@@ -59,8 +62,7 @@ class ToolsConfig:
     isolation: Literal["namespaces", "process"] = "namespaces"
 
     def __post_init__(self):
-        if self.isolation not in ("namespaces", "process"):
-            raise ValueError(f"tools.isolation must be 'namespaces' or 'process', got {self.isolation!r}")
+        check_fields(self)
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class RunConfig:
     tools: ToolsConfig = field(default_factory=ToolsConfig)
 
     def __post_init__(self):
+        check_fields(self)
         a = self.trainer.async_
         # stale samples: truncated IS by default (not in bypass mode: the loss weighs by pi / pi_rollout there)
         if a.one_step_off and self.algo.tis_cap == 0 and a.tis_cap > 0 and not self.algo.bypass_mode:

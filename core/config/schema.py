@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from core.config.ranges import Count, NonNegative, PositiveFloat, PositiveInt
+from core.config.ranges import Count, NonNegative, PositiveFloat, PositiveInt, check_fields
 
 
 @dataclass(frozen=True)
@@ -27,10 +27,7 @@ class PoolConfig:
     host_memory_gb: NonNegative = 0.0
 
     def __post_init__(self):
-        if self.device not in ("cpu", "cuda"):
-            raise ValueError(f"pool device must be 'cpu' or 'cuda', got {self.device!r}")
-        if self.nnodes < 1 or self.slots_per_node < 1:
-            raise ValueError(f"pool needs nnodes >= 1 and slots_per_node >= 1, got {self.nnodes}, {self.slots_per_node}")
+        check_fields(self)
 
 
 @dataclass(frozen=True)
@@ -41,6 +38,7 @@ class PlacementConfig:
     roles: dict[str, str] = field(default_factory=lambda: {"actor": "main", "rollout": "main", "ref": "main"})
 
     def __post_init__(self):
+        check_fields(self)
         unknown = {r: p for r, p in self.roles.items() if p not in self.pools}
         if unknown:
             raise ValueError(f"placement.roles names unknown pool(s) {unknown}; pools are {list(self.pools)}")
@@ -58,8 +56,7 @@ class AsyncConfig:
     tis_cap: NonNegative = 2.0
 
     def __post_init__(self):
-        if self.tis_cap < 0:
-            raise ValueError(f"trainer.async.tis_cap must be >= 0, got {self.tis_cap}")
+        check_fields(self)
 
 
 @dataclass(frozen=True)
@@ -115,11 +112,4 @@ class TrainerConfig:
     node_loss_timeout_s: PositiveFloat = 60.0
 
     def __post_init__(self):
-        if self.backend not in ("ray", "local"):
-            raise ValueError(f"trainer.backend must be 'ray' or 'local', got {self.backend!r}")
-        if self.tracker_mode not in ("offline", "online"):
-            raise ValueError(f"trainer.tracker_mode must be 'offline' or 'online', got {self.tracker_mode!r}")
-        if self.log_val_generations < 0:
-            raise ValueError(f"trainer.log_val_generations must be >= 0, got {self.log_val_generations}")
-        if self.save_freq < 0 or self.save_keep < 0:
-            raise ValueError(f"trainer.save_freq and trainer.save_keep must be >= 0, got {self.save_freq}, {self.save_keep}")
+        check_fields(self)

@@ -23,7 +23,9 @@ are reported at once:
 - ``actor.strategy`` / ``critic.strategy: megatron``: tp x pp divides the role pool's ranks (what this version can
   run of the layout is ``core.train.megatron_actor.run_problem``, checked once the model is located);
 - PRIME's implicit PRM (``implicit_prm``) has a pool, starts from ``actor.model`` (the reference's);
-  its loss is not the actor's; estimator ``prime`` only with it.
+  its loss is not the actor's; estimator ``prime`` only with it;
+- a ``critic.model`` other than ``actor.model`` tokenizes as the actor does (``check_inputs``: it reads the actor's
+  token ids; its tokenizer files are read, no weights, and a hub id not downloaded yet is not checked).
 """
 
 from __future__ import annotations
@@ -213,13 +215,16 @@ def check_data_sources(rows: list[dict], where: str, custom_reward: bool) -> Non
 
 def check_inputs(cfg: "RunConfig", rows: list[dict]) -> None:
     """What the data and the models' own configs must agree with (before Ray; ``rows``: train and val): image
-    prompts need an engine that takes images, Ulysses groups must divide the heads, a Megatron layout must fit the
-    model, code that a policy writes needs the isolation the run asks for."""
+    prompts need an engine that takes images, a critic reads the actor's token ids so it needs the actor's
+    tokenizer, Ulysses groups must divide the heads, a Megatron layout must fit the model, code that a policy writes
+    needs the isolation the run asks for."""
     from core.data.vision_inputs import image_prompt_problem
 
     pictured = next((r for r in rows if "images" in r), None)
     if pictured is not None and (problem := image_prompt_problem(cfg.rollout)):
         raise ConfigError(f"{pictured['where']}: {problem}")
+    if problem := tokenizer_problem(cfg):
+        raise ConfigError(problem, key="critic.model")
     if cfg.actor.ulysses_sp > 1:
         heads = _model_config(cfg.actor.model).num_attention_heads
         if heads % cfg.actor.ulysses_sp:
@@ -246,6 +251,47 @@ def check_tools_isolation(cfg: "RunConfig", rows: list[dict]) -> None:
     runs_code = cfg.rollout.agent.enable or any(r.get("data_source") in SOURCES for r in rows)
     if runs_code and cfg.tools.isolation == "namespaces" and (why := isolation.probe()):
         raise ConfigError(isolation.refusal(why))
+
+
+# texts whose token ids two tokenizers must agree on to share ids (words, digits, punctuation, spaces, a newline)
+TOKENIZER_PROBES = ("Hello world", "The answer is 42.", "Let's think step by step: 3 + 4 = 7\n", "  x=[1, 2]; y")
+
+
+def tokenizer_problem(cfg: "RunConfig") -> str:
+    """A critic on another model than the actor's must tokenize as the actor does (it is fed the actor's token
+    ids): the same vocabulary size and the same ids for ``TOKENIZER_PROBES``. "" when it does, when the critic is
+    the actor's model, or when either tokenizer is not here to read (a hub id not downloaded yet: not checked)."""
+    if not cfg.use_critic or not cfg.critic.model or cfg.critic.model == cfg.actor.model:
+        return ""
+    critic, actor = _local_tokenizer(cfg.critic.model), _local_tokenizer(cfg.actor.model)
+    if critic is None or actor is None:
+        return ""
+    ids = [(text, critic.encode(text, add_special_tokens=False), actor.encode(text, add_special_tokens=False))
+           for text in TOKENIZER_PROBES]
+    differ = [probe for probe in ids if probe[1] != probe[2]]
+    if len(critic) == len(actor) and not differ:
+        return ""
+    text, mine, theirs = (differ or ids)[0]
+    return (f"critic.model={cfg.critic.model}: its tokenizer differs from actor.model={cfg.actor.model}'s (vocab "
+            f"{len(critic)} vs {len(actor)}; {text!r} -> {_ids(mine)} vs {_ids(theirs)}); the critic reads the "
+            "actor's token ids, so use a model of the same tokenizer family")
+
+
+def _ids(ids: list[int], most: int = 12) -> str:
+    return "[" + ", ".join(map(str, ids[:most])) + (", ...]" if len(ids) > most else "]")
+
+
+def _local_tokenizer(model: str):
+    """``model``'s tokenizer from files already here (a folder, core's SmolLM2 conversion, the HF cache), never
+    the network; None where it cannot be read so (the roles' own loading says why, if it is missing for good)."""
+    from transformers import AutoTokenizer
+
+    from core.models import resolve_model
+
+    try:
+        return AutoTokenizer.from_pretrained(resolve_model(model), local_files_only=True)
+    except Exception:  # noqa: BLE001 -- not downloaded, no tokenizer files, a tokenizer this install cannot build
+        return None
 
 
 def _model_config(model: str):

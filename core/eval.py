@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             shown = d is not None and d is not False and d != [] and d != argparse.SUPPRESS and "default" not in text
             return f"{text} (default: {action.default})" if shown else text
 
+    from core.data.prepare import SRC_HELP
+
     p = argparse.ArgumentParser(prog="hybridrl eval", description="score a model on a benchmark: each dataset's "
                                 "problems sampled by the rollout engine, scored by its reward, pass@k reported",
                                 epilog="example:\n  hybridrl eval --model SmolLM2-135M-Instruct --data gsm8k --limit 50 "
@@ -115,8 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True, help="HF id or local folder (SmolLM2-135M-Instruct works offline)")
     p.add_argument("--data", required=True, action="append", help="dataset name (gsm8k, aime24, ...) or a parquet file")
     p.add_argument("--split", default="test", help="the dataset split to score (a dataset name's file)")
-    p.add_argument("--src", default=None, help="folder of the raw jsonl datasets (default: ../shared/data beside "
-                   "the repository)")
+    p.add_argument("--src", default=None, help=SRC_HELP)
     p.add_argument("--template", default="{question}", help="prompt template for dataset names (format string or @file)")
     p.add_argument("--limit", type=int, default=None, help="first N problems of each dataset")
     p.add_argument("--n", type=int, default=1, help="samples per problem")
@@ -133,8 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="folder for results.json and samples.jsonl")
     a = p.parse_args(argv)
 
+    from core.config.errors import ConfigError, did_you_mean
     from core.data.dataset import load_rl_parquet, validate_row
-    from core.data.prepare import DEFAULT_SRC, make_rows, read_records
+    from core.data.prepare import DATASETS, make_rows, read_records
     from core.models import load_causal_lm, load_tokenizer, resolve_dtype
 
     rows = []
@@ -142,8 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     for data in a.data:
         if data.endswith(".parquet"):
             rows += load_rl_parquet(data, a.limit)
-        else:
-            records, where = read_records(data, a.split, a.src or DEFAULT_SRC)
+        elif data not in DATASETS:
+            raise ConfigError(f"--data {data}: neither a dataset name ({', '.join(sorted(DATASETS))}) nor a "
+                              f".parquet file{did_you_mean(data, DATASETS)}", key="--data")
+        else:  # --src None: the local copy in DEFAULT_SRC when there, else the hub (core.data.prepare)
+            records, where = read_records(data, a.split, a.src)
             made, _ = make_rows(data, a.split, records[:a.limit] if a.limit else records, where, template)
             rows += [validate_row(r, f"{where}: row {i + 1}") for i, r in enumerate(made)]
     torch.manual_seed(a.seed)

@@ -1,9 +1,12 @@
-"""``python -m core.data.prepare <dataset> [--src PATH|hub] [--out DIR] [--template T]`` -> verl-schema parquet.
+"""``python -m core.data.prepare <dataset> [--src DIR|hub] [--out DIR] [--template T]`` -> verl-schema parquet.
 
 Each row:  data_source, prompt (chat list), ability, reward_model {style, ground_truth}, extra_info {split,
 index, question, ...} -- the schema verl's own preprocessing writes, so files made for verl load unchanged and
-ours load in verl. Sources: ``../shared/data/<name>/<split>.jsonl`` by default (``--src`` overrides the folder),
-or the HF hub with ``--src hub`` (needs the ``datasets`` package and a network).
+ours load in verl. Sources: by default (no ``--src``) the local copy ``DEFAULT_SRC/<name>/<split>.jsonl`` when it
+exists (``../shared/data`` beside the checkout; the environment variable ``HYBRIDRL_DATA_SRC`` names another
+folder), else the Hugging Face hub (needs the ``datasets`` package and a network); ``--src DIR`` reads only
+``DIR/<name>/<split>.jsonl``, ``--src hub`` only the hub. Where neither can be read the error is one line naming the
+dataset, the split, the file looked for and the flag to pass.
 
 The prompt template belongs to the recipe: ``--template`` is a format string over the record (``{question}``)
 or ``@path/to/template.txt``; the default is the bare question.
@@ -13,15 +16,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from core.config.errors import ConfigError, answer_user_errors
 from core.rewards.gsm8k import ground_truth_from_solution
 from core.rewards.math_answer import last_boxed
 
-DEFAULT_SRC = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+# the raw jsonl datasets' folder when no --src is given: ../shared/data beside the checkout, or HYBRIDRL_DATA_SRC
+DEFAULT_SRC = Path(os.environ.get("HYBRIDRL_DATA_SRC") or Path(__file__).resolve().parents[3] / "shared" / "data"
+                   ).expanduser()
+SRC_HELP = ("folder holding <dataset>/<split>.jsonl, or 'hub' (default: ../shared/data beside the checkout when it "
+            "holds the dataset, else the Hugging Face hub (needs `datasets` and a network)); HYBRIDRL_DATA_SRC=DIR in "
+            f"the environment changes that default folder (here: {DEFAULT_SRC})")
 
 
 def _number(x: Any) -> str:
@@ -62,19 +72,71 @@ DATASETS: dict[str, DatasetSpec] = {
 }
 
 
-def read_records(name: str, split: str, src: str | Path) -> tuple[list[dict], str]:
-    """Raw records of one split and a label naming where they came from (for error messages)."""
+def read_records(name: str, split: str, src: str | Path | None = None) -> tuple[list[dict], str]:
+    """Raw records of one split and a label naming where they came from (for error messages). ``src``: a folder
+    holding ``<name>/<split>.jsonl``, ``"hub"``, or None: ``DEFAULT_SRC``'s copy when it has the file, else the hub.
+    What cannot be read is a ``ConfigError`` of one line naming the dataset, the split, the file and ``--src``."""
+    if name not in DATASETS:
+        raise ConfigError(f"unknown dataset {name!r}; known: {', '.join(sorted(DATASETS))}")
+    if src is None:
+        path = DEFAULT_SRC / name / f"{split}.jsonl"
+        if path.is_file():
+            return read_jsonl(path), str(path)
+        return _read_hub(name, split, looked=path)
     if str(src) == "hub":
-        try:
-            import datasets
-        except ImportError:
-            raise RuntimeError("--src hub needs the `datasets` package (pip install datasets) and a network") from None
-        hub_id, config = DATASETS[name].hub
-        return [dict(r) for r in datasets.load_dataset(hub_id, config, split=split)], f"hub:{hub_id}[{split}]"
+        return _read_hub(name, split)
     path = Path(src) / name / f"{split}.jsonl"
     if not path.is_file():
-        raise FileNotFoundError(f"{name} {split}: no file {path} (pass --src DIR with {name}/{split}.jsonl, or --src hub)")
+        raise ConfigError(f"{name} {split}: no file {path} (pass --src DIR holding {name}/{split}.jsonl, or --src hub)",
+                          key="--src")
     return read_jsonl(path), str(path)
+
+
+def _read_hub(name: str, split: str, looked: Path | None = None) -> tuple[list[dict], str]:
+    """One split from the HF hub (or the ``datasets`` cache); ``looked``: the local file that was not there."""
+    hub_id, config = DATASETS[name].hub
+
+    def unreachable(why: str) -> ConfigError:
+        missing = f"no local copy at {looked} and " if looked is not None else ""
+        return ConfigError(f"{name} {split}: {missing}the hub is unreachable ({why}); pass --src DIR holding "
+                           f"{name}/{split}.jsonl", key="--src")
+
+    try:
+        import datasets
+    except ImportError:
+        raise unreachable("the `datasets` package is not installed: pip install datasets") from None
+    try:
+        table = datasets.load_dataset(hub_id, config, split=split)
+    except Exception as e:
+        if not _is_connection_error(e):
+            raise
+        raise unreachable(_offline() or f"no connection: {' '.join(str(e).split())[:160]}") from e
+    return [dict(r) for r in table], f"hub:{hub_id}[{split}]"
+
+
+def _offline() -> str:
+    """``"offline: HF_HUB_OFFLINE=1"`` where the environment turns the hub off, else ""."""
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        if os.environ.get(var, "").upper() in ("1", "ON", "YES", "TRUE"):
+            return f"offline: {var}={os.environ[var]}"
+    return ""
+
+
+# requests', httpx's and huggingface_hub's names for "the hub could not be reached" (not all are OSErrors)
+_CONNECTION_ERRORS = {"ConnectionError", "ConnectError", "ConnectTimeout", "ReadTimeout", "Timeout",
+                      "OfflineModeIsEnabled", "LocalEntryNotFoundError"}
+
+
+def _is_connection_error(e: BaseException | None) -> bool:
+    """Is ``e``, or what it was raised from, a failure to reach the hub (offline mode included)?"""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        names = {c.__name__ for c in type(e).__mro__}
+        if isinstance(e, (ConnectionError, TimeoutError)) or names & _CONNECTION_ERRORS:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def read_table(src: str, hub: str) -> tuple[list[dict], str]:
@@ -151,10 +213,11 @@ def write_parquet(rows: list[dict], out: Path) -> None:
     tmp.replace(out)
 
 
-def prepare(name: str, src: str | Path = DEFAULT_SRC, out: str | Path = "data", splits: list[str] | None = None,
+def prepare(name: str, src: str | Path | None = None, out: str | Path = "data", splits: list[str] | None = None,
             template: str = "{question}", system: str | None = None, skip_bad: bool = False,
             limit: int | None = None) -> dict[str, Path]:
-    """Write ``<out>/<name>/<split>.parquet`` for each split; returns the paths. Prints skipped-row counts."""
+    """Write ``<out>/<name>/<split>.parquet`` for each split; returns the paths. Prints skipped-row counts.
+    ``src``: as ``read_records`` reads it (None: the local copy in ``DEFAULT_SRC`` when there, else the hub)."""
     if name not in DATASETS:
         raise KeyError(f"unknown dataset {name!r}; known: {sorted(DATASETS)}")
     written = {}
@@ -171,7 +234,7 @@ def prepare(name: str, src: str | Path = DEFAULT_SRC, out: str | Path = "data", 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m core.data.prepare", description=__doc__.split("\n\n")[0])
     p.add_argument("dataset", choices=sorted(DATASETS))
-    p.add_argument("--src", default=str(DEFAULT_SRC), help="folder with <dataset>/<split>.jsonl, or 'hub'")
+    p.add_argument("--src", default=None, help=SRC_HELP)
     p.add_argument("--out", default="data", help="output folder (parquet goes to <out>/<dataset>/<split>.parquet)")
     p.add_argument("--split", action="append", help="only these splits (repeatable)")
     p.add_argument("--template", default="{question}", help="prompt format string, or @file")
@@ -185,4 +248,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(answer_user_errors(main, sys.argv[1:], prog="python -m core.data.prepare"))

@@ -9,6 +9,7 @@
     hybridrl recipes                                                     the recipes and what each reproduces
     hybridrl config show grpo --config-name demo_cpu actor.optim.lr=2e-6 the resolved, validated config
     hybridrl report outputs/grpo_smollm2_cpu                             a run's summary and curves.png
+    hybridrl data prepare grpo --config-name config                      write the data a config names
 
 ``<recipe>`` is a folder, or a name under ``recipes/`` (of the working directory, else of this repository).
 """
@@ -37,6 +38,10 @@ EXAMPLES = {
     "selfcheck": "hybridrl selfcheck --workers 2 --split",
     "recipes": "hybridrl recipes",
     "config": "hybridrl config show grpo --config-name demo_cpu actor.optim.lr=2e-6",
+    "data": "hybridrl data prepare grpo --config-name config\n"
+            "hybridrl data prepare dapo --config-name qwen32b --src dapo_math=/data/dapo-math-17k.parquet\n"
+            "  (writes each missing file data.train_files / data.val_files name, as the recipe's data.py does;\n"
+            "  `python recipes/<recipe>/data.py --help` lists its datasets and their sources)",
     "report": "hybridrl report outputs/grpo_smollm2_cpu   (a finished or running run: its folder or metrics.jsonl)",
 }
 
@@ -105,6 +110,11 @@ def _main(argv: list[str]) -> int:
     config.add_argument("action", choices=["show"])
     config.add_argument("recipe", help="a folder, or a name under recipes/")
     config.add_argument("args", nargs=argparse.REMAINDER, help="--config-name NAME, Hydra overrides")
+    data = command("data", "write the data files a recipe's config names that are missing (its data.py)")
+    data.add_argument("action", choices=["prepare"], help="prepare: write what is missing")
+    data.add_argument("recipe", help="a folder, or a name under recipes/")
+    data.add_argument("args", nargs=argparse.REMAINDER,
+                      help="--config-name NAME, --src [NAME=]SRC (DIR, FILE or hub; repeatable), Hydra overrides")
     report = command("report", "a run's summary and its curves (curves.png beside metrics.jsonl)")
     report.add_argument("run", type=Path, help="the run's output folder, or its metrics.jsonl")
     if argv[:1] in (["eval"], ["export"]):  # their own parsers own every option, --help included
@@ -124,6 +134,8 @@ def _main(argv: list[str]) -> int:
         return 0
     if args.command == "config":
         return _config_show(recipe_dir(args.recipe), args.args)
+    if args.command == "data":
+        return run_recipe(recipe_dir(args.recipe), ["--prepare-data", *args.args])
     if args.command == "report":
         from core.report import main as report_main
 

@@ -28,6 +28,10 @@ class Placement:
     def __contains__(self, role: str) -> bool:
         return role in self.roles
 
+    def config_reads(self) -> set[str]:
+        """The config keys the roles of every group read since they were built (recording stops there)."""
+        return set().union(*(g.config_reads() for g in self.groups))
+
     def shutdown(self) -> None:
         for g in self.groups:
             g.shutdown()

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from core.checks import check_files, check_run
-from core.config import RunConfig, validate
+from core.config import RunConfig, reads, validate
 from core.config.errors import ConfigError, answer_user_errors, with_sources
+from core.data.recipe_data import missing, parse_srcs, prepare_named, recipe_datasets
 from core.plan_report import dp_size, effective_sizes, plan_run
 from core.trainer import fit
 
@@ -36,6 +37,14 @@ def load_recipe_config(config_dir: str | Path, config_name: str = "config", over
     and validated into its dataclass, the rest into ``RunConfig``. Returns (run config, {section: dataclass}).
     A relative ``reward.path`` is the recipe folder's file (a copied recipe uses its own reward), else the
     working directory's."""
+    cfg, extra, _ = load_with_given(config_dir, config_name, overrides, sections)
+    return cfg, extra
+
+
+def load_with_given(config_dir: str | Path, config_name: str = "config", overrides: list[str] | None = None,
+                    sections: dict[str, type] | None = None) -> tuple[RunConfig, dict[str, Any], reads.Given]:
+    """``load_recipe_config``, and the keys the yamls and ``overrides`` set (``reads.Given``: a run warns of those
+    it never reads)."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
@@ -51,16 +60,21 @@ def load_recipe_config(config_dir: str | Path, config_name: str = "config", over
         overrides = [f"++{o}" if "=" in o and o[0] not in "+~" and
                      OmegaConf.select(base, o.split("=", 1)[0], default=_ABSENT) is _ABSENT else o
                      for o in overrides or []]
-        tree = OmegaConf.to_container(compose(config_name=config_name, overrides=overrides), resolve=True)
+        composed = compose(config_name=config_name, overrides=overrides)
+    as_written = OmegaConf.to_container(composed, resolve=False)
+    tree = OmegaConf.to_container(composed, resolve=True)
     reward = tree.get("reward") or {}
     if reward.get("path") and not Path(reward["path"]).is_absolute() and (config_dir / reward["path"]).is_file():
         reward["path"] = str(config_dir / reward["path"])
     try:
         extra = {name: validate(cls, tree.pop(name, None), where=where, prefix=name)
                  for name, cls in (sections or {}).items()}
-        return validate(RunConfig, tree, where=where), extra
+        cfg = validate(RunConfig, tree, where=where)
     except ConfigError as e:
         raise with_sources(e, user_overrides, where) from None
+    given = reads.Given(frozenset(reads.given_keys(as_written)), frozenset(reads.interpolated(as_written)),
+                        tuple(user_overrides), tuple(map(str, yaml_chain(config_dir, config_name))), extra)
+    return cfg, extra, given
 
 
 def config_yaml(cfg: RunConfig, extra: dict[str, Any] | None = None) -> str:
@@ -78,19 +92,38 @@ def config_yaml(cfg: RunConfig, extra: dict[str, Any] | None = None) -> str:
     return yaml.safe_dump(plain(tree), sort_keys=False, width=120).rstrip()
 
 
-def config_info(config_dir: Path, config_name: str, overrides: list[str]) -> str:
-    """Where a run's config comes from: the yaml files in the order they compose, then the command line."""
+def yaml_chain(config_dir: Path, config_name: str) -> list[Path]:
+    """The yaml files a config composes, the named one first, then the one its ``defaults`` names, and so on."""
     import yaml
 
     chain, name = [], config_name
     while name and name not in chain:
         chain.append(name)
-        text = yaml.safe_load((config_dir / f"{name}.yaml").read_text()) or {}
+        text = yaml.safe_load((Path(config_dir) / f"{name}.yaml").read_text()) or {}
         parents = [d for d in text.get("defaults", []) if isinstance(d, str) and d != "_self_"]
         name = parents[0] if parents else None
-    files = ["core's defaults (core/config/)"] + [str(config_dir / f"{n}.yaml") for n in reversed(chain)]
+    return [Path(config_dir) / f"{n}.yaml" for n in chain]
+
+
+def config_info(config_dir: Path, config_name: str, overrides: list[str]) -> str:
+    """Where a run's config comes from: the yaml files in the order they compose, then the command line."""
+    files = ["core's defaults (core/config/)"] + [str(p) for p in reversed(yaml_chain(config_dir, config_name))]
     return ("config, each layer over the one before:\n" + "\n".join(f"  {f}" for f in files)
             + f"\n  command line: {' '.join(overrides) if overrides else '(nothing)'}")
+
+
+def data_hint(recipe: Path, config_name: str, cfg: RunConfig) -> str:
+    """What to do about a missing data file: the command that writes it, or which datasets the recipe can write."""
+    datasets = recipe_datasets(recipe)
+    if not datasets:
+        return ""
+    gaps = missing(cfg, datasets)
+    if None in gaps:
+        return (f"{recipe.name}'s data.py writes {', '.join(f'{d}/' for d in datasets)} under a data folder, not "
+                f"{gaps[None][0][1].parent.name}/")
+    who = recipe.name if recipe.parent.name == "recipes" else str(recipe)
+    name = "" if config_name == "config" else f" --config-name {config_name}"
+    return f"`hybridrl data prepare {who}{name}` writes it (a run does that itself)"
 
 
 def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
@@ -110,6 +143,12 @@ def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
                    help="Hydra's flag: print the run's resolved config (every default filled in) and exit")
     p.add_argument("--info", action="store_true", help="Hydra's flag: where the config comes from, and exit")
     p.add_argument("-m", "--multirun", action="store_true", help="Hydra's sweeps: not supported (one run per call)")
+    p.add_argument("--prepare-data", action="store_true",
+                   help="write the data files the config names that are missing (the recipe's data.py), and exit; "
+                        "a run does this itself before it starts (hybridrl data prepare <recipe>)")
+    p.add_argument("--src", action="append", metavar="[NAME=]SRC",
+                   help="where missing data is read from: DIR, FILE or hub, for every dataset, or NAME=SRC for one "
+                        "(repeatable); default: each dataset's own (`python <recipe>/data.py --help`)")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.total_steps=5 actor.optim.lr=1e-5")
     a = p.parse_intermixed_args(argv)
     if a.multirun:
@@ -118,15 +157,18 @@ def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
     if a.cfg == "hydra":
         raise ConfigError("--cfg hydra: runs use no Hydra runtime config (no working-dir switch, logging or launcher "
                           "settings); --cfg job prints the run's config")
-    cfg, extra = load_recipe_config(a.config_dir, a.config_name, a.overrides, sections)
+    cfg, extra, given = load_with_given(a.config_dir, a.config_name, a.overrides, sections)
     if a.cfg or a.info:
         print(config_info(Path(a.config_dir), a.config_name, a.overrides) if a.info else config_yaml(cfg, extra))
         return 0
     recipe = Path(a.config_dir)
-    hint = (f"this recipe writes its data: `python {recipe}/data.py --help` (its run scripts run it when the files "
-            "are missing)") if (recipe / "data.py").is_file() else ""
+    hint = data_hint(recipe, a.config_name, cfg)
     try:  # (a run checks again in fit, before anything loads)
         check_run(cfg, own_step=make_step is not None)  # sections that disagree fail here, before the plan
+        if not a.dry_run:  # the data the config names that is missing, as the recipe's data.py writes it
+            prepare_named(recipe, cfg, parse_srcs(a.src))
+            if a.prepare_data:
+                return 0
         missing = check_files(cfg, missing_data_ok=a.dry_run, data_hint=hint)  # a run stops on missing data
     except ConfigError as e:
         raise with_sources(e, a.overrides, recipe / f"{a.config_name}.yaml") from None
@@ -139,7 +181,11 @@ def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
         text, fits = plan_run(cfg)
         print(text)
         return 0 if fits else 1
-    fit(cfg, make_step(cfg, extra) if make_step else None)
+    reads.label(cfg)  # from here to the end of the first step, every key read is recorded (core.config.reads)
+    for name, section in extra.items():
+        reads.label(section, name)
+    reads.start(cfg, extra)
+    fit(cfg, make_step(cfg, extra) if make_step else None, given)
     return 0
 
 

@@ -38,8 +38,9 @@ def resume(cfg: RunConfig, out: Path, roles: Roles, stream: PromptStream, kl_ctr
     return state["step"], rewind_metrics(out / "metrics.jsonl", state["step"])
 
 
-def save(out: Path, step_no: int, roles: Roles, stream: PromptStream, kl_ctrl, cfg: RunConfig) -> None:
-    """A checkpoint after ``step_no``: every saving rank's shards, then the driver's state, committed atomically."""
+def save(out: Path, step_no: int, roles: Roles, stream: PromptStream, kl_ctrl, cfg: RunConfig, keep: int) -> None:
+    """A checkpoint after ``step_no``: every saving rank's shards, then the driver's state, committed atomically;
+    the newest ``keep`` checkpoints stay (trainer.save_keep; 0 = all)."""
     tmp = checkpoint.begin(out, step_no)
     for name, group, worker in trained_roles(roles):
         group.call_all(worker.save_checkpoint, str(tmp / name))
@@ -50,7 +51,7 @@ def save(out: Path, step_no: int, roles: Roles, stream: PromptStream, kl_ctrl, c
         state["kl_ctrl"] = kl_ctrl.state_dict()
     if roles.ahead is not None:  # one step off: the next step's samples, already generated
         roles.ahead.save(tmp)
-    checkpoint.commit(tmp, state, cfg.trainer.save_keep, saved_ranks(roles))
+    checkpoint.commit(tmp, state, keep, saved_ranks(roles))
 
 
 def trained_roles(roles: Roles) -> list[tuple[str, RoleGroup, type]]:

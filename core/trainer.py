@@ -19,7 +19,7 @@ from typing import Callable
 from tqdm import tqdm
 
 from core.checks import check_data_sources, check_files, check_inputs, check_run
-from core.config import RunConfig
+from core.config import ConfigError, RunConfig, reads
 from core.data.prompt_stream import PromptStream
 from core.loop import Roles, kl_controller, prompts_from_rows, step, validate
 from core.one_step_off import RolloutAhead
@@ -33,20 +33,30 @@ from core.tracking import MetricsLog, make_trackers
 from core.worker_group import WorkerError, init_ray
 
 
-def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
+def fit(cfg: RunConfig, step_fn: Callable | None = None, given: reads.Given | None = None) -> list[dict]:
     """Run ``cfg``. ``step_fn(roles, draw, algo, reward_fn, update_actor=, kl_ctrl=) -> (batch, metrics)`` replaces
     ``core.loop.step`` for an algorithm whose step differs (a recipe's own copy of the loop, e.g. DAPO's dynamic
-    sampling); ``draw()`` returns the next prompt batch, as many times as the step needs."""
-    check_run(cfg, own_step=step_fn is not None)  # how the sections agree, before anything is loaded or started
-    check_files(cfg)  # data, reward file, output dir, local model paths
+    sampling); ``draw()`` returns the next prompt batch, as many times as the step needs. ``given``: the keys the
+    user set; those that nothing read by the end of the first step are warned of (``core.config.reads``)."""
+    with reads.paused():  # a check reading a key is no use of it
+        check_run(cfg, own_step=step_fn is not None)  # how the sections agree, before anything is loaded or started
+        check_files(cfg)  # data, reward file, output dir, local model paths
+    if given is not None:  # record which keys the driver and every worker read, up to the end of the first step
+        reads.label(cfg)
+        for name, section in given.sections.items():
+            reads.label(section, name)
+        reads.start(cfg, given.sections)
     t, out = cfg.trainer, Path(cfg.trainer.output_dir)
     reward_fn, rows, val_rows = load_inputs(cfg, out)
-    trackers = make_trackers(t.logger, out, t.project_name, t.experiment_name or out.name, asdict(cfg),
+    with reads.paused():  # copying the config is no use of its keys
+        config = asdict(cfg)
+    trackers = make_trackers(t.logger, out, t.project_name, t.experiment_name or out.name, config,
                              t.tracker_mode, write=tqdm.write)  # before Ray: a missing package fails here
     placement, roles = start_roles(cfg, trackers)
     stream, draw = prompt_source(cfg, roles, rows)
     val_prompts = prompts_from_rows(val_rows) if val_rows else None
     kl_ctrl, nonfinite = kl_controller(cfg.algo), 0
+    keep = t.save_keep  # checkpoints kept: the run's policy from its start (and a read before the first save)
     run_step = step_fn or (lambda roles_, draw_, *a, **k: step(roles_, draw_(), *a, **k))
     try:
         start, history = resume(cfg, out, roles, stream, kl_ctrl)
@@ -64,8 +74,11 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None) -> list[dict]:
                 log.record(metrics)  # written before a stop below: nothing of the step is lost
                 nonfinite = count_nonfinite(metrics, nonfinite, t.max_nonfinite_grad_steps, out)
                 if t.save_freq and due(i + 1, t.save_freq, t.total_steps):
-                    save(out, i + 1, roles, stream, kl_ctrl, cfg)
+                    save(out, i + 1, roles, stream, kl_ctrl, cfg, keep)
                 bar.update(1)
+                if given is not None and i == start:  # every role has read what it reads by now
+                    for line in given.warnings(placement.config_reads() | reads.stop()):
+                        tqdm.write(f"warning: {line}")
     except WorkerError as e:  # a worker (or a whole node) lost, a call that failed or hung: say where to resume
         raise RunStopped(stopped_message(out, e)) from e
     finally:
@@ -114,7 +127,8 @@ def load_inputs(cfg: RunConfig, out: Path) -> tuple[Callable, list[dict], list[d
 
     os.environ[isolation.ENV] = cfg.tools.isolation  # this process's reward workers; Ray's: start_roles
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=1, default=str))
+    with reads.paused():  # copying the config is no use of its keys
+        (out / "config.json").write_text(json.dumps(asdict(cfg), indent=1, default=str))
     reward_fn = load_reward_fn(cfg.reward.path, cfg.reward.name) if cfg.reward.path else default_compute_score
     rows = load_rl_parquet(cfg.data.train_files, cfg.data.limit or None)
     for model in {cfg.actor.model, cfg.rollout.model}:
@@ -122,7 +136,8 @@ def load_inputs(cfg: RunConfig, out: Path) -> tuple[Callable, list[dict], list[d
     val_rows = load_rl_parquet(cfg.data.val_files, cfg.data.val_limit or None) if cfg.data.val_files else []
     check_data_sources(rows, f"data.train_files {cfg.data.train_files}", bool(cfg.reward.path))
     check_data_sources(val_rows, f"data.val_files {cfg.data.val_files}", bool(cfg.reward.path))
-    check_inputs(cfg, rows + val_rows)
+    with reads.paused():  # a check reading a key is no use of it
+        check_inputs(cfg, rows + val_rows)
     tokenizer = load_tokenizer(cfg.rollout.model)  # each prompt's length, once, before Ray
     processor = processor_for(cfg.rollout.model)  # image prompts: measured with their image-token runs
     for name, part in (("train", rows), ("val", val_rows)):
@@ -132,7 +147,9 @@ def load_inputs(cfg: RunConfig, out: Path) -> tuple[Callable, list[dict], list[d
             part[:] = fitted
             print(f"{name} data: {note}", flush=True)
     if len(rows) < cfg.data.prompts_per_step:
-        raise ValueError(f"data has {len(rows)} rows, fewer than data.prompts_per_step={cfg.data.prompts_per_step}")
+        raise ConfigError(f"data.train_files: {len(rows)} rows left (the note above says what was dropped), fewer than "
+                          f"data.prompts_per_step={cfg.data.prompts_per_step}; add data, lower data.prompts_per_step, "
+                          f"or raise rollout.max_prompt_length={cfg.rollout.max_prompt_length}", "data.train_files")
     return reward_fn, rows, val_rows
 
 

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from core.config import reads
 from core.memory import keep_freed_memory
 
 
@@ -170,6 +171,7 @@ class WorkerHost:
                                     timeout=timedelta(seconds=timeout_s),
                                     device_id=self.device if self.device.type == "cuda" else None)
         ctx = WorkerContext(self.rank, self.world_size, self.local_rank, self.device)
+        reads.start([spec.kwargs for spec in specs.values()])  # which config keys the roles read (config_reads)
         for name, spec in specs.items():
             self.roles[name] = spec.cls(ctx, **spec.kwargs)
         ctx.colocated.update(self.roles)
@@ -179,6 +181,11 @@ class WorkerHost:
         Args travel unpacked so Ray resolves object-store refs among them (zero-copy) before the call."""
         fn: Callable = getattr(self.roles[role], method)
         return fn(*args, **kwargs)
+
+    def config_reads(self) -> list[str]:
+        """The config keys this process's roles read since they were built (``core.config.reads``); reading stops
+        being recorded."""
+        return sorted(reads.stop())
 
     def shutdown(self) -> None:
         self.roles.clear()

@@ -255,6 +255,13 @@ class WorkerGroup:
         self._wait([h.setup.remote(addr, port, self.specs, timeout_s) for h in self._hosts], ranks, roles,
                    "WorkerHost.setup", t)
 
+    def config_reads(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> set[str]:
+        """The config keys every rank's roles read since they were built (``WorkerHost.config_reads``)."""
+        ranks = list(range(self.world_size))
+        got = self._wait([h.config_reads.remote() for h in self._hosts], ranks, ",".join(self.specs),
+                         "WorkerHost.config_reads", timeout_s)
+        return set().union(*map(set, got))
+
     def role(self, name: str) -> RoleGroup:
         if name not in self.specs:
             raise KeyError(f"worker group {self.name!r} hosts roles {list(self.specs)}, not {name!r}")
@@ -357,6 +364,9 @@ class LocalWorkerGroup:
         self.pids = [self._host.pid()]
 
     role = WorkerGroup.role
+
+    def config_reads(self) -> set[str]:
+        return set(self._host.config_reads())
 
     def share(self, items: list[Any]) -> list[Any]:
         return items

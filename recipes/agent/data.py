@@ -1,29 +1,29 @@
-"""Data for this recipe -> verl-schema parquet under --out.
+"""Data for this recipe -> verl-schema parquet under outputs/data (``hybridrl data prepare agent`` writes what a
+config names; ``python recipes/agent/data.py --help`` lists the datasets).
 
-  --task mult   the CPU tier: multiplication of two- and three-digit numbers (a, b in 11..999), which
-                SmolLM2-135M cannot do in its head, with a calculator tool. Each prompt is a one-shot conversation
-                (system prompt naming the tool, one worked question with its tool call and answer) and then the
-                question. The test split is held out by content: an unordered pair {a, b} is a test problem when
-                the sha256 of "min*max" starts with "0" (1/16 of all pairs, the same on every machine); training
-                rows are drawn only from the other pairs -> agent_mult/{train,test}.parquet
-  --task retool the full-scale data, as verl's recipe/retool writes it (ReTool, arXiv:2504.11536): DAPO-Math-17k
-                for training (--dapo-src hub | FILE) and AIME 2024 for validation (--src ../shared/data | hub), each
-                prompt with a system message listing the code_interpreter tool and the \\boxed answer format
-                -> retool/{train,aime24}.parquet
-
-Usage: python recipes/agent/data.py [--task mult|retool] [--src DIR|hub] [--dapo-src hub|FILE] [--out outputs/data]
+  agent_mult  the CPU tier: multiplication of two- and three-digit numbers (a, b in 11..999), which SmolLM2-135M
+              cannot do in its head, with a calculator tool. Each prompt is a one-shot conversation (system prompt
+              naming the tool, one worked question with its tool call and answer) and then the question. The test
+              split is held out by content: an unordered pair {a, b} is a test problem when the sha256 of "min*max"
+              starts with "0" (1/16 of all pairs, the same on every machine); training rows are drawn only from the
+              other pairs
+  retool      the full-scale data, as verl's recipe/retool writes it (ReTool, arXiv:2504.11536): DAPO-Math-17k for
+              training (the hub, or --src retool=FILE) and AIME 2024 for validation (../shared/data beside the
+              checkout, else the hub), each prompt with a system message listing the code_interpreter tool and the
+              \\boxed answer format -> retool/{train,aime24}.parquet
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import random
+import sys
 from pathlib import Path
 
 from core.data.dapo_math import dapo_math_rows, read_dapo_math
-from core.data.prepare import DEFAULT_SRC, make_rows, read_records, write_parquet
+from core.data.prepare import make_rows, read_records, write_parquet
+from core.data.recipe_data import Dataset, data_cli
 
 SOURCE = "hybridrl/agent_mult"
 FOLDER = "agent_mult"
@@ -112,15 +112,12 @@ def write_retool(dapo_src: str, aime_src: str | Path, out: str | Path) -> dict[s
     return paths
 
 
+DATASETS = {
+    "agent_mult": Dataset(lambda out, src: write_mult(out), "a x b, a, b in 11..999, with a calculator tool; test held "
+                                                           "out by content"),
+    "retool": Dataset(lambda out, src: write_retool(src or "hub", None, out),
+                      "DAPO-Math-17k (the hub, or --src retool=FILE) + AIME 2024, ReTool's prompt"),
+}
+
 if __name__ == "__main__":
-    p = argparse.ArgumentParser()
-    p.add_argument("--task", choices=["mult", "retool"], default="mult")
-    p.add_argument("--src", default=str(DEFAULT_SRC), help="retool: AIME 2024's folder (../shared/data) or hub")
-    p.add_argument("--dapo-src", default="hub", help="retool: DAPO-Math-17k, hub or a .parquet / .jsonl file")
-    p.add_argument("--out", default="outputs/data")
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args()
-    if a.task == "mult":
-        write_mult(a.out, seed=a.seed)
-    else:
-        write_retool(a.dapo_src, a.src, a.out)
+    sys.exit(data_cli(DATASETS, __doc__))

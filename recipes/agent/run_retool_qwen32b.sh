@@ -11,8 +11,10 @@
 # the default is the untuned Qwen2.5-32B-Instruct, which calls tools far less (the published figures need the SFT).
 # Ray multi-node (README "Multi-node"): `ray start --head` on one machine, `ray start --address=<head-ip>:6379` on
 # the other, this repository at the same path on both, then run this on the head.
-# Data: DAPO-Math-17k from the HF hub (DAPO_MATH_SRC=hub, needs `pip install -e '.[hub]'`) or a local .parquet /
-# .jsonl; AIME 2024 from ../shared/data/aime24 (AIME_SRC=DIR or hub).
+# Data: the retool dataset, written on the first run by the recipe's data.py when missing (hybridrl data prepare agent
+# --config-name retool_qwen32b): DAPO-Math-17k from the HF hub (needs `pip install -e '.[hub]'`) or a local .parquet /
+# .jsonl (DAPO_MATH_SRC=FILE); AIME 2024 from ../shared/data/aime24 beside the checkout, else the hub (AIME_SRC=DIR
+# holding aime24/test.jsonl, or hub; passed on as HYBRIDRL_DATA_SRC, the default folder core.data.prepare reads).
 # Tools run in core's sandbox on the rollout ranks (core/tools/sandbox.py: rlimits, no network, a scratch folder);
 # rollout: vLLM TP 4, or the embedded engine (TP 1) where vllm is not importable.
 set -euo pipefail
@@ -26,7 +28,10 @@ args=()
 for a in "$@"; do
   if [ "$a" = --dry-run ]; then dry=1; else args+=("$a"); fi
 done
-run=("$PY" -m core.cli train "$here" --config-name retool_qwen32b)
+src=()  # where the run reads the data it writes when missing (default: the dataset's own)
+[ -n "${DAPO_MATH_SRC:-}" ] && src+=(--src "retool=$DAPO_MATH_SRC")
+[ -n "${AIME_SRC:-}" ] && export HYBRIDRL_DATA_SRC="$AIME_SRC"  # retool reads AIME 2024 from that default folder
+run=("$PY" -m core.cli train "$here" --config-name retool_qwen32b "${src[@]}")
 if [ "$dry" = 1 ]; then
   exec "${run[@]}" --dry-run "${args[@]}"
 fi
@@ -36,7 +41,5 @@ if ! "$PY" -c "import vllm, core.rollout.vllm_engine" 2>/dev/null; then
 fi
 # the plan first: a run that cannot fit stops here with the numbers
 "${run[@]}" --dry-run "${args[@]}"
-[ -f outputs/data/retool/train.parquet ] || "$PY" "$here/data.py" --task retool --dapo-src "${DAPO_MATH_SRC:-hub}" \
-  --src "${AIME_SRC:-$root/../shared/data}" --out outputs/data
 export RAY_ADDRESS="${RAY_ADDRESS:-auto}"
 exec "${run[@]}" "${args[@]}"

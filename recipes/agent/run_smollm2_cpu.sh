@@ -2,10 +2,11 @@
 # Multi-turn tool-calling GRPO with SmolLM2-135M-Instruct on CPU: 2 Ray workers, FSDP2 world size 2, rollout
 # colocated; multiplication of two- and three-digit numbers with a calculator (config.yaml).
 #   bash recipes/agent/run_smollm2_cpu.sh [hydra overrides], e.g. trainer.total_steps=2
+# Data: agent_mult, generated (no download), written on the first run by the recipe's data.py
+# (hybridrl data prepare agent).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 cd "$root"
 PY="${PY:-$root/.venv/bin/python}"
-[ -f outputs/data/agent_mult/train.parquet ] || "$PY" "$here/data.py" --task mult --out outputs/data
 exec "$PY" -m core.cli train "$here" --config-name config "$@"

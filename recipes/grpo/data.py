@@ -1,28 +1,25 @@
-"""Data for this recipe -> verl-schema parquet under --out.
+"""Data for this recipe -> verl-schema parquet under outputs/data (``hybridrl data prepare grpo`` writes what a config
+names; ``python recipes/grpo/data.py --help`` lists the datasets).
 
-  --task gsm8k  GSM8K from ../shared/data/gsm8k (or --src DIR, or --src hub) with the recipe's prompt template.
-  --task arith  the CPU demo's task, core.data.arith: a + b and a * b with a, b in 1..12, the test split held out
-                by content (no test problem occurs in training in either operand order) -> arith_v2/
-
-Usage: python recipes/grpo/data.py [--task gsm8k|arith] [--src DIR|hub] [--out outputs/data]
+  gsm8k     GSM8K with the recipe's prompt template: ../shared/data/gsm8k beside the checkout when there, else the
+            hub (--src DIR|hub)
+  arith_v2  the CPU demo's task, core.data.arith: a + b and a * b with a, b in 1..12, the test split held out by
+            content (no test problem occurs in training in either operand order)
 """
 
-import argparse
+import sys
 
 from core.data import arith
-from core.data.prepare import DEFAULT_SRC, prepare
+from core.data.prepare import prepare
+from core.data.recipe_data import Dataset, data_cli
 
 TEMPLATE = "{question} Let's think step by step and output the final answer after \"####\"."
 
+DATASETS = {
+    "gsm8k": Dataset(lambda out, src: prepare("gsm8k", src, out, template=TEMPLATE),
+                     "GSM8K train/test with the recipe's prompt (../shared/data/gsm8k, else the hub)"),
+    "arith_v2": Dataset(lambda out, src: arith.write(out), "a + b and a * b, a, b in 1..12, test held out by content"),
+}
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser()
-    p.add_argument("--task", choices=["gsm8k", "arith"], default="gsm8k")
-    p.add_argument("--src", default=str(DEFAULT_SRC))
-    p.add_argument("--out", default="outputs/data")
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args()
-    if a.task == "gsm8k":
-        prepare("gsm8k", a.src, a.out, template=TEMPLATE)
-    else:
-        arith.write(a.out, seed=a.seed)
+    sys.exit(data_cli(DATASETS, __doc__))

@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
 # The full-scale GRPO-LoRA tier of expected.yaml: recipes/grpo/qwen2_5_0_5b_lora_gsm8k.yaml says what it sets and why.
-# It prepares GSM8K when missing, then runs `hybridrl train grpo --config-name qwen2_5_0_5b_lora_gsm8k`.
+# It runs `hybridrl train grpo --config-name qwen2_5_0_5b_lora_gsm8k`.
+# Data: GSM8K, written on the first run by the recipe's data.py when missing (hybridrl data prepare grpo
+# --config-name qwen2_5_0_5b_lora_gsm8k): from ../shared/data/gsm8k beside the checkout, else the hub. --dry-run only
+# resolves the config and prints the plan; it writes no data.
 #   bash recipes/grpo/run_qwen2_5_0_5b_lora_gsm8k.sh [--dry-run] [hydra overrides...]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 cd "$root"
 PY="${PY:-$root/.venv/bin/python}"
-case " $* " in
-  *" --dry-run "*) ;;  # only resolve and print the config
-  *) [ -f outputs/data/gsm8k/train.parquet ] || "$PY" "$here/data.py" --task gsm8k --out outputs/data ;;
-esac
 exec "$PY" -m core.cli train "$here" --config-name qwen2_5_0_5b_lora_gsm8k "$@"

@@ -10,9 +10,11 @@
 #        actor + reference + rollout on 4 GPUs, critic + reward model on the other 4)
 #   bash recipes/ppo/run_qwen2_7b_rm.sh [overrides]             the run (Ray starts here, or RAY_ADDRESS=auto)
 #
-# Data: GSM8K from ../shared/data/gsm8k (GSM8K_SRC=DIR or hub); MATH from the HF hub (MATH_SRC=hub, needs
-# `pip install -e '.[hub]'`) or MATH_SRC=DIR holding math/{train,test}.jsonl. Models: the three HF ids above,
-# from the hub cache (HF_HOME) or local folders passed as actor.model=... critic.model=... reward_model.model=...
+# Data: written on the first run by the recipe's data.py when missing (hybridrl data prepare ppo --config-name
+# qwen2_7b_rm): GSM8K from ../shared/data/gsm8k beside the checkout, else the hub (GSM8K_SRC=DIR or hub); MATH from
+# the HF hub (needs `pip install -e '.[hub]'`) or MATH_SRC=DIR holding math/{train,test}.jsonl (PLACEMENT=split:
+# --config-name qwen2_7b_rm_split, the same files). Models: the three HF ids above, from the hub cache (HF_HOME) or
+# local folders passed as actor.model=... critic.model=... reward_model.model=...
 # Rollout: vLLM TP 1 (pip install -e '.[vllm]'); where vllm is not importable the run falls back to the embedded
 # engine (rollout.backend=embedded) after the plan says it fits.
 # Extra arguments are Hydra overrides, e.g. trainer.total_steps=50 algo.kl_in_reward.coef=0
@@ -31,7 +33,10 @@ args=()
 for a in "$@"; do
   if [ "$a" = --dry-run ]; then dry=1; else args+=("$a"); fi
 done
-run=("$PY" -m core.cli train "$here" --config-name "$config")
+src=()  # where the run reads the data it writes when missing (default: each dataset's own)
+[ -n "${GSM8K_SRC:-}" ] && src+=(--src "gsm8k=$GSM8K_SRC")
+[ -n "${MATH_SRC:-}" ] && src+=(--src "math=$MATH_SRC")
+run=("$PY" -m core.cli train "$here" --config-name "$config" "${src[@]}")
 if [ "$dry" = 1 ]; then
   exec "${run[@]}" --dry-run "${args[@]}"
 fi
@@ -40,6 +45,4 @@ if ! "$PY" -c "import vllm, core.rollout.vllm_engine" 2>/dev/null; then
   args=(rollout.backend=embedded "${args[@]}")
 fi
 "${run[@]}" --dry-run "${args[@]}"
-[ -f outputs/data/gsm8k/train.parquet ] || "$PY" "$here/data.py" --task gsm8k --src "${GSM8K_SRC:-$root/../shared/data}" --out outputs/data
-[ -f outputs/data/math/train.parquet ] || "$PY" "$here/data.py" --task math --src "${MATH_SRC:-hub}" --out outputs/data
 exec "${run[@]}" "${args[@]}"

@@ -5,6 +5,8 @@
 #   2. the reward model: Bradley-Terry from SmolLM2-135M-Instruct (python -m core.rm_train), its held-out pair
 #      accuracy printed and kept in outputs/rm/arith_smollm2/rm_train.json
 #   3. PPO on the reward model's score; the rule's truth is only watched (curves.png: reward model vs truth)
+# Data: rm_pairs.py draws its problems from core.data.arith itself; stage 3's arithmetic (arith_v2) is written on its
+# first run by the recipe's data.py (hybridrl data prepare ppo --config-name demo_cpu_rm).
 # Extra arguments are Hydra overrides for stage 3, e.g.: bash recipes/ppo/run_smollm2_cpu_rm.sh trainer.total_steps=2
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -12,7 +14,6 @@ root="$(cd "$here/../.." && pwd)"
 cd "$root"
 PY="${PY:-$root/.venv/bin/python}"
 RM="${RM:-outputs/rm/arith_smollm2}"
-[ -f outputs/data/arith_v2/train.parquet ] || "$PY" "$here/data.py" --task arith --out outputs/data
 [ -f outputs/data/arith_rm/test.jsonl ] || "$PY" "$here/rm_pairs.py" --out outputs/data/arith_rm
 [ -f "$RM/rm_train.json" ] || "$PY" -m core.rm_train --model SmolLM2-135M-Instruct --out "$RM" \
   --train outputs/data/arith_rm/train.jsonl --val outputs/data/arith_rm/test.jsonl --epochs 1 --lr 1e-5

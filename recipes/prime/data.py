@@ -1,25 +1,24 @@
-"""Data for this recipe -> verl-schema parquet under --out.
+"""Data for this recipe -> verl-schema parquet under outputs/data (``hybridrl data prepare prime`` writes what a
+config names; ``python recipes/prime/data.py --help`` lists the datasets).
 
-  --task eurus  Eurus-2-RL-Data (PRIME-RL/Eurus-2-RL-Data), the PRIME paper's RL set: from the HF hub (--src hub, the
-                default; needs `datasets` and a network) or a local .parquet / .jsonl of its rows (--src FILE). Its math
-                rows only (ability "math"; its coding rows need a code sandbox this recipe does not have), prompts as
-                they are (the Eurus system prompt, answers in \\boxed{}). -> eurus_math/train.parquet
-  --task aime24 | amc23 | minerva_math
-                the paper's math evaluation sets from ../shared/data (or --src DIR, or --src hub), asked for a \\boxed{}
-                answer -> <task>/test.parquet
-  --task gsm8k  GSM8K from ../shared/data/gsm8k (or --src DIR, or --src hub) with the GRPO recipe's prompt template.
-  --task arith  the CPU run's task, core.data.arith: a + b and a * b with a, b in 1..12, the test split held out
-                by content (no test problem occurs in training in either operand order) -> arith_v2/
-
-Usage: python recipes/prime/data.py [--task eurus|aime24|amc23|minerva_math|gsm8k|arith] [--src DIR|FILE|hub]
-       [--out outputs/data]
+  eurus_math  Eurus-2-RL-Data (PRIME-RL/Eurus-2-RL-Data), the PRIME paper's RL set: the HF hub (needs `datasets` and a
+              network) or a local .parquet / .jsonl of its rows (--src eurus_math=FILE). Its math rows only (ability
+              "math"; its coding rows need a code sandbox this recipe does not have), prompts as they are (the Eurus
+              system prompt, answers in \\boxed{}).
+  aime24, amc23, minerva_math
+              the paper's math evaluation sets (../shared/data beside the checkout, else the hub), asked for a
+              \\boxed{} answer
+  gsm8k       GSM8K with the GRPO recipe's prompt template
+  arith_v2    the CPU run's task, core.data.arith: a + b and a * b with a, b in 1..12, the test split held out by
+              content (no test problem occurs in training in either operand order)
 """
 
-import argparse
+import sys
 from pathlib import Path
 
 from core.data import arith
-from core.data.prepare import DEFAULT_SRC, prepare, read_table, write_parquet
+from core.data.prepare import prepare, read_table, write_parquet
+from core.data.recipe_data import Dataset, data_cli
 
 TEMPLATE = "{question} Let's think step by step and output the final answer after \"####\"."
 TEMPLATE_BOXED = "{question}\n\nPresent the answer in LaTex format: \\boxed{{Your answer}}"
@@ -45,21 +44,27 @@ def eurus_math_rows(records: list[dict], where: str) -> list[dict]:
     return rows
 
 
+
+
+def write_eurus(out: Path, src: str | None) -> None:
+    records, where = read_table(src or "hub", EURUS_HUB)
+    rows = eurus_math_rows(records, where)
+    write_parquet(rows, Path(out) / "eurus_math" / "train.parquet")
+    print(f"eurus math train: {len(rows)} of {len(records)} rows ({where}) -> {Path(out) / 'eurus_math'}")
+
+
+def boxed(name: str) -> Dataset:
+    return Dataset(lambda out, src: prepare(name, src, out, template=TEMPLATE_BOXED),
+                   f"{name} test, asked for a \\boxed{{}} answer (../shared/data/{name}, else the hub)")
+
+
+DATASETS = {
+    "eurus_math": Dataset(write_eurus, "Eurus-2-RL-Data's math rows (the hub, or --src eurus_math=FILE)"),
+    **{name: boxed(name) for name in ("aime24", "amc23", "minerva_math")},
+    "gsm8k": Dataset(lambda out, src: prepare("gsm8k", src, out, template=TEMPLATE),
+                     "GSM8K train/test with the recipe's prompt (../shared/data/gsm8k, else the hub)"),
+    "arith_v2": Dataset(lambda out, src: arith.write(out), "a + b and a * b, a, b in 1..12, test held out by content"),
+}
+
 if __name__ == "__main__":
-    p = argparse.ArgumentParser()
-    p.add_argument("--task", choices=["eurus", "aime24", "amc23", "minerva_math", "gsm8k", "arith"], default="eurus")
-    p.add_argument("--src", default=None, help="hub (eurus' default), a folder (../shared/data) or a file")
-    p.add_argument("--out", default="outputs/data")
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args()
-    if a.task == "eurus":
-        records, where = read_table(a.src or "hub", EURUS_HUB)
-        rows = eurus_math_rows(records, where)
-        write_parquet(rows, Path(a.out) / "eurus_math" / "train.parquet")
-        print(f"eurus math train: {len(rows)} of {len(records)} rows ({where}) -> {Path(a.out) / 'eurus_math'}")
-    elif a.task in ("aime24", "amc23", "minerva_math"):
-        prepare(a.task, a.src or str(DEFAULT_SRC), a.out, template=TEMPLATE_BOXED)
-    elif a.task == "gsm8k":
-        prepare("gsm8k", a.src or str(DEFAULT_SRC), a.out, template=TEMPLATE)
-    else:
-        arith.write(a.out, seed=a.seed)
+    sys.exit(data_cli(DATASETS, __doc__))

@@ -6,8 +6,10 @@
 #   bash recipes/prime/run_eurus_7b.sh --dry-run [overrides]   resolve the config and print the placement and per-GPU
 #        / per-node memory plan; no GPU needed; exit 1 (with the numbers) when it does not fit
 #   bash recipes/prime/run_eurus_7b.sh [overrides]             the run (RAY_ADDRESS: a started cluster, else local)
-# Data: Eurus-2-RL-Data from the HF hub (EURUS_SRC=hub, needs `pip install -e '.[hub]'`) or a local .parquet / .jsonl
-# (EURUS_SRC=/path/file.parquet); the evaluation sets from ../shared/data (EVAL_SRC=DIR or hub).
+# Data: written on the first run by the recipe's data.py when missing (hybridrl data prepare prime --config-name
+# eurus7b): Eurus-2-RL-Data from the HF hub (needs `pip install -e '.[hub]'`) or a local .parquet / .jsonl
+# (EURUS_SRC=/path/file.parquet); the evaluation sets (aime24, amc23, minerva_math) from ../shared/data beside the
+# checkout, else the hub (EVAL_SRC=DIR or hub).
 # Rollout: vLLM (pip install -e '.[vllm]'); where vllm is not importable the run falls back to the embedded engine.
 # Not run by us: no GPU machine has been lent for it (README, "What is measured where").
 set -euo pipefail
@@ -20,7 +22,12 @@ args=()
 for a in "$@"; do
   if [ "$a" = --dry-run ]; then dry=1; else args+=("$a"); fi
 done
-run=("$PY" -m core.cli train "$here" --config-name eurus7b)
+src=()  # where the run reads the data it writes when missing (default: each dataset's own)
+[ -n "${EURUS_SRC:-}" ] && src+=(--src "eurus_math=$EURUS_SRC")
+if [ -n "${EVAL_SRC:-}" ]; then
+  for t in aime24 amc23 minerva_math; do src+=(--src "$t=$EVAL_SRC"); done
+fi
+run=("$PY" -m core.cli train "$here" --config-name eurus7b "${src[@]}")
 if [ "$dry" = 1 ]; then
   exec "${run[@]}" --dry-run "${args[@]}"
 fi
@@ -29,8 +36,4 @@ if ! "$PY" -c "import vllm, core.rollout.vllm_engine" 2>/dev/null; then
   args=(rollout.backend=embedded "${args[@]}")
 fi
 "${run[@]}" --dry-run "${args[@]}"
-[ -f outputs/data/eurus_math/train.parquet ] || "$PY" "$here/data.py" --task eurus --src "${EURUS_SRC:-hub}" --out outputs/data
-for t in aime24 amc23 minerva_math; do
-  [ -f "outputs/data/$t/test.parquet" ] || "$PY" "$here/data.py" --task "$t" --src "${EVAL_SRC:-$root/../shared/data}" --out outputs/data
-done
 exec "${run[@]}" "${args[@]}"

@@ -7,8 +7,9 @@
 #        does not fit, e.g.: bash recipes/sppo/run_qwen2.5_7b_math.sh --dry-run trainer.n_gpus_per_node=1
 #   bash recipes/sppo/run_qwen2.5_7b_math.sh [overrides]             the run (Ray starts here, or RAY_ADDRESS=auto)
 #
-# Data: MATH train + test from the HF hub (MATH_SRC=hub, needs `pip install -e '.[hub]'`) or MATH_SRC=DIR holding
-# math/{train,test}.jsonl; Minerva's 272 problems from ../shared/data/minerva_math.
+# Data: written on the first run by the recipe's data.py when missing (hybridrl data prepare sppo --config-name
+# qwen7b_math): MATH train + test from the HF hub (needs `pip install -e '.[hub]'`) or MATH_SRC=DIR holding
+# math/{train,test}.jsonl; Minerva's 272 problems from ../shared/data/minerva_math beside the checkout, else the hub.
 # Rollout: vLLM TP 1 (pip install -e '.[vllm]'; verl uses SGLang, which has no adapter here); where vllm is not
 # importable the run falls back to the embedded engine (rollout.backend=embedded) after the plan says it fits.
 # Extra arguments are Hydra overrides, e.g. trainer.total_steps=50 actor.optim.lr=2e-6
@@ -22,7 +23,7 @@ args=()
 for a in "$@"; do
   if [ "$a" = --dry-run ]; then dry=1; else args+=("$a"); fi
 done
-run=("$PY" -m core.cli train "$here" --config-name qwen7b_math)
+run=("$PY" -m core.cli train "$here" --config-name qwen7b_math ${MATH_SRC:+--src "math=$MATH_SRC"})
 if [ "$dry" = 1 ]; then
   exec "${run[@]}" --dry-run "${args[@]}"
 fi
@@ -31,6 +32,4 @@ if ! "$PY" -c "import vllm, core.rollout.vllm_engine" 2>/dev/null; then
   args=(rollout.backend=embedded "${args[@]}")
 fi
 "${run[@]}" --dry-run "${args[@]}"
-[ -f outputs/data/math/train.parquet ] || "$PY" "$here/data.py" --task math --src "${MATH_SRC:-hub}" --out outputs/data
-[ -f outputs/data/minerva_math/test.parquet ] || "$PY" "$here/data.py" --task minerva_math --out outputs/data
 exec "${run[@]}" "${args[@]}"

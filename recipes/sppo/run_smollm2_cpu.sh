@@ -2,7 +2,9 @@
 # SPPO with SmolLM2-135M-Instruct on CPU: 2 Ray workers, FSDP2 world size 2, actor and rollout colocated.
 #   bash recipes/sppo/run_smollm2_cpu.sh                  the CPU run: arithmetic (a, b in 1..12), demo_cpu.yaml
 #   CONFIG=config bash recipes/sppo/run_smollm2_cpu.sh    MATH at small scale (config.yaml): MATH from the HF hub (or
-#                                                          MATH_SRC=DIR), Minerva from ../shared/data
+#                                                          MATH_SRC=DIR), Minerva from ../shared/data (else the hub)
+# Data: the files the config names, written on the first run by the recipe's data.py when missing
+# (hybridrl data prepare sppo --config-name "$CONFIG"; the arithmetic is generated, no download).
 # Extra arguments are Hydra overrides, e.g.: bash recipes/sppo/run_smollm2_cpu.sh trainer.total_steps=2
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -10,10 +12,4 @@ root="$(cd "$here/../.." && pwd)"
 cd "$root"
 PY="${PY:-$root/.venv/bin/python}"
 CONFIG="${CONFIG:-demo_cpu}"
-if [ "$CONFIG" = config ]; then  # the files config.yaml names
-  [ -f outputs/data/math/train.parquet ] || "$PY" "$here/data.py" --task math --src "${MATH_SRC:-hub}" --out outputs/data
-  [ -f outputs/data/minerva_math/test.parquet ] || "$PY" "$here/data.py" --task minerva_math --out outputs/data
-else
-  [ -f outputs/data/arith_v2/train.parquet ] || "$PY" "$here/data.py" --task arith --out outputs/data
-fi
-exec "$PY" -m core.cli train "$here" --config-name "$CONFIG" "$@"
+exec "$PY" -m core.cli train "$here" --config-name "$CONFIG" ${MATH_SRC:+--src "math=$MATH_SRC"} "$@"

@@ -11,8 +11,10 @@
 #   head:     ray start --head --port=6379 --num-gpus=8
 #   workers:  ray start --address=<head-ip>:6379 --num-gpus=8
 #   then on the head: bash recipes/vapo/run_qwen32b.sh   (RAY_ADDRESS defaults to auto: the running cluster)
-# Data: DAPO-Math-17k from the HF hub (DAPO_MATH_SRC=hub, needs `pip install -e '.[hub]'`) or a local .parquet /
-# .jsonl (DAPO_MATH_SRC=/path/file.parquet); AIME 2024 from ../shared/data/aime24 (AIME_SRC=DIR or hub).
+# Data: written on the first run by the recipe's data.py when missing (hybridrl data prepare vapo --config-name
+# qwen32b): DAPO-Math-17k from the HF hub (needs `pip install -e '.[hub]'`) or a local .parquet / .jsonl
+# (DAPO_MATH_SRC=/path/file.parquet); AIME 2024 from ../shared/data/aime24 beside the checkout, else the hub
+# (AIME_SRC=DIR holding aime24/test.jsonl, or hub).
 # Rollout: vLLM TP 4 (pip install -e '.[vllm]'; core/rollout/vllm_engine.py); where vllm is not importable the run
 # falls back to the embedded engine (rollout.backend=embedded, TP 1) -- and stops at the plan if that does not fit
 # (it does not for 32B).
@@ -27,7 +29,10 @@ args=()
 for a in "$@"; do
   if [ "$a" = --dry-run ]; then dry=1; else args+=("$a"); fi
 done
-run=("$PY" -m core.cli train "$here" --config-name qwen32b)
+src=()  # where the run reads the data it writes when missing (default: each dataset's own)
+[ -n "${DAPO_MATH_SRC:-}" ] && src+=(--src "dapo_math=$DAPO_MATH_SRC")
+[ -n "${AIME_SRC:-}" ] && src+=(--src "aime24=$AIME_SRC")
+run=("$PY" -m core.cli train "$here" --config-name qwen32b "${src[@]}")
 if [ "$dry" = 1 ]; then
   exec "${run[@]}" --dry-run "${args[@]}"
 fi
@@ -38,7 +43,5 @@ if ! "$PY" -c "import vllm, core.rollout.vllm_engine" 2>/dev/null; then
 fi
 # the plan first: a run that cannot fit stops here with the numbers, not after loading 32B weights on 128 GPUs
 "${run[@]}" --dry-run "${args[@]}"
-[ -f outputs/data/dapo_math/train.parquet ] || "$PY" "$here/data.py" --task dapo_math --src "${DAPO_MATH_SRC:-hub}" --out outputs/data
-[ -f outputs/data/aime24/test.parquet ] || "$PY" "$here/data.py" --task aime24 --src "${AIME_SRC:-$root/../shared/data}" --out outputs/data
 export RAY_ADDRESS="${RAY_ADDRESS:-auto}"
 exec "${run[@]}" "${args[@]}"

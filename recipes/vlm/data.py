@@ -1,37 +1,35 @@
-"""Data for this recipe -> verl-schema parquet with images under --out.
+"""Data for this recipe -> verl-schema parquet with images under outputs/data (``hybridrl data prepare vlm`` writes
+what a config names; ``python recipes/vlm/data.py --help`` lists the datasets).
 
-  --task shapes  the CPU tier: a 64 x 64 picture of one shape (square, circle or triangle) in one of four colours
-                 (red, green, blue, yellow) at a random place and size on a grey background; the question asks its
-                 colour, so the answer needs the image (chance: 1 in 4). Held out by content: a picture's
-                 (colour, shape, x, y, size) whose sha256 starts with 0 or 1 (1/8) is a test picture; training
-                 pictures are drawn from the rest. Also `align.parquet`: captions ("A red circle.") of other
-                 training pictures for the connector's supervised alignment (align.py).  -> vlm_shapes/
-                 And `test_blank.parquet`: the test questions with every picture replaced by the empty grey
-                 background (data source hybridrl/vlm_shapes_blank): the policy must be at chance there (the proof
-                 that it reads the image).
-
-  --task geo3k   the full-scale script's data: Geometry3K (hiyouga/geometry3k: 2,101 train / 601 test problems, one
-                 diagram each, the problem text starting with <image>) as verl's examples/data_preprocess/geo3k.py
-                 writes it: the problem + verl's instruction (think in <think> </think>, answer in \\boxed{}), the
-                 answer as ground truth. --src hub (needs `datasets` and a network) or a folder holding the hub's
-                 parquet files (data/{train,test}-00000-of-00001.parquet, or {train,test}.parquet). The test split
-                 is held out by content too: a train row whose problem text and image bytes equal a test row's is
-                 dropped (the count is printed).  -> geo3k/
-
-Usage: python recipes/vlm/data.py [--task shapes|geo3k] [--src hub|DIR] [--out outputs/data] [--seed 0]
+  vlm_shapes  the CPU tier: a 64 x 64 picture of one shape (square, circle or triangle) in one of four colours (red,
+              green, blue, yellow) at a random place and size on a grey background; the question asks its colour, so
+              the answer needs the image (chance: 1 in 4). Held out by content: a picture's (colour, shape, x, y,
+              size) whose sha256 starts with 0 or 1 (1/8) is a test picture; training pictures are drawn from the
+              rest. Also `align.parquet`: captions ("A red circle.") of other training pictures for the connector's
+              supervised alignment (align.py). -> vlm_shapes/ And `test_blank.parquet`: the test questions with every
+              picture replaced by the empty grey background (data source hybridrl/vlm_shapes_blank): the policy must
+              be at chance there (the proof that it reads the image).
+  geo3k       the full-scale script's data: Geometry3K (hiyouga/geometry3k: 2,101 train / 601 test problems, one
+              diagram each, the problem text starting with <image>) as verl's examples/data_preprocess/geo3k.py writes
+              it: the problem + verl's instruction (think in <think> </think>, answer in \\boxed{}), the answer as
+              ground truth. The hub (needs `datasets` and a network) or --src geo3k=DIR, a folder holding the hub's
+              parquet files (data/{train,test}-00000-of-00001.parquet, or {train,test}.parquet). The test split is
+              held out by content too: a train row whose problem text and image bytes equal a test row's is dropped
+              (the count is printed). -> geo3k/
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import random
+import sys
 from pathlib import Path
 
 from PIL import Image, ImageDraw
 
 from core.data.multimodal import png_bytes
 from core.data.prepare import write_parquet
+from core.data.recipe_data import Dataset, data_cli
 
 GEO3K = "hiyouga/geometry3k"
 # verl's examples/data_preprocess/geo3k.py instruction, appended to every problem
@@ -165,14 +163,12 @@ def write_geo3k(out: str | Path, src: str) -> dict[str, Path]:
     return paths
 
 
+DATASETS = {
+    "vlm_shapes": Dataset(lambda out, src: write(out), "a shape's colour in a 64 x 64 picture, test held out by "
+                                                       "content; the caption set and the blank control"),
+    "geo3k": Dataset(lambda out, src: write_geo3k(out, src or "hub"),
+                     "Geometry3K as verl prepares it (the hub, or --src geo3k=DIR)"),
+}
+
 if __name__ == "__main__":
-    p = argparse.ArgumentParser()
-    p.add_argument("--task", choices=("shapes", "geo3k"), default="shapes")
-    p.add_argument("--src", default="hub", help="geo3k: hub, or a folder with the hub's parquet files")
-    p.add_argument("--out", default="outputs/data")
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args()
-    if a.task == "geo3k":
-        write_geo3k(a.out, a.src)
-    else:
-        write(a.out, seed=a.seed)
+    sys.exit(data_cli(DATASETS, __doc__))

@@ -9,8 +9,9 @@
 #        the per-GPU / per-node memory plan (vision tower included); no GPU needed; exit 1 when it does not fit
 #   bash recipes/vlm/run_qwen2.5_vl_7b_geo3k.sh [overrides]             the run (Ray: this node, or RAY_ADDRESS)
 #
-# Data: Geometry3K from the HF hub (GEO3K_SRC=hub, the default: needs `pip install -e '.[hub]'` and a network) or a
-# folder holding the hub's parquet files (GEO3K_SRC=/path/to/geometry3k).
+# Data: written on the first run by the recipe's data.py when missing (hybridrl data prepare vlm --config-name
+# geo3k_qwen7b): Geometry3K from the HF hub (the default: needs `pip install -e '.[hub]'` and a network) or a folder
+# holding the hub's parquet files (GEO3K_SRC=/path/to/geometry3k).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -21,12 +22,10 @@ args=()
 for a in "$@"; do
   if [ "$a" = --dry-run ]; then dry=1; else args+=("$a"); fi
 done
-run=("$PY" -m core.cli train "$here" --config-name geo3k_qwen7b)
+run=("$PY" -m core.cli train "$here" --config-name geo3k_qwen7b ${GEO3K_SRC:+--src "geo3k=$GEO3K_SRC"})
 if [ "$dry" = 1 ]; then
   exec "${run[@]}" --dry-run "${args[@]}"
 fi
 # the plan first: a run that cannot fit stops here with the numbers
 "${run[@]}" --dry-run "${args[@]}"
-[ -f outputs/data/geo3k/train.parquet ] || "$PY" "$here/data.py" --task geo3k --src "${GEO3K_SRC:-hub}" \
-  --out outputs/data
 exec "${run[@]}" "${args[@]}"

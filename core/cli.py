@@ -102,8 +102,9 @@ def _main(argv: list[str]) -> int:
                        ("export", "write a checkpoint as a Hugging Face folder (core.export)")):
         command(name, text).add_argument("args", nargs=argparse.REMAINDER)
     check = command("selfcheck", "place the roles on Ray (or locally) and check dispatch and collectives")
-    check.add_argument("--backend", choices=["ray", "local"], default="ray")
-    check.add_argument("--workers", type=int, default=2, help="ranks per pool")
+    check.add_argument("--backend", choices=["ray", "local"], default="ray",
+                       help="ray: worker processes on a local Ray; local: every role in this process (default: ray)")
+    check.add_argument("--workers", type=int, default=2, help="ranks per pool (default: 2)")
     check.add_argument("--split", action="store_true", help="put the reference on its own pool instead of colocating")
     command("recipes", "list the recipes, each with what it reproduces (its expected.yaml tiers)")
     config = command("config", "show a recipe's resolved config (validated, every default filled in)")

@@ -57,12 +57,15 @@ def export(checkpoint: str | Path, out_dir: str | Path, dtype: str = "bfloat16",
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="hybridrl export", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="hybridrl export", description="write a checkpoint's actor as a Hugging Face model "
+                                "folder (config, safetensors, tokenizer, generation config): it loads with "
+                                "AutoModelForCausalLM.from_pretrained, the rollout engine and hybridrl eval",
                                 epilog="example:\n  hybridrl export outputs/grpo_smollm2_cpu_demo/checkpoints/step_000020 "
                                        "outputs/hf --dtype bfloat16", formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="a checkpoint folder, e.g. outputs/run/checkpoints/step_000020")
-    p.add_argument("out_dir")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    p.add_argument("out_dir", help="the folder to write (created)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
+                   help="the weights' dtype in the folder (default: bfloat16)")
     p.add_argument("--adapter-only", action="store_true", help="a LoRA actor's adapters as a peft folder")
     a = p.parse_args(argv)
     print(f"exported to {export(a.checkpoint, a.out_dir, a.dtype, a.adapter_only)}")

@@ -130,12 +130,15 @@ def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
          sections: dict[str, type] | None = None, make_step: Callable | None = None) -> int:
     """The CLI of a run. A recipe's ``train.py`` calls it with its folder, its own config ``sections`` and
     ``make_step(cfg, sections) -> step_fn`` (its copy of the step, ``core.trainer.fit``'s ``step_fn``)."""
-    p = argparse.ArgumentParser(prog="hybridrl train <recipe>", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="hybridrl train <recipe>", description=__doc__.split("\n\n")[0].replace("``", "`"),
                                 epilog="example:\n  hybridrl train grpo --config-name demo_cpu trainer.total_steps=5 "
-                                       "actor.optim.lr=1e-5", formatter_class=argparse.RawDescriptionHelpFormatter)
+                                       "actor.optim.lr=1e-5\n\na mistake is one line on stderr, exit code 2; --debug "
+                                       "(or HYBRIDRL_DEBUG=1) shows its traceback",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config-dir", required=config_dir is None, default=config_dir,
                    help="the recipe folder holding config.yaml" + (f" (default {config_dir})" if config_dir else ""))
-    p.add_argument("--config-name", default="config")
+    p.add_argument("--config-name", default="config",
+                   help="the yaml of the recipe folder to run, without .yaml (default: config)")
     p.add_argument("--dry-run", action="store_true",
                    help="validate the config, print the effective batch sizes and the capacity plan (core.planner); "
                         "start nothing; exit 1 when the plan does not fit")

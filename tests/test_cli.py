@@ -7,13 +7,21 @@ from core.cli import main
 
 @pytest.mark.parametrize("argv", [["train", "--help"], ["plan", "--help"], ["new", "--help"], ["eval", "--help"],
                                   ["export", "--help"], ["selfcheck", "--help"], ["train", "grpo", "--help"],
-                                  ["recipes", "--help"], ["config", "--help"], ["report", "--help"]])
-def test_every_verb_shows_an_example(argv, capsys):
+                                  ["recipes", "--help"], ["config", "--help"], ["report", "--help"],
+                                  ["data", "--help"], ["train", "dapo", "--help"]])
+def test_every_verb_shows_an_example_in_plain_text_with_each_option_explained(argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 0
     text = capsys.readouterr().out
     assert "example:\n  hybridrl " in text, text
+    assert "``" not in text and ":func:" not in text, text  # no RST
+    # every option is followed by its explanation (argparse puts it on the same line or the next, indented)
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("  -") and line.strip() not in ("-h, --help", "-h"):
+            explained = len(line.strip().split("  ")) > 1 or (i + 1 < len(lines) and lines[i + 1].startswith(" " * 8))
+            assert explained, f"{argv}: {line.strip()} has no help"
 
 
 def test_plan_is_the_dry_run_and_its_exit_code_says_whether_it_fits(capsys):

@@ -13,7 +13,7 @@ import pytest
 from core.cli import main as cli_main
 from core.data.recipe_data import parse_srcs, recipe_datasets
 from core.report import read_metrics
-from core.scaffold import tiny_overrides
+from core.scaffold import tiny_data, tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted(p.parent.name for p in (ROOT / "recipes").glob("*/data.py"))
@@ -90,3 +90,13 @@ def test_new_then_train_of_the_copy_works_from_an_empty_folder(here, tiny_model_
     assert (here / "outputs" / "data" / "arith_v2" / "train.parquet").is_file()
     # the held-out score before the first step (the copy's val_files, written too), then the 2 steps
     assert [m["step"] for m in read_metrics(here / "out" / "metrics.jsonl")] == [0, 1, 2]
+
+
+def test_too_few_rows_left_after_the_length_filter_is_one_line_naming_the_keys(here, tiny_model_dir, capsys):
+    tiny = tiny_overrides(here, tiny_model_dir)
+    tiny_data(here)
+    rc = cli_main(["train", "grpo", *tiny, "data.filter_overlong_prompts=true", "rollout.max_prompt_length=4"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == ("hybridrl: data.train_files: 0 rows left (the note above says what was dropped), "
+                               "fewer than data.prompts_per_step=2; add data, lower data.prompts_per_step, or raise "
+                               "rollout.max_prompt_length=4\n"), err

@@ -47,8 +47,8 @@ class AdvantageConfig:
     norm_by_std: bool = True
     # added to the std before dividing
     epsilon: PositiveFloat = 1e-6
-    # SPPO: temperature beta of the soft-mean baseline
-    sppo_beta: PositiveFloat = 1.0
+    # SPPO: temperature beta of the soft-mean baseline (0: its limit, the plain mean)
+    sppo_beta: NonNegative = 1.0
     # GPG: normalising constant f_norm
     gpg_f_norm: float = 1.0
     # PRIME: weights of the implicit PRM's dense rewards and of the outcome, each leave-one-out (verl's

@@ -188,7 +188,10 @@ def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
     for name, section in extra.items():
         reads.label(section, name)
     reads.start(cfg, extra)
-    fit(cfg, make_step(cfg, extra) if make_step else None, given)
+    try:
+        fit(cfg, make_step(cfg, extra) if make_step else None, given)
+    finally:
+        reads.stop()  # a run that stops before its first step leaves no hooks in this process
     return 0
 
 

@@ -82,6 +82,7 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None, given: reads.Given | No
     except WorkerError as e:  # a worker (or a whole node) lost, a call that failed or hung: say where to resume
         raise RunStopped(stopped_message(out, e)) from e
     finally:
+        reads.stop()  # stopped before the first step ended: no hooks stay behind
         placement.shutdown()
         for tracker in trackers:
             tracker.close()

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_reads_are_recorded_by_key_and_the_hooks_come_off():
+    assert reads.stop() == set()  # no run before this one in the process left its recording on
     cfg = validate(RunConfig, {"trainer": {"n_gpus_per_node": 8}})
     reads.label(cfg)
     reads.start(cfg)

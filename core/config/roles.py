@@ -286,8 +286,9 @@ class RolloutConfig:
     max_batch_size: PositiveInt = 64
     # prompts are left-padded to this many tokens (a longer prompt is an error naming its length)
     max_prompt_length: PositiveInt = 512
-    # bytes per weight-sync bucket
-    sync_bucket_megabytes: PositiveInt = 64
+    # megabytes of full tensors per weight-sync bucket (0: one tensor per bucket -- the least memory beside the
+    # engine, the most round trips)
+    sync_bucket_megabytes: Count = 64
     # verify every synced tensor after the copy (slower)
     debug_sync: bool = False
     # free the KV cache after each generate call, so the colocated trainer gets that memory for its phases

@@ -10,6 +10,8 @@
     hybridrl config show grpo --config-name demo_cpu actor.optim.lr=2e-6 the resolved, validated config
     hybridrl report outputs/grpo_smollm2_cpu                             a run's summary and curves.png
     hybridrl data prepare grpo --config-name config                      write the data a config names
+    hybridrl train --verl data.train_batch_size=8 actor_rollout_ref.rollout.n=4 ...   a run from verl's keys
+    hybridrl convert-verl verl/examples/grpo_trainer/run_qwen3_8b_fsdp.sh             a verl script, translated
 
 ``<recipe>`` is a folder, or a name under ``recipes/`` (of the working directory, else of this repository).
 """
@@ -27,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = {
     "train": "hybridrl train grpo --config-name demo_cpu trainer.total_steps=5\n"
              "hybridrl train recipes/myalgo --dry-run\n"
+             "hybridrl train --verl <verl's overrides>   (verl's keys and semantics: docs/coming-from-verl.md)\n"
              "  (arguments after the recipe: --config-name, --dry-run, Hydra overrides; `hybridrl train grpo --help`)",
     "plan": "hybridrl plan dapo --config-name qwen32b trainer.nnodes=8\n"
             "  (the same as `hybridrl train <recipe> --dry-run`: exit 1 when the plan does not fit)",
@@ -42,6 +45,8 @@ EXAMPLES = {
             "hybridrl data prepare dapo --config-name qwen32b --src dapo_math=/data/dapo-math-17k.parquet\n"
             "  (writes each missing file data.train_files / data.val_files name, as the recipe's data.py does;\n"
             "  `python recipes/<recipe>/data.py --help` lists its datasets and their sources)",
+    "convert-verl": "hybridrl convert-verl verl/examples/grpo_trainer/run_qwen3_8b_fsdp.sh --out runs/qwen3_grpo\n"
+                    "  (`hybridrl train --verl <verl overrides>` runs verl's keys directly; docs/coming-from-verl.md)",
     "report": "hybridrl report outputs/grpo_smollm2_cpu   (a finished or running run: its folder or metrics.jsonl)",
 }
 
@@ -87,19 +92,21 @@ def _main(argv: list[str]) -> int:
 
     def command(name: str, text: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=text, description=text, epilog="example:\n  " + EXAMPLES[name].replace(
-            "\n", "\n  "), formatter_class=argparse.RawDescriptionHelpFormatter, add_help=name not in ("eval", "export"))
+            "\n", "\n  "), formatter_class=argparse.RawDescriptionHelpFormatter,
+            add_help=name not in ("eval", "export", "convert-verl"))
 
     for name, text in (("train", "run a recipe: its train.py with its config.yaml and your overrides"),
                        ("plan", "validate a recipe's config and print its capacity plan; start nothing")):
         p = command(name, text)
-        p.add_argument("recipe", help="a folder, or a name under recipes/")
+        p.add_argument("recipe", help="a folder, or a name under recipes/; or --verl, then verl's overrides")
         p.add_argument("args", nargs=argparse.REMAINDER, help="--config-name, --dry-run, Hydra overrides")
     p = command("new", "copy a recipe as the start of a new algorithm")
     p.add_argument("name", help="the new recipe's name (a folder beside the source recipe)")
     p.add_argument("--from", dest="source", required=True, help="the recipe to copy (a folder or a name)")
     p.add_argument("--no-check", action="store_true", help="skip the 2-step run of the copy on a tiny model")
     for name, text in (("eval", "score a model on a benchmark (core.eval)"),
-                       ("export", "write a checkpoint as a Hugging Face folder (core.export)")):
+                       ("export", "write a checkpoint as a Hugging Face folder (core.export)"),
+                       ("convert-verl", "translate a verl run script into a hybridrl run (core.verl)")):
         command(name, text).add_argument("args", nargs=argparse.REMAINDER)
     check = command("selfcheck", "place the roles on Ray (or locally) and check dispatch and collectives")
     check.add_argument("--backend", choices=["ray", "local"], default="ray",
@@ -118,8 +125,12 @@ def _main(argv: list[str]) -> int:
                       help="--config-name NAME, --src [NAME=]SRC (DIR, FILE or hub; repeatable), Hydra overrides")
     report = command("report", "a run's summary and its curves (curves.png beside metrics.jsonl)")
     report.add_argument("run", type=Path, help="the run's output folder, or its metrics.jsonl")
-    if argv[:1] in (["eval"], ["export"]):  # their own parsers own every option, --help included
+    if argv[:1] in (["eval"], ["export"], ["convert-verl"]):  # their own parsers own every option, --help included
         args = argparse.Namespace(command=argv[0], args=argv[1:])
+    elif argv[:1] in (["train"], ["plan"]) and argv[1:2] == ["--verl"]:
+        from core.verl.run import run_verl
+
+        return run_verl(argv[2:], plan=argv[0] == "plan")
     else:
         args = parser.parse_args(argv)
 
@@ -145,6 +156,10 @@ def _main(argv: list[str]) -> int:
         from core.eval import main as eval_main
 
         return eval_main(args.args)
+    if args.command == "convert-verl":
+        from core.verl.run import convert
+
+        return convert(args.args)
     if args.command == "export":
         from core.export import main as export_main
 

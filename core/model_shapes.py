@@ -144,6 +144,10 @@ KNOWN: dict[str, dict] = {
                                 "n_group": 8, "topk_group": 4, "kv_lora_rank": 512, "q_lora_rank": 1536,
                                 "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
                                 "tie_word_embeddings": False},
+    # verl's reference scripts' model (examples/*_trainer/run_qwen3_8b_fsdp.sh); head_dim 128 = hidden / heads
+    "Qwen/Qwen3-8B": {"hidden_size": 4096, "num_hidden_layers": 36, "intermediate_size": 12288,
+                      "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 151936,
+                      "tie_word_embeddings": False},
     "Qwen/Qwen2.5-0.5B-Instruct": {"hidden_size": 896, "num_hidden_layers": 24, "intermediate_size": 4864,
                                    "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
                                    "tie_word_embeddings": True},
@@ -173,5 +177,7 @@ def model_shape(name_or_path: str) -> ModelShape:
         cfg = None
     if cfg is not None and cfg.is_file():
         return ModelShape.from_config(json.loads(cfg.read_text()))
-    raise KeyError(f"model {name_or_path!r}: no local config.json and not in the planner's table {sorted(KNOWN)}; "
-                   f"pass a local folder that holds config.json")
+    from core.config.errors import ConfigError
+
+    raise ConfigError(f"model {name_or_path!r}: no local config.json and not in the planner's table {sorted(KNOWN)}; "
+                      f"pass a local folder that holds config.json")

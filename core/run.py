@@ -10,13 +10,14 @@ recipe's own sections into its dataclasses, the sections' agreement checked (``c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
 from core.checks import check_files, check_run
 from core.config import RunConfig, reads, validate
-from core.config.errors import ConfigError, answer_user_errors, with_sources
+from core.config.errors import ConfigError, answer_user_errors, override_key, with_sources
 from core.data.recipe_data import missing, parse_srcs, prepare_named, recipe_datasets
 from core.plan_report import dp_size, effective_sizes, plan_run
 from core.trainer import fit
@@ -127,9 +128,12 @@ def data_hint(recipe: Path, config_name: str, cfg: RunConfig) -> str:
 
 
 def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
-         sections: dict[str, type] | None = None, make_step: Callable | None = None) -> int:
+         sections: dict[str, type] | None = None, make_step: Callable | None = None,
+         implied: list[str] | None = None) -> int:
     """The CLI of a run. A recipe's ``train.py`` calls it with its folder, its own config ``sections`` and
-    ``make_step(cfg, sections) -> step_fn`` (its copy of the step, ``core.trainer.fit``'s ``step_fn``)."""
+    ``make_step(cfg, sections) -> step_fn`` (its copy of the step, ``core.trainer.fit``'s ``step_fn``). ``implied``:
+    overrides a front end derives rather than the user gives (verl's defaults, ``core.verl``): applied after the
+    command line's, never warned of as unread."""
     p = argparse.ArgumentParser(prog="hybridrl train <recipe>", description=__doc__.split("\n\n")[0].replace("``", "`"),
                                 epilog="example:\n  hybridrl train grpo --config-name demo_cpu trainer.total_steps=5 "
                                        "actor.optim.lr=1e-5\n\na mistake is one line on stderr, exit code 2; --debug "
@@ -160,7 +164,9 @@ def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
     if a.cfg == "hydra":
         raise ConfigError("--cfg hydra: runs use no Hydra runtime config (no working-dir switch, logging or launcher "
                           "settings); --cfg job prints the run's config")
-    cfg, extra, given = load_with_given(a.config_dir, a.config_name, a.overrides, sections)
+    cfg, extra, given = load_with_given(a.config_dir, a.config_name, list(implied or []) + a.overrides, sections)
+    if implied:
+        given = dataclasses.replace(given, keys=given.keys - {override_key(o) for o in implied})
     if a.cfg or a.info:
         print(config_info(Path(a.config_dir), a.config_name, a.overrides) if a.info else config_yaml(cfg, extra))
         return 0

@@ -48,6 +48,11 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None, given: reads.Given | No
         reads.start(cfg, given.sections)
     t, out = cfg.trainer, Path(cfg.trainer.output_dir)
     reward_fn, rows, val_rows = load_inputs(cfg, out)
+    if t.total_epochs:  # passes over the data: the step count follows from the rows loaded
+        cfg = replace(cfg, trainer=replace(t, total_steps=epoch_steps(cfg, len(rows))))
+        t = cfg.trainer
+        if given is not None:
+            reads.label(cfg)
     with reads.paused():  # copying the config is no use of its keys
         config = asdict(cfg)
     trackers = make_trackers(t.logger, out, t.project_name, t.experiment_name or out.name, config,
@@ -88,6 +93,16 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None, given: reads.Given | No
             tracker.close()
     print("summary:\n" + report(history, out / "curves.png"), flush=True)
     return history
+
+
+def epoch_steps(cfg: RunConfig, rows: int) -> int:
+    """``trainer.total_epochs`` passes over ``rows`` prompts, ``data.prompts_per_step`` a step, a last partial batch
+    dropped (verl's ``len(dataloader) * total_epochs``)."""
+    per_epoch = rows // cfg.data.prompts_per_step
+    print(f"trainer.total_epochs={cfg.trainer.total_epochs}: {cfg.trainer.total_epochs} x {per_epoch} steps "
+          f"({rows} prompts // data.prompts_per_step={cfg.data.prompts_per_step}) = "
+          f"{cfg.trainer.total_epochs * per_epoch} steps", flush=True)
+    return cfg.trainer.total_epochs * per_epoch
 
 
 def prompt_source(cfg: RunConfig, roles: Roles, rows: list[dict]) -> tuple[PromptStream, Callable[[], Batch]]:

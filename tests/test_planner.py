@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 
+from core.config.errors import ConfigError
 from core.model_shapes import KNOWN, ModelShape, model_shape
 from core.planner import CHUNK_WORK, GB, RunShape, plan
 
@@ -85,7 +86,7 @@ def test_a_name_the_run_resolves_through_the_model_cache_is_planned_from_its_con
 
 
 def test_an_unknown_model_is_an_error_listing_the_table():
-    with pytest.raises(KeyError, match="not in the planner's table"):
+    with pytest.raises(ConfigError, match="not in the planner's table"):
         model_shape("nobody/NoModel-1B")
     assert "Qwen/Qwen2.5-32B" in KNOWN
 

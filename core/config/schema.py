@@ -65,6 +65,9 @@ class TrainerConfig:
     backend: Literal["ray", "local"] = "ray"
     # RL steps to run
     total_steps: Count = 10
+    # > 0: passes over the training data instead; total_steps becomes epochs x floor(rows / data.prompts_per_step),
+    # counted once the data is loaded (verl's total_epochs, its dataloader dropping the last partial batch)
+    total_epochs: Count = 0
     # where config.json and metrics.jsonl (and later checkpoints) go
     output_dir: str = "outputs/run"
     # seed of the prompt order

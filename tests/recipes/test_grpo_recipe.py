@@ -64,16 +64,18 @@ def test_the_demo_reads_the_held_out_arith_split():
 
 
 @pytest.mark.slow
-def test_cpu_demo_reproduces_expected_yaml(tmp_path):
-    """The real demo (about 5 minutes on 2 cores with bf16): SmolLM2-135M-Instruct, 2 Ray workers, demo_cpu.yaml."""
+@pytest.mark.parametrize("tier", ["cpu", "cpu_verl"])
+def test_cpu_demo_reproduces_expected_yaml(tmp_path, tier):
+    """The real demo (about 5 minutes on 2 cores with bf16): SmolLM2-135M-Instruct, 2 Ray workers, demo_cpu.yaml --
+    and the same run from verl's keys (cpu_verl: hybridrl train --verl)."""
     env = dict(os.environ, PY=sys.executable)
-    subprocess.run(["bash", str(RECIPE / EXPECTED["cpu"]["run"]), f"trainer.output_dir={tmp_path}"],
+    subprocess.run(["bash", str(RECIPE / EXPECTED[tier]["run"]), f"trainer.output_dir={tmp_path}"],
                    cwd=RECIPE.parents[1], env=env, check=True)
     history = read_metrics(tmp_path / "metrics.jsonl")
     figures = run_figures(history)
     print(json.dumps(figures))
-    assert [m["step"] for m in history if "val/reward/mean" in m] == [0, EXPECTED["cpu"]["steps"]]
-    assert check(figures, EXPECTED["cpu"], "recipes/grpo cpu tier") == []
+    assert [m["step"] for m in history if "val/reward/mean" in m] == [0, EXPECTED[tier]["steps"]]
+    assert check(figures, EXPECTED[tier], f"recipes/grpo {tier} tier") == []
     assert (tmp_path / "curves.png").is_file()
 
 

@@ -84,6 +84,9 @@ def problems(cfg: "RunConfig") -> list[str]:
     if cfg.use_critic and not reads_values:
         out.append(f"use_critic is true but algo.adv.estimator={algo.adv.estimator!r} never reads the critic's "
                    f"values; set use_critic: false, or an estimator that does ({', '.join(sorted(VALUE_ESTIMATORS))})")
+    if cfg.use_critic and reads_values and "critic" not in cfg.placement.roles:
+        out.append(f"use_critic is true but placement.roles has no pool for critic (it maps "
+                   f"{dict(cfg.placement.roles)}); add critic: <pool>")
     if cfg.use_reward_model and not cfg.reward_model.model:
         out.append("use_reward_model is true but reward_model.model is empty; set it to the reward model's folder "
                    "or HF id (a 1-output sequence classifier)")

@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
          implied: list[str] | None = None) -> int:
     """The CLI of a run. A recipe's ``train.py`` calls it with its folder, its own config ``sections`` and
     ``make_step(cfg, sections) -> step_fn`` (its copy of the step, ``core.trainer.fit``'s ``step_fn``). ``implied``:
-    overrides a front end derives rather than the user gives (verl's defaults, ``core.verl``): applied after the
-    command line's, never warned of as unread."""
+    overrides a front end derives rather than the user gives (verl's defaults, ``core.verl``): applied with the
+    command line's (the two never share a key), never warned of as unread."""
     p = argparse.ArgumentParser(prog="hybridrl train <recipe>", description=__doc__.split("\n\n")[0].replace("``", "`"),
                                 epilog="example:\n  hybridrl train grpo --config-name demo_cpu trainer.total_steps=5 "
                                        "actor.optim.lr=1e-5\n\na mistake is one line on stderr, exit code 2; --debug "
@@ -177,6 +177,7 @@ def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
         if not a.dry_run:  # the data the config names that is missing, as the recipe's data.py writes it
             prepare_named(recipe, cfg, parse_srcs(a.src))
             if a.prepare_data:
+                check_files(cfg, data_hint=hint)  # what is still missing is named, exit code 2
                 return 0
         missing = check_files(cfg, missing_data_ok=a.dry_run, data_hint=hint)  # a run stops on missing data
     except ConfigError as e:

@@ -37,7 +37,15 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None, given: reads.Given | No
     """Run ``cfg``. ``step_fn(roles, draw, algo, reward_fn, update_actor=, kl_ctrl=) -> (batch, metrics)`` replaces
     ``core.loop.step`` for an algorithm whose step differs (a recipe's own copy of the loop, e.g. DAPO's dynamic
     sampling); ``draw()`` returns the next prompt batch, as many times as the step needs. ``given``: the keys the
-    user set; those that nothing read by the end of the first step are warned of (``core.config.reads``)."""
+    user set; those that nothing read by the end of the first step that updates the actor are warned of
+    (``core.config.reads``)."""
+    try:
+        return _fit(cfg, step_fn, given)
+    finally:
+        reads.stop()  # however the run ends, no hooks stay behind in this process
+
+
+def _fit(cfg: RunConfig, step_fn: Callable | None, given: reads.Given | None) -> list[dict]:
     with reads.paused():  # a check reading a key is no use of it
         check_run(cfg, own_step=step_fn is not None)  # how the sections agree, before anything is loaded or started
         check_files(cfg)  # data, reward file, output dir, local model paths
@@ -81,13 +89,12 @@ def fit(cfg: RunConfig, step_fn: Callable | None = None, given: reads.Given | No
                 if t.save_freq and due(i + 1, t.save_freq, t.total_steps):
                     save(out, i + 1, roles, stream, kl_ctrl, cfg, keep)
                 bar.update(1)
-                if given is not None and i == start:  # every role has read what it reads by now
+                if given is not None and i == max(start, t.critic_warmup):  # every role has read what it reads
                     for line in given.warnings(placement.config_reads() | reads.stop()):
                         tqdm.write(f"warning: {line}")
     except WorkerError as e:  # a worker (or a whole node) lost, a call that failed or hung: say where to resume
         raise RunStopped(stopped_message(out, e)) from e
     finally:
-        reads.stop()  # stopped before the first step ended: no hooks stay behind
         placement.shutdown()
         for tracker in trackers:
             tracker.close()

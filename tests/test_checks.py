@@ -25,7 +25,8 @@ def run_config(**sections) -> RunConfig:
 
 def test_a_consistent_config_has_no_problems():
     assert problems(run_config()) == []
-    check_run(run_config(use_critic=True, algo__adv__estimator="gae"))
+    roles = {"actor": "main", "rollout": "main", "ref": "main", "critic": "main"}
+    check_run(run_config(use_critic=True, algo__adv__estimator="gae", placement__roles=roles))
 
 
 @pytest.mark.parametrize("change,message", [

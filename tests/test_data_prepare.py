@@ -100,3 +100,20 @@ def test_too_few_rows_left_after_the_length_filter_is_one_line_naming_the_keys(h
     assert rc == 2 and err == ("hybridrl: data.train_files: 0 rows left (the note above says what was dropped), "
                                "fewer than data.prompts_per_step=2; add data, lower data.prompts_per_step, or raise "
                                "rollout.max_prompt_length=4\n"), err
+
+
+def test_a_folder_the_config_partly_names_elsewhere_is_not_overwritten(here, capsys):
+    """A train file of the user's in a gsm8k/ folder, the val file missing: writing the dataset there would replace
+    the user's file; nothing is written, and the missing file is named."""
+    mine = here / "mine" / "gsm8k"
+    mine.mkdir(parents=True)
+    (mine / "train.parquet").write_bytes(b"the user's own")
+    rc = cli_main(["data", "prepare", "grpo", f"data.train_files=[{mine / 'train.parquet'}]",
+                   f"data.val_files=[{mine / 'test.parquet'}]"])
+    assert rc == 2 and (mine / "train.parquet").read_bytes() == b"the user's own"
+    assert f"data.val_files: {mine / 'test.parquet'} not found" in capsys.readouterr().err
+
+
+def test_a_src_for_a_dataset_the_recipe_does_not_have_is_named(here, capsys):
+    assert cli_main(["data", "prepare", "grpo", "--src", "gsm8K=/x"]) == 2
+    assert "--src gsm8K=...: grpo's data.py has no dataset 'gsm8K'; did you mean 'gsm8k'?" in capsys.readouterr().err

@@ -61,18 +61,29 @@ def missing(cfg, datasets: dict[str, Dataset]) -> dict[str, list[tuple[str, Path
 
 def prepare_named(recipe: Path, cfg, srcs: dict[str | None, str] | None = None,
                   say: Callable[[str], None] = print) -> list[str]:
-    """Write each dataset ``cfg`` names that is missing; returns the folders written. ``srcs``: {folder: src}, and
-    {None: src} for every dataset. A missing file no dataset of the recipe writes is left for ``core.checks`` to
-    name."""
+    """Write each dataset ``cfg`` names that is missing, into the data root of the missing files; returns the folders
+    written. ``srcs``: {folder: src}, and {None: src} for every dataset. A folder where the config names a file that
+    is there already is not written (a dataset writes all its splits: it would replace that file); a missing file no
+    dataset of the recipe writes is left for ``core.checks`` to name."""
+    from core.config.errors import ConfigError, did_you_mean
+
     datasets = recipe_datasets(recipe)
-    gaps = {k: v for k, v in missing(cfg, datasets).items() if k is not None}  # the rest: check_files names them
     srcs = srcs or {}
+    for name in (n for n in srcs if n is not None and n not in datasets):
+        raise ConfigError(f"--src {name}=...: {recipe.name}'s data.py has no dataset {name!r}"
+                          f"{did_you_mean(name, datasets)} (its datasets: {', '.join(datasets) or 'none'})", "--src")
+    gaps = {k: v for k, v in missing(cfg, datasets).items() if k is not None}  # the rest: check_files names them
+    present = {p.parent for _, p in named_files(cfg) if p.is_file()}
+    written = []
     for folder in sorted(gaps):
-        root = next(p.parent.parent for _, p in named_files(cfg) if p.parent.name == folder)
-        src = srcs.get(folder, srcs.get(None))
-        say(f"data: writing {root / folder}/ -- {datasets[folder].about}" + (f"; from {src}" if src else ""))
-        datasets[folder].write(root, src)
-    return sorted(gaps)
+        for root in sorted({p.parent.parent for _, p in gaps[folder]}):
+            if root / folder in present:
+                continue  # partly there: check_files names what is missing
+            src = srcs.get(folder, srcs.get(None))
+            say(f"data: writing {root / folder}/ -- {datasets[folder].about}" + (f"; from {src}" if src else ""))
+            datasets[folder].write(root, src)
+            written.append(folder)
+    return written
 
 
 def parse_srcs(values: list[str] | None) -> dict[str | None, str]:

@@ -30,6 +30,10 @@ def split_flags(argv: list[str]) -> tuple[list[str], list[str]]:
             flags += argv[i:i + 1 + OUR_FLAGS[a]]
             i += 1 + OUR_FLAGS[a]
             continue
+        if a in ("--config-name", "--config-path") and i + 1 < len(argv):  # verl's own flags, as key=value
+            overrides.append(f"{a}={argv[i + 1]}")
+            i += 2
+            continue
         overrides.append(a)
         i += 1
     return flags, overrides

@@ -4,9 +4,9 @@ verl's scripts are bash with environment defaults (``${LR:-1e-6}``), derived val
 launcher in front (``python3 -m verl.trainer.main_ppo``, ``uv run python3 -m ...``, ``ray job submit -- python3
 ...``). Rather than parse bash, the script runs with a folder of stand-ins first on ``PATH`` -- ``python``,
 ``python3``, ``uv``, ``ray``, ``torchrun``, ``nvidia-smi``, ... -- each of which writes its arguments to a log and
-exits 0 (``python -c <probe>`` exits 1, as where the probed package is missing), so bash expands everything and the
-last call to ``verl.trainer.main_ppo`` holds the final overrides. Builtins that would stop a script on a small
-machine (``ulimit -n 32768``) are stubbed through ``BASH_ENV``.
+exits 0 (``_STAND_IN`` says what probes and queries answer), so bash expands everything and the last call to
+``verl.trainer.main_ppo`` holds the final overrides. ``BASH_ENV`` stubs ``ulimit`` and makes the stand-ins shell
+functions too, so a script that puts a real python first on ``PATH`` still reaches them.
 """
 
 from __future__ import annotations
@@ -14,33 +14,56 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 # programs a verl script calls; each stand-in logs its argv and exits 0
 STAND_INS = ("python", "python3", "uv", "ray", "torchrun", "accelerate", "deepspeed", "nvidia-smi", "huggingface-cli",
-             "hf", "wandb", "pip", "pip3", "git", "wget", "curl", "modelscope", "sleep")
-ENTRY = ("verl.trainer.main_ppo", "main_ppo.py", "verl.trainer.main_generation", "recipe.")
+             "hf", "wandb", "pip", "pip3", "git", "wget", "curl", "modelscope", "sleep", "conda")
+TRAIN_ENTRY = ("verl.trainer.main_ppo", "main_ppo.py", "recipe.")  # preferred over a later generation call
+ENTRY = TRAIN_ENTRY + ("verl.trainer.main_generation",)
 
-# logs its call; ``python -c <probe>`` fails, as on a machine without the probed package (torch_npu, ...)
+# logs its call. ``python -c <code>``: a query that prints (a GPU count) prints 8; a probe that only imports
+# (torch_npu, ...) fails, as on a machine without the package. ``nvidia-smi`` lists HYBRIDRL_STANDIN_GPUS (8) GPUs.
 _STAND_IN = """#!{python}
 import json, os, sys
 with open(os.environ["HYBRIDRL_STANDIN_LOG"], "a") as f:
     f.write(json.dumps([os.path.basename(sys.argv[0])] + sys.argv[1:]) + "\\n")
-sys.exit(1 if sys.argv[1:2] == ["-c"] else 0)
+if os.path.basename(sys.argv[0]) == "nvidia-smi":
+    print("\\n".join(["NVIDIA H100 80GB HBM3"] * int(os.environ.get("HYBRIDRL_STANDIN_GPUS", "8"))))
+if sys.argv[1:2] == ["-c"]:
+    if "print(" in sys.argv[2]:
+        print(os.environ.get("HYBRIDRL_STANDIN_GPUS", "8"))
+    else:
+        sys.exit(1)
 """
-# sourced by the script's bash (BASH_ENV): shell builtins that would stop it on a small machine do nothing
-_BASH_ENV = "ulimit() { return 0; }\n"
+
+
+def _bash_env(bin_dir: Path) -> str:
+    """Sourced by the script's bash (BASH_ENV): ``ulimit`` does nothing (a small machine's limits would stop it), and
+    each stand-in is also a function -- functions win over PATH, so a script that puts a real python or conda first
+    on PATH still calls the stand-ins."""
+    fns = "".join(f'{n}() {{ "{bin_dir / n}" "$@"; }}\nexport -f {n}\n' for n in STAND_INS)
+    return "ulimit() { return 0; }\n" + fns
 
 
 class ScriptError(ValueError):
     """The script ends in no verl training command (or does not run under the stand-ins)."""
 
 
-def recorded_calls(script: str | Path, env: dict[str, str] | None = None, timeout_s: float = 60.0) -> list[list[str]]:
-    """Every stand-in call the script made, in order: [program, *args]."""
+@dataclass
+class ScriptRun:
+    calls: list[list[str]]  # every stand-in call, in order: [program, *args]
+    returncode: int
+    stderr: str  # its stderr, else its stdout (what it said last)
+
+
+def recorded_calls(script: str | Path, env: dict[str, str] | None = None, timeout_s: float = 60.0) -> ScriptRun:
+    """Run ``script`` under the stand-ins (from a scratch folder: what it writes lands there)."""
     script = Path(script).resolve()
     if not script.is_file():
         raise ScriptError(f"{script}: no such file")
@@ -52,33 +75,38 @@ def recorded_calls(script: str | Path, env: dict[str, str] | None = None, timeou
             path.write_text(_STAND_IN.format(python=sys.executable))
             path.chmod(0o755)
         log.touch()
-        (Path(tmp) / "bash_env").write_text(_BASH_ENV)
+        (Path(tmp) / "bash_env").write_text(_bash_env(bin_dir))
         run_env = {**os.environ, **(env or {}), "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
                    "HYBRIDRL_STANDIN_LOG": str(log), "HOME": os.environ.get("HOME", tmp),
                    "BASH_ENV": str(Path(tmp) / "bash_env")}
-        try:  # from a scratch folder: a script that cds, mkdirs or writes logs does so there
-            r = subprocess.run(["bash", str(script)], cwd=tmp, env=run_env, capture_output=True, text=True,
-                               timeout=timeout_s, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(["bash", str(script)], cwd=tmp, env=run_env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the script and everything it started
+            proc.communicate()
             raise ScriptError(f"{script}: did not finish in {timeout_s:.0f}s under the stand-ins") from None
         calls = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    if not calls and r.returncode != 0:
-        said = (r.stderr.strip() or r.stdout.strip() or "(no output)").splitlines()[-1][-300:]
-        raise ScriptError(f"{script}: exits {r.returncode} before it calls python: {said}")
-    return calls
+    return ScriptRun(calls, proc.returncode, err.strip() or out.strip())
 
 
-def verl_overrides(calls: list[list[str]], script: str | Path = "the script") -> tuple[list[str], str]:
-    """The overrides of the last verl training call and its launcher (e.g. ``python3 -m verl.trainer.main_ppo``):
-    the arguments after the entry point that look like ``key=value`` (``--config-path/--config-name`` kept aside)."""
-    for call in reversed(calls):
-        at = next((i for i, a in enumerate(call) if any(a.startswith(e) or a.endswith(e) for e in ENTRY)), None)
-        if at is None:
-            continue
-        launcher = shlex.join(call[:at + 1])
-        args = call[at + 1:]
-        return [a for a in args if "=" in a and not a.startswith("-")] + \
-            [f"{a}={b}" for a, b in zip(args, args[1:]) if a in ("--config-name", "--config-path")], launcher
-    programs = sorted({c[0] for c in calls})
-    raise ScriptError(f"{script}: calls no verl trainer (verl.trainer.main_ppo); it called "
-                      f"{', '.join(programs) or 'nothing'}")
+def verl_overrides(run: ScriptRun, script: str | Path = "the script") -> tuple[list[str], str]:
+    """The overrides of the last verl training call (else of the last generation call) and its launcher (e.g.
+    ``python3 -m verl.trainer.main_ppo``): its ``key=value`` arguments, and ``--config-name`` / ``--config-path``
+    as ``--config-name=X``."""
+    for entries in (TRAIN_ENTRY, ENTRY):
+        for call in reversed(run.calls):
+            at = next((i for i, a in enumerate(call) if any(a.startswith(e) or a.endswith(e) for e in entries)), None)
+            if at is None:
+                continue
+            args = call[at + 1:]
+            flags = [f"{a}={b}" for a, b in zip(args, args[1:]) if a in ("--config-name", "--config-path")]
+            flags += [a for a in args if a.startswith(("--config-name=", "--config-path="))]
+            return [a for a in args if "=" in a and not a.startswith("-")] + flags, shlex.join(call[:at + 1])
+    said = (run.stderr.strip() or "(no output)").splitlines()[-1][-300:]
+    if not run.calls:
+        raise ScriptError(f"{script}: exits {run.returncode} before it calls python: {said}")
+    programs = sorted({c[0] for c in run.calls})
+    raise ScriptError(f"{script}: calls no verl trainer (verl.trainer.main_ppo); it called {', '.join(programs)} and "
+                      f"exited {run.returncode}: {said}")

@@ -10,6 +10,7 @@ Keys a command line leaves out take verl's defaults (``Key.default``), as verl's
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,14 +56,18 @@ class Translation:
 
 
 def _hydra(value: Any) -> str:
+    """A value in Hydra's override grammar: a string quoted unless it is a plain word, path or id that Hydra reads
+    back as the same string (``~/x``, ``qwen3(8b)``, ``20240601`` as a name are quoted)."""
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(_hydra(v) for v in value) + "]"
     if value is None:
         return "null"
     if isinstance(value, bool):
         return str(value).lower()
-    text = str(value)
-    return f"'{text}'" if any(c in text for c in " ,[]{}:=") else text
+    if not isinstance(value, str):
+        return str(value)
+    plain = re.fullmatch(r"[A-Za-z_/.][\w./-]*", value) and value.lower() not in ("true", "false", "null", "none")
+    return value if plain else "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def parse(overrides: list[str]) -> dict[str, Any]:
@@ -95,7 +100,10 @@ def translate(overrides: list[str]) -> Translation:
     """verl's ``key=value`` overrides -> ``Translation``; every key given is in ``lines`` and, when it has no job
     here, in ``not_applicable`` or ``unsupported`` (never dropped silently)."""
     given, tr = parse(overrides), Translation()
-    if given.get("--config-name", "").startswith("ppo_megatron_trainer") or given.get("model_engine") == "megatron":
+    given = {k: v for k, v in given.items() if v is not None or lookup(k) is None or lookup(k).rule == "list"
+             or lookup(k).default is _NONE}  # key=null: verl's default (verl reads null as "not set")
+    megatron = str(given.get("--config-name", "")).startswith("ppo_megatron_trainer")
+    if megatron or given.get("model_engine") == "megatron":
         given.setdefault(ACT + "strategy", "megatron")
     v = {k.verl: k.default for k in TABLE if k.default is not _NONE and not k.verl.endswith(".*")} | given
     for key, value in given.items():
@@ -112,16 +120,23 @@ def translate(overrides: list[str]) -> Translation:
             tr.lines.append((key, value, "unsupported"))
         else:
             tr.lines.append((key, value, ", ".join(row.ours) or "(what happens here anyway)"))
+    targets_given = {k for row in map(lookup, given) if row is not None for k in row.ours}
+    defaults = _our_defaults()
     for row in TABLE:
         if row.kind in ("same", "converted") and row.verl in v and row.rule in SIMPLE:
+            if row.verl not in given and (row.verl in _SECONDARY or set(row.ours) & targets_given):
+                continue  # an absent key's default never overrides a key given for the same target
             value = SIMPLE[row.rule](v[row.verl])
-            if row.verl in given or row.verl not in _SECONDARY:  # an absent alias does not override its key
-                for key in row.ours:
-                    tr.ours[key] = value
+            if value is None and row.rule == "modules":
+                continue  # all-linear: ours' default list
+            for key in row.ours:  # a string field gets a string (experiment_name=20240601 is a name)
+                stringly = isinstance(defaults.get(key), str) and not isinstance(value, str)
+                tr.ours[key] = str(value) if stringly else value
     _derived(v, given, tr)
     tr.from_given = {k for row in map(lookup, given) if row is not None for k in row.ours}
-    defaults, tr.full = _our_defaults(), dict(tr.ours)
-    tr.ours = {k: x for k, x in tr.ours.items() if k in tr.from_given or defaults.get(k, _NONE) != x}
+    tr.full = dict(tr.ours)
+    tr.ours = {k: x for k, x in tr.ours.items()  # placement.roles is one map: stated whole when at all
+               if k in tr.from_given or defaults.get(k, _NONE) != x or k.startswith("placement.roles.")}
     return tr
 
 
@@ -146,7 +161,8 @@ _SECONDARY = {R + "prompt_length", R + "response_length", ACT + "ulysses_sequenc
 
 SIMPLE = {
     "same": lambda x: list(x) if isinstance(x, tuple) else x,
-    "list": lambda x: [x] if isinstance(x, str) else list(x),
+    "list": lambda x: [] if x is None else [x] if isinstance(x, str) else list(x),
+    "modules": lambda x: None if x in (None, "all-linear") else [x] if isinstance(x, str) else list(x),
     "not": lambda x: not x,
     "strategy": lambda x: "megatron" if str(x).startswith("megatron") else "fsdp",
     "freq": lambda x: max(0, int(x)),
@@ -159,8 +175,18 @@ def _derived(v: dict, given: dict, tr: Translation) -> None:
     """The rules that read several keys: units, switches, the pool, the reference and the critic."""
     o, problems = tr.ours, tr.unsupported
     n = int(v[R + "n"])
+    for key in ("ppo_mini_batch_size", "use_dynamic_bsz", "loss_agg_mode"):  # verl's critic follows the actor's
+        if v.get("critic." + key) is None:
+            v["critic." + key] = v[ACT + key]
+            if key == "loss_agg_mode":
+                o["critic.loss_agg_mode"] = v[ACT + key]
     o["actor.ppo_mini_batch_size"] = int(v[ACT + "ppo_mini_batch_size"]) * n  # verl: prompts; ours: samples
     for role, prefix in (("actor", ACT), ("critic", "critic.")):
+        # verl's scheduler steps once per RL step, ours once per optimizer step: warmup x updates per step
+        updates = -(-int(v["data.train_batch_size"]) // int(v[prefix + "ppo_mini_batch_size"])) * int(
+            v.get(prefix + "ppo_epochs") or 1)
+        warmup = v.get(prefix + "optim.lr_warmup_steps")
+        o[f"{role}.optim.warmup_steps"] = int(warmup) * updates if warmup and int(warmup) > 0 else 0
         dynamic = bool(v.get(prefix + "use_dynamic_bsz"))
         o[f"{role}.max_tokens_per_micro"] = int(v[prefix + "ppo_max_token_len_per_gpu"]) if dynamic else 0
         if v.get(prefix + "ppo_micro_batch_size_per_gpu") is not None:
@@ -184,6 +210,7 @@ def _derived(v: dict, given: dict, tr: Translation) -> None:
     if o["use_critic"]:
         o["critic.ppo_mini_batch_size"] = int(v["critic.ppo_mini_batch_size"]) * n
         o.setdefault("critic.model", v[f"{ACT[:-6]}model.path"])
+        o["placement.roles.critic"] = "main"  # every role on verl's one pool
     else:
         o = {k: val for k, val in o.items() if not k.startswith("critic.")}
         tr.ours = o
@@ -193,6 +220,12 @@ def _derived(v: dict, given: dict, tr: Translation) -> None:
     o["placement.pools.main.nnodes"], o["placement.pools.main.slots_per_node"] = int(v["trainer.nnodes"]), \
         int(v["trainer.n_gpus_per_node"])
     o["placement.pools.main.device"] = v["trainer.device"]
+    if o.get("use_reward_model"):
+        o["placement.roles.reward_model"] = "main"
+    if any(k.startswith("placement.roles.") for k in o):  # a roles map replaces ours whole: name every role
+        o.update({f"placement.roles.{r}": "main" for r in ("actor", "rollout", "ref")})
+    sp = [v.get(ACT + "ulysses_sequence_parallel_size"), v.get(ACT + "fsdp_config.ulysses_sequence_parallel_size")]
+    o["actor.ulysses_sp"] = int(sp[0]) if sp[0] and int(sp[0]) > 1 else int(sp[1] or 1)  # verl: the actor's if > 1
     if v["trainer.device"] not in ("cuda", "cpu"):
         problems.append(f"trainer.device={v['trainer.device']}: pools run on cuda or cpu")
     # the run's length: epochs over the data (counted when it is loaded), or verl's total_training_steps
@@ -230,6 +263,7 @@ def _derived(v: dict, given: dict, tr: Translation) -> None:
 
 def unused_rows() -> list[Key]:
     """Rows whose rule nothing converts (a table entry that would be silently dropped): must be empty."""
-    handled = set(SIMPLE) | {"greedy", "gen_batch", "times_n", "micro", "dynamic", "offload", "kl_loss", "kl_reward",
+    handled = set(SIMPLE) | {"greedy", "gen_batch", "warmup", "ulysses", "times_n", "micro", "dynamic", "offload",
+                             "kl_loss", "kl_reward",
                              "kl_ctrl", "critic", "gpus", "epochs", "output", "resume", "n/a", "unsupported"}
     return [k for k in TABLE if k.rule not in handled]

@@ -51,7 +51,7 @@ def test_the_final_command_line_is_read_after_bash_expands_it(script, monkeypatc
                          "actor_rollout_ref.model.path=SmolLM2-135M-Instruct", "actor_rollout_ref.rollout.n=4",
                          "actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.rollout.name=vllm",
                          "trainer.device=cuda", "trainer.nnodes=1", "trainer.n_gpus_per_node=8"]
-    assert ["python3", "-c", "import torch_npu"] in calls  # the probe ran, failed, and the script took gpu
+    assert ["python3", "-c", "import torch_npu"] in calls.calls  # the probe ran, failed, and the script took gpu
 
 
 def test_a_script_that_calls_no_verl_trainer_is_named(tmp_path):

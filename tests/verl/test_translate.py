@@ -151,3 +151,52 @@ def test_a_verl_value_given_to_our_own_key_is_not_converted(script_line):
     """The trap without --verl: our key takes samples, so verl's 8 would be 8 samples (a fifth of verl's batch)."""
     cfg = validate(RunConfig, {"actor": {"ppo_mini_batch_size": 8}, "algo": {"sampling": {"n": 5}}})
     assert cfg.actor.ppo_mini_batch_size == 8 and translate(GRPO).full["actor.ppo_mini_batch_size"] == 40
+
+
+def test_a_gae_line_places_the_critic_and_the_critic_follows_the_actor(capsys, tmp_path):
+    """verl's quickstart shape: gae (verl's default) makes a critic; its mini-batch and micro-batching follow the
+    actor's when absent; it gets a pool (every role on verl's one pool) -- a critic without one is refused."""
+    line = [f"{A}model.path=SmolLM2-135M-Instruct", f"{A}rollout.name=embedded", "data.train_batch_size=256",
+            f"{A}actor.ppo_mini_batch_size=64", f"{A}actor.ppo_micro_batch_size_per_gpu=4", "trainer.device=cpu",
+            "trainer.n_gpus_per_node=2", "trainer.logger=console", f"trainer.default_local_dir={tmp_path}"]
+    o = translate(line).full
+    assert o["use_critic"] and o["placement.roles.critic"] == "main"
+    assert o["critic.ppo_mini_batch_size"] == 64 and o["critic.loss_agg_mode"] == "token-mean"
+    assert cli_main(["plan", "--verl", *line]) == 0, capsys.readouterr()
+    from core.checks import problems
+
+    cfg = validate(RunConfig, {"use_critic": True, "algo": {"adv": {"estimator": "gae"}}})
+    assert any("no pool for critic" in p for p in problems(cfg))
+
+
+def test_warmup_counts_optimizer_steps_here():
+    """verl warms up over RL steps; ours over optimizer steps: 10 x ceil(1024 / 256) x 1 = 40."""
+    o = translate(GRPO + ["data.train_batch_size=1024", f"{A}actor.ppo_mini_batch_size=256",
+                          f"{A}actor.optim.lr_warmup_steps=10"]).full
+    assert o["actor.optim.warmup_steps"] == 40
+
+
+def test_values_hydra_reads_back_as_written():
+    """A value with ~, ( or a quote is quoted for Hydra; a name that looks like a number stays a string."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    tr = translate(GRPO + ["trainer.experiment_name=20240601", "data.train_files=~/data/x.parquet",
+                           "trainer.project_name=qwen3(8b)'s"])
+    parsed = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(tr.overrides())}
+    assert parsed["trainer.experiment_name"] == "20240601" and parsed["data.train_files"] == ["~/data/x.parquet"]
+    assert parsed["trainer.project_name"] == "qwen3(8b)'s"
+
+
+def test_a_given_key_is_not_overridden_by_an_absent_aliass_default_and_null_is_verls_default():
+    o = translate(GRPO + ["reward.reward_model.enable=True", "reward.reward_model.model_path=rm"]).full
+    assert o["use_reward_model"] is True and o["placement.roles.reward_model"] == "main"
+    o = translate(GRPO + [f"{A}actor.optim.lr_warmup_steps=null", "data.val_files=null",
+                          f"{A}model.target_modules=all-linear"]).full
+    assert o["actor.optim.warmup_steps"] == 0 and o["data.val_files"] == []  # null files: none
+    assert "actor.lora.target_modules" not in o
+
+
+def test_ulysses_takes_the_actors_when_above_one_and_sapo_reads_the_actor_level_taus():
+    o = translate(GRPO + [f"{A}actor.ulysses_sequence_parallel_size=1",
+                          f"{A}actor.fsdp_config.ulysses_sequence_parallel_size=4", f"{A}actor.tau_pos=0.9"]).full
+    assert o["actor.ulysses_sp"] == 4 and o["actor.loss.sapo_tau_pos"] == 0.9

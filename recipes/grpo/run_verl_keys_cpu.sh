@@ -27,7 +27,7 @@ exec "$PY" -m core.cli train --verl \
     actor_rollout_ref.model.path=SmolLM2-135M-Instruct \
     actor_rollout_ref.model.enable_gradient_checkpointing=False \
     actor_rollout_ref.actor.optim.lr=2e-5 \
-    actor_rollout_ref.actor.optim.lr_warmup_steps=2 \
+    actor_rollout_ref.actor.optim.lr_warmup_steps=1 \
     actor_rollout_ref.actor.optim.weight_decay=0.0 \
     actor_rollout_ref.actor.ppo_mini_batch_size=4 \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \

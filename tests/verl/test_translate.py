@@ -200,3 +200,30 @@ def test_ulysses_takes_the_actors_when_above_one_and_sapo_reads_the_actor_level_
     o = translate(GRPO + [f"{A}actor.ulysses_sequence_parallel_size=1",
                           f"{A}actor.fsdp_config.ulysses_sequence_parallel_size=4", f"{A}actor.tau_pos=0.9"]).full
     assert o["actor.ulysses_sp"] == 4 and o["actor.loss.sapo_tau_pos"] == 0.9
+
+
+def test_the_verl_keys_demo_is_the_demo():
+    """recipes/grpo/run_verl_keys_cpu.sh, translated, is demo_cpu.yaml's run: every key equal but the names, the
+    trackers, the reward file (the same registry reward) and knobs this run never reads."""
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    from core.run import load_recipe_config
+
+    recipe = Path(BASE).parents[1] / "recipes" / "grpo"
+    keys = [k.replace("'", "") for k in re.findall(r"^    ([a-z_.]+=\S+) \\$", (recipe / "run_verl_keys_cpu.sh")
+                                                   .read_text(), re.M)]
+    tr = translate(keys)
+    ours, _ = load_recipe_config(BASE, "config", tr.overrides())
+    demo, _ = load_recipe_config(recipe, "demo_cpu")
+
+    def flat(tree, key=""):
+        if isinstance(tree, dict):
+            return {k: x for n, sub in tree.items() for k, x in flat(sub, f"{key}.{n}" if key else n).items()}
+        return {key: tree}
+
+    a, b = flat(dataclasses.asdict(ours)), flat(dataclasses.asdict(demo))
+    differ = {k for k in a if a[k] != b[k]}
+    assert differ == {"trainer.output_dir", "trainer.log_val_generations", "trainer.save_keep", "trainer.logger",
+                      "trainer.experiment_name", "actor.loss.kl_cov_coef", "algo.kl_in_reward.kind", "reward.path"}

@@ -20,6 +20,7 @@ from core.config import RunConfig, reads, validate
 from core.config.errors import ConfigError, answer_user_errors, override_key, with_sources
 from core.data.recipe_data import missing, parse_srcs, prepare_named, recipe_datasets
 from core.plan_report import dp_size, effective_sizes, plan_run
+from core.preemption import EXIT_PREEMPTED, Preempted
 from core.trainer import fit
 
 
@@ -197,6 +198,9 @@ def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
     reads.start(cfg, extra)
     try:
         fit(cfg, make_step(cfg, extra) if make_step else None, given)
+    except Preempted as e:  # a scheduler's SIGTERM / SIGUSR1: checkpointed (or abandoned), exit 75 = requeue me
+        print(f"hybridrl: {e}", file=sys.stderr, flush=True)
+        return EXIT_PREEMPTED
     finally:
         reads.stop()  # a run that stops before its first step leaves no hooks in this process
     return 0

@@ -27,6 +27,8 @@ from core.plan_report import dp_size, effective_sizes
 from core.protocol import Batch
 from core.report import report
 from core.roles import role_specs
+from core.checkpoint import checkpoint_dir, find as find_checkpoint
+from core.preemption import Preempted, PreemptionWatch
 from core.run_state import RunStopped, check_shared_output, resume, save, stopped_message
 from core.tools import isolation
 from core.tracking import MetricsLog, make_trackers
@@ -71,6 +73,7 @@ def _fit(cfg: RunConfig, step_fn: Callable | None, given: reads.Given | None) ->
     kl_ctrl, nonfinite = kl_controller(cfg.algo), 0
     keep = t.save_keep  # checkpoints kept: the run's policy from its start (and a read before the first save)
     run_step = step_fn or (lambda roles_, draw_, *a, **k: step(roles_, draw_(), *a, **k))
+    preempt, i = PreemptionWatch(t.preempt_deadline_s).__enter__(), None
     try:
         start, history = resume(cfg, out, roles, stream, kl_ctrl)
         with MetricsLog(out / "metrics.jsonl", history, trackers) as log, \
@@ -86,20 +89,40 @@ def _fit(cfg: RunConfig, step_fn: Callable | None, given: reads.Given | None) ->
                     metrics |= held_out(cfg, roles, val_prompts, reward_fn, out, i + 1)
                 log.record(metrics)  # written before a stop below: nothing of the step is lost
                 nonfinite = count_nonfinite(metrics, nonfinite, t.max_nonfinite_grad_steps, out)
-                if t.save_freq and due(i + 1, t.save_freq, t.total_steps):
+                saved = bool(t.save_freq) and due(i + 1, t.save_freq, t.total_steps)
+                preempt.step_ended()
+                if saved or preempt.requested:
                     save(out, i + 1, roles, stream, kl_ctrl, cfg, keep)
                 bar.update(1)
                 if given is not None and i == max(start, t.critic_warmup):  # every role has read what it reads
                     for line in given.warnings(placement.config_reads() | reads.stop()):
                         tqdm.write(f"warning: {line}")
+                if preempt.requested:
+                    raise Preempted(f"{preempt.requested} after step {i + 1}: checkpoint {checkpoint_dir(out)}/"
+                                    f"step_{i + 1:06d} written; run the same command to resume from it "
+                                    "(trainer.resume_mode=auto)")
     except WorkerError as e:  # a worker (or a whole node) lost, a call that failed or hung: say where to resume
+        if preempt.requested:  # the scheduler's signal reached a worker's process group first
+            raise Preempted(preempted_midstep(out, preempt.requested, i, "a worker stopped")) from e
         raise RunStopped(stopped_message(out, e)) from e
+    except KeyboardInterrupt:  # the deadline passed inside a step (or Ctrl-C)
+        if preempt.requested:
+            raise Preempted(preempted_midstep(out, preempt.requested, i, f"it did not end within "
+                                              f"trainer.preempt_deadline_s={t.preempt_deadline_s:g}s")) from None
+        raise
     finally:
+        preempt.__exit__(None, None, None)
         placement.shutdown()
         for tracker in trackers:
             tracker.close()
     print("summary:\n" + report(history, out / "curves.png"), flush=True)
     return history
+
+
+def preempted_midstep(out: Path, signal_name: str, i: int | None, why: str) -> str:
+    last = find_checkpoint(out, "auto")
+    return (f"{signal_name} during step {(i or 0) + 1}, abandoned ({why}); "
+            + (f"run the same command to resume from {last}" if last else "no checkpoint yet: a rerun starts over"))
 
 
 def epoch_steps(cfg: RunConfig, rows: int) -> int:

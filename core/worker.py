@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from core.config import reads
 from core.memory import keep_freed_memory
+from core.preemption import ignore_sigterm_in_worker
 
 
 @dataclass(frozen=True)
@@ -128,8 +129,10 @@ class WorkerHost:
     """Hosts the roles of one rank. All methods are called by the worker group, never by users."""
 
     def __init__(self, rank: int, world_size: int, local_rank: int, device: str, num_threads: int | None,
-                 label: str = "worker"):
+                 label: str = "worker", own_process: bool = False):
         self.rank, self.world_size, self.local_rank, self.label = rank, world_size, local_rank, label
+        if own_process:  # a Ray worker: a scheduler's SIGTERM is the driver's to act on (core.preemption)
+            ignore_sigterm_in_worker()
         _quiet_progress_bars()  # their output reaches the driver: keep warnings, drop each rank's loading bars
         if num_threads:
             torch.set_num_threads(num_threads)

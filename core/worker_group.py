@@ -246,7 +246,7 @@ class WorkerGroup:
             opts = dict(num_cpus=pool.cpus_per_slot, num_gpus=1 if pool.device == "cuda" else 0,
                         scheduling_strategy=strategy, max_restarts=0)
             self._hosts.append(host_cls.options(**opts).remote(rank, self.world_size, local_rank, pool.device, threads,
-                                                               f"{name}[{','.join(self.specs)}]"))
+                                                               f"{name}[{','.join(self.specs)}]", own_process=True))
         ranks, roles, t = list(range(self.world_size)), ",".join(self.specs), ready_timeout_s
         where = self._wait([h.whereabouts.remote() for h in self._hosts], ranks, roles, "WorkerHost.whereabouts", t)
         self.pids, self.node_ips = [w[0] for w in where], [w[1] for w in where]

@@ -110,6 +110,10 @@ class TrainerConfig:
     # Ray's runtime_env for every worker, e.g. {working_dir: ., excludes: [outputs]}: Ray ships the driver's checkout
     # to every node (a cluster without a shared checkout; README, Multi-node); empty = the nodes' own files
     runtime_env: dict = field(default_factory=dict)
+    # SIGTERM / SIGUSR1 (a scheduler's warning before it kills the job): the step in progress may take this long to
+    # finish before the run checkpoints and exits 75; a step still running then is abandoned (core/preemption.py).
+    # Under SLURM keep it below KillWait (30 s by default)
+    preempt_deadline_s: PositiveFloat = 20.0
     # after a collective breaks (a peer gone), wait up to this long for Ray to name the lost worker or node before
     # reporting the broken call itself
     node_loss_timeout_s: PositiveFloat = 60.0

@@ -49,9 +49,13 @@ test-vllm: $(VLLM_STAMP)
 		tests/rollout/test_vllm_rollout.py
 
 # Multi-node for real: a 2-node Ray cluster of network namespaces on this machine (root and iproute2; else
-# ray.cluster_utils, said in the output), runs across the nodes, a node lost mid-run (tests/test_multinode.py)
+# ray.cluster_utils, said in the output), runs across the nodes, a node lost mid-run (tests/test_multinode.py);
+# and a real SLURM cluster of two slurmd in namespaces: deploy/slurm_ray.sbatch run to its end, and preempted ->
+# checkpoint -> requeued -> resumed (tests/test_slurm.py; SLURM and munge installed here when missing, as root)
 test-multinode: $(STAMP)
-	$(PY) -m pytest -q -s -rs -m multinode tests/test_multinode.py
+	@command -v slurmctld >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge) || true; }
+	$(PY) -m pytest -q -s -rs -m multinode tests/test_multinode.py tests/test_slurm.py
 
 test-heavy: $(STAMP)
 	$(PY) -m pytest -q -rs -m "heavy and not slow"

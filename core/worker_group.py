@@ -22,9 +22,11 @@ within ``timeout_s`` raises ``WorkerTimeoutError``. The driver never waits on th
 from __future__ import annotations
 
 import re
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -192,8 +194,34 @@ def init_ray(address: str = "", runtime_env: dict | None = None, **kwargs) -> No
         env["excludes"] = SHIP_EXCLUDES + list(env.get("excludes", []))
     # "local": a Ray of this run's own -- ray.init(address=None) would join any cluster `ray start` left on the host
     address = address or os.environ.get("RAY_ADDRESS") or "local"
+    if address == "auto":
+        check_recorded_cluster()
     local = {"include_dashboard": False} if address == "local" else {}
     ray.init(address=address, runtime_env=env or None, log_to_driver=True, **local, **kwargs)
+
+
+RAY_CURRENT_CLUSTER = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"  # where `ray start` records it
+
+
+def check_recorded_cluster(timeout_s: float = 3.0) -> None:
+    """``address="auto"`` joins the cluster ``ray start`` recorded on this machine; one that is gone (a stale record)
+    would have ``ray.init`` retry it without end: refuse at once, naming it and the way out."""
+    import socket
+
+    try:
+        recorded = RAY_CURRENT_CLUSTER.read_text().strip()
+    except OSError:
+        return  # nothing recorded: ray.init says so itself, at once
+    host, _, port = recorded.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError):
+        from core.config.errors import ConfigError
+
+        raise ConfigError(f"trainer.ray_address / RAY_ADDRESS is auto, and the cluster `ray start` recorded in "
+                          f"{RAY_CURRENT_CLUSTER} ({recorded}) does not answer: start it (ray start --head), name a "
+                          "live one (<head-ip>:6379), or use RAY_ADDRESS=local for a Ray of this run's own",
+                          "trainer.ray_address") from None
 
 
 def check_same_code(group: str, where: list[tuple[int, str, str, str]]) -> None:

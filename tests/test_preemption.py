@@ -115,3 +115,26 @@ def test_a_step_that_outlasts_the_deadline_is_abandoned_and_the_run_exits_at_onc
     err = run.stderr.read()
     assert ("SIGTERM during step 1, abandoned (it did not end within trainer.preempt_deadline_s=1s); no checkpoint "
             "yet: a rerun starts over") in err, err[-2000:]
+
+
+def test_auto_with_a_dead_recorded_cluster_is_refused_at_once(tmp_path, monkeypatch):
+    """RAY_ADDRESS=auto and a `ray start` record naming a cluster that is gone: one line naming it, in seconds --
+    ray.init would retry it without end (seen: the 32B scripts' default hung for 10 minutes)."""
+    import socket
+
+    from core import worker_group
+    from core.config.errors import ConfigError
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    record = tmp_path / "ray_current_cluster"
+    record.write_text(f"127.0.0.1:{port}\n")
+    monkeypatch.setattr(worker_group, "RAY_CURRENT_CLUSTER", record)
+    t = time.time()
+    with pytest.raises(ConfigError, match=rf"the cluster `ray start` recorded in .* \(127.0.0.1:{port}\) does not "
+                                          "answer: start it"):
+        worker_group.check_recorded_cluster()
+    assert time.time() - t < 5
+    record.unlink()
+    worker_group.check_recorded_cluster()  # nothing recorded: ray.init's own error, which comes at once

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.heavy
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
@@ -45,6 +44,7 @@ SCRIPTS = {
 }
 
 
+@pytest.mark.heavy
 def test_every_full_scale_script_is_listed():
     found = {str(p.relative_to(RECIPES)) for p in RECIPES.glob("*/run_*.sh")
              if not p.name.startswith("run_smollm2_cpu") and p.name != "run_verl_keys_cpu.sh"}
@@ -112,6 +112,7 @@ def overrides(script: str, data: Path, model: Path, out: Path) -> list[str]:
     return args + [e for e in extra if not e.startswith("__")]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("script", list(SCRIPTS))
 def test_full_scale_script_runs_two_steps_and_saves_at_tiny_size(script, tiny, tiny_vlm, tmp_path):
     data, model = tiny_vlm if "__vlm__" in SCRIPTS[script][0] else tiny
@@ -137,3 +138,34 @@ def test_full_scale_script_runs_two_steps_and_saves_at_tiny_size(script, tiny, t
             assert text.count("effective sizes") >= 2, "the plan (--dry-run) was not printed before the run"
         else:
             assert shown in text
+
+
+@pytest.mark.ray
+@pytest.mark.multinode
+def test_the_headline_script_runs_for_real_on_two_nodes(tiny, tmp_path_factory):
+    """``bash recipes/dapo/run_qwen32b.sh`` without --dry-run on a 2-node Ray cluster of network namespaces
+    (tests/multinode.py), the driver on the head as a user starts it there: its plan, the vLLM fallback, one rank on
+    each node, 2 steps and a checkpoint."""
+    from tests.multinode import Cluster
+
+    data, model = tiny
+    base = tmp_path_factory.mktemp("c")  # a short path: Ray's socket paths under it are at most 107 bytes
+    out = base / "out"
+    args = overrides("dapo/run_qwen32b.sh", data, model, out)
+    args = [a for a in args if not a.startswith(("++placement.pools.main.nnodes", "++placement.pools.main.slots"))]
+    args += ["++placement.pools.main.nnodes=2", "++placement.pools.main.slots_per_node=1",
+             f"++reward.path={data / 'reward.py'}", "++reward.name=compute_score"]
+    with Cluster(base, cpus=[1, 1]) as cluster:
+        start = time.monotonic()
+        run = cluster.run(["bash", str(RECIPES / "dapo/run_qwen32b.sh"), *args], node=0, timeout_s=600,
+                          env={"PY": sys.executable, "PYTHONUNBUFFERED": "1"})
+        wall = time.monotonic() - start
+        text = run.stdout + run.stderr
+        lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("steps:")]
+        print(f"\n[dapo/run_qwen32b.sh on {cluster.kind}: {cluster.ips}] exit {run.returncode} in {wall:.1f} s\n"
+              + "\n".join(lines[-25:]))
+        assert run.returncode == 0, text[-6000:]
+    assert "falling back to the embedded engine" in text and text.count("effective sizes") >= 2
+    assert "pool 'main': 2 node(s) x 1 cpu rank(s)" in text or "2 node(s) x 1" in text
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert {1, 2} <= set(steps) and (out / "checkpoints" / "step_000002").is_dir()

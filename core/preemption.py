@@ -63,13 +63,9 @@ class PreemptionWatch:
 
 
 def ignore_sigterm_in_worker() -> None:
-    """A worker process outlives a scheduler's SIGTERM: the driver ends the run (checkpoint first) and stops it."""
+    """A worker process outlives a scheduler's SIGTERM: the driver ends the run (checkpoint first) and stops it.
+    Ignored outright (no handler): a handler's signal would also interrupt the system call it lands in, and a
+    collective's interrupted recv fails the step. Ray stops its workers with SIGKILL when a run ends."""
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _worker_sigterm)
-        # restart the system calls it lands in: a collective's recv interrupted by it would fail the step
-        signal.siginterrupt(signal.SIGTERM, False)
-
-
-def _worker_sigterm(signum, frame) -> None:
-    print(f"worker pid {os.getpid()}: SIGTERM noted; the driver ends the run", file=sys.stderr, flush=True)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 

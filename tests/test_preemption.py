@@ -90,7 +90,7 @@ def test_a_worker_signalled_before_the_driver_does_not_turn_the_stop_into_a_cras
     assert run.wait(timeout=180) == EXIT_PREEMPTED, run.stderr.read()[-3000:]
     err = run.stderr.read()
     print(err[-2000:])
-    assert "SIGTERM noted; the driver ends the run" in err and checkpoint.find(out, "auto") is not None
+    assert checkpoint.find(out, "auto") is not None
     resumed_equals_whole(conf, tmp_path, out)
 
 

@@ -114,9 +114,9 @@ def config_info(config_dir: Path, config_name: str, overrides: list[str]) -> str
             + f"\n  command line: {' '.join(overrides) if overrides else '(nothing)'}")
 
 
-def data_hint(recipe: Path, config_name: str, cfg: RunConfig) -> str:
-    """What to do about a missing data file: the command that writes it, or which datasets the recipe can write."""
-    datasets = recipe_datasets(recipe)
+def data_hint(recipe: Path, datasets: dict, config_name: str, cfg: RunConfig) -> str:
+    """What to do about a missing data file: the command that writes it, or which ``datasets`` the recipe can
+    write."""
     if not datasets:
         return ""
     gaps = missing(cfg, datasets)
@@ -172,11 +172,12 @@ def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
         print(config_info(Path(a.config_dir), a.config_name, a.overrides) if a.info else config_yaml(cfg, extra))
         return 0
     recipe = Path(a.config_dir)
-    hint = data_hint(recipe, a.config_name, cfg)
+    datasets = recipe_datasets(recipe)  # its data.py, imported once
+    hint = data_hint(recipe, datasets, a.config_name, cfg)
     try:  # (a run checks again in fit, before anything loads)
         check_run(cfg, own_step=make_step is not None)  # sections that disagree fail here, before the plan
         if not a.dry_run:  # the data the config names that is missing, as the recipe's data.py writes it
-            prepare_named(recipe, cfg, parse_srcs(a.src))
+            prepare_named(recipe, datasets, cfg, parse_srcs(a.src))
             if a.prepare_data:
                 check_files(cfg, data_hint=hint)  # what is still missing is named, exit code 2
                 return 0

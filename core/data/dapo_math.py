@@ -4,7 +4,9 @@ last line "Answer: x"), scored by the ``math_dapo`` reward (+1 / -1)."""
 
 from __future__ import annotations
 
-from core.data.prepare import read_table
+from pathlib import Path
+
+from core.data.prepare import read_table, write_parquet
 
 # DAPO-Math-17k's own prompt wording (the hub rows carry it already; raw records and AIME get it here)
 TEMPLATE_DAPO = ("Solve the following math problem step by step. The last line of your response should be of the "
@@ -42,3 +44,14 @@ def dapo_math_rows(records: list[dict], where: str) -> list[dict]:
 def read_dapo_math(src: str) -> tuple[list[dict], str]:
     """DAPO-Math-17k's rows from the hub (``src`` 'hub') or a local .parquet / .jsonl."""
     return read_table(src, DAPO_HUB)
+
+
+def write(out: str | Path, src: str | None = None) -> Path:
+    """``<out>/dapo_math/train.parquet``: DAPO-Math-17k from ``src`` (the hub when None, or a .parquet / .jsonl), one
+    row per distinct problem (the DAPO and VAPO recipes' ``dapo_math`` dataset)."""
+    records, where = read_dapo_math(src or "hub")
+    rows = dapo_math_rows(records, where)
+    path = Path(out) / "dapo_math" / "train.parquet"
+    write_parquet(rows, path)
+    print(f"dapo_math train: {len(rows)} distinct problems of {len(records)} rows ({where}) -> {path}")
+    return path

@@ -59,15 +59,14 @@ def missing(cfg, datasets: dict[str, Dataset]) -> dict[str, list[tuple[str, Path
     return out
 
 
-def prepare_named(recipe: Path, cfg, srcs: dict[str | None, str] | None = None,
+def prepare_named(recipe: Path, datasets: dict[str, Dataset], cfg, srcs: dict[str | None, str] | None = None,
                   say: Callable[[str], None] = print) -> list[str]:
-    """Write each dataset ``cfg`` names that is missing, into the data root of the missing files; returns the folders
-    written. ``srcs``: {folder: src}, and {None: src} for every dataset. A folder where the config names a file that
+    """Write each of ``datasets`` (the recipe's, ``recipe_datasets``) that ``cfg`` names and is missing, into the
+    data root of the missing files; returns the folders written. ``srcs``: {folder: src}, and {None: src} for every dataset. A folder where the config names a file that
     is there already is not written (a dataset writes all its splits: it would replace that file); a missing file no
     dataset of the recipe writes is left for ``core.checks`` to name."""
     from core.config.errors import ConfigError, did_you_mean
 
-    datasets = recipe_datasets(recipe)
     srcs = srcs or {}
     for name in (n for n in srcs if n is not None and n not in datasets):
         raise ConfigError(f"--src {name}=...: {recipe.name}'s data.py has no dataset {name!r}"

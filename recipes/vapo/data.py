@@ -14,26 +14,17 @@ names; ``python recipes/vapo/data.py --help`` lists the datasets).
 """
 
 import sys
-from pathlib import Path
 
-from core.data import arith
-from core.data.dapo_math import TEMPLATE_DAPO, dapo_math_rows, read_dapo_math
-from core.data.prepare import prepare, write_parquet
+from core.data import arith, dapo_math
+from core.data.dapo_math import TEMPLATE_DAPO
+from core.data.prepare import prepare
 from core.data.recipe_data import Dataset, data_cli
 
 TEMPLATE = "{question} Let's think step by step and output the final answer after \"####\"."
 
 
-def write_dapo_math(out: Path, src: str | None) -> None:
-    records, where = read_dapo_math(src or "hub")
-    rows = dapo_math_rows(records, where)
-    write_parquet(rows, Path(out) / "dapo_math" / "train.parquet")
-    print(f"dapo_math train: {len(rows)} distinct problems of {len(records)} rows ({where}) -> "
-          f"{Path(out) / 'dapo_math' / 'train.parquet'}")
-
-
 DATASETS = {
-    "dapo_math": Dataset(write_dapo_math, "DAPO-Math-17k, de-duplicated (the hub, or --src dapo_math=FILE)"),
+    "dapo_math": Dataset(dapo_math.write, "DAPO-Math-17k, de-duplicated (the hub, or --src dapo_math=FILE)"),
     "aime24": Dataset(lambda out, src: prepare("aime24", src, out, template=TEMPLATE_DAPO),
                       "AIME 2024 test with DAPO's prompt (../shared/data/aime24, else the hub)"),
     "gsm8k": Dataset(lambda out, src: prepare("gsm8k", src, out, template=TEMPLATE),

@@ -43,8 +43,8 @@ class Translation:
         return [f"++{k}={_hydra(v)}" for k, v in self.ours.items()
                 if given is None or (k in self.from_given) == given]
 
-    def yaml(self) -> str:
-        """Our keys as one nested yaml (a recipe folder's config.yaml)."""
+    def tree(self) -> dict:
+        """Our keys as one nested mapping (what ``validate`` and a config.yaml take)."""
         tree: dict = {}
         for key, value in self.ours.items():
             *parents, leaf = key.split(".")
@@ -52,7 +52,11 @@ class Translation:
             for p in parents:
                 node = node.setdefault(p, {})
             node[leaf] = list(value) if isinstance(value, tuple) else value
-        return yaml.safe_dump(tree, sort_keys=False, width=120).rstrip()
+        return tree
+
+    def yaml(self) -> str:
+        """Our keys as one nested yaml (a recipe folder's config.yaml)."""
+        return yaml.safe_dump(self.tree(), sort_keys=False, width=120).rstrip()
 
 
 def _hydra(value: Any) -> str:

@@ -97,18 +97,7 @@ def test_the_translation_validates_into_our_config():
         node, parts = RunConfig(), key.split(".")
         for part in parts:
             node = node[part] if isinstance(node, dict) else getattr(node, part if part != "async" else "async_")
-    assert validate(RunConfig, _as_tree(translate(GRPO).ours))
-
-
-def _as_tree(flat: dict) -> dict:
-    tree: dict = {}
-    for key, value in flat.items():
-        *parents, leaf = key.split(".")
-        node = tree
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return tree
+    assert validate(RunConfig, translate(GRPO).tree())
 
 
 def test_every_row_has_a_rule_that_converts_it_and_lookup_finds_prefix_rows():

@@ -117,3 +117,23 @@ def test_a_folder_the_config_partly_names_elsewhere_is_not_overwritten(here, cap
 def test_a_src_for_a_dataset_the_recipe_does_not_have_is_named(here, capsys):
     assert cli_main(["data", "prepare", "grpo", "--src", "gsm8K=/x"]) == 2
     assert "--src gsm8K=...: grpo's data.py has no dataset 'gsm8K'; did you mean 'gsm8k'?" in capsys.readouterr().err
+
+
+def test_a_hub_dataset_with_the_hub_off_is_one_line_naming_it_and_src(tmp_path):
+    """``hybridrl data prepare prime --config-name eurus7b`` reads its training set from the hub; offline (and with an empty HF cache) that
+    is exit 2 and one line naming the hub dataset and ``--src`` -- whether or not `datasets` is installed."""
+    shutil.copytree(ROOT / "recipes" / "prime", tmp_path / "recipes" / "prime",
+                    ignore=shutil.ignore_patterns("__pycache__", "outputs"))
+    for name in ("aime24", "amc23", "minerva_math"):  # the held-out files there already: only the hub set is missing
+        (tmp_path / "outputs" / "data" / name).mkdir(parents=True)
+        (tmp_path / "outputs" / "data" / name / "test.parquet").touch()
+    env = {k: v for k, v in __import__("os").environ.items() if k != "HYBRIDRL_DEBUG"}
+    env |= {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "core.cli", "data", "prepare", "prime", "--config-name", "eurus7b"], capture_output=True, text=True,
+                       timeout=300, cwd=tmp_path, env=env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    from recipes.prime.data import EURUS_HUB
+
+    assert r.stderr == (f"hybridrl: {EURUS_HUB} train: the hub is unreachable (offline: HF_HUB_OFFLINE=1); pass "
+                        f"--src FILE (a .parquet / .jsonl of {EURUS_HUB})\n"), r.stderr

@@ -95,23 +95,28 @@ def read_records(name: str, split: str, src: str | Path | None = None) -> tuple[
 def _read_hub(name: str, split: str, looked: Path | None = None) -> tuple[list[dict], str]:
     """One split from the HF hub (or the ``datasets`` cache); ``looked``: the local file that was not there."""
     hub_id, config = DATASETS[name].hub
+    missing = f"no local copy at {looked} and " if looked is not None else ""
+    rows = _hub_rows(hub_id, config, split, lambda why: ConfigError(
+        f"{name} {split}: {missing}the hub is unreachable ({why}); pass --src DIR holding {name}/{split}.jsonl",
+        key="--src"))
+    return rows, f"hub:{hub_id}[{split}]"
 
-    def unreachable(why: str) -> ConfigError:
-        missing = f"no local copy at {looked} and " if looked is not None else ""
-        return ConfigError(f"{name} {split}: {missing}the hub is unreachable ({why}); pass --src DIR holding "
-                           f"{name}/{split}.jsonl", key="--src")
 
+def _hub_rows(hub_id: str, config: str | None, split: str, unreachable) -> list[dict]:
+    """The rows of one hub split; where the hub cannot be read, ``unreachable(why)`` is raised: why offline mode,
+    a missing ``datasets`` package or a failed connection stops it."""
     try:
         import datasets
     except ImportError:
-        raise unreachable("the `datasets` package is not installed: pip install datasets") from None
+        # offline first: with the hub turned off, installing `datasets` would not help
+        raise unreachable(_offline() or "the `datasets` package is not installed: pip install datasets") from None
     try:
         table = datasets.load_dataset(hub_id, config, split=split)
     except Exception as e:
         if not _is_connection_error(e):
             raise
         raise unreachable(_offline() or f"no connection: {' '.join(str(e).split())[:160]}") from e
-    return [dict(r) for r in table], f"hub:{hub_id}[{split}]"
+    return [dict(r) for r in table]
 
 
 def _offline() -> str:
@@ -143,12 +148,10 @@ def read_table(src: str, hub: str) -> tuple[list[dict], str]:
     """A training set's rows from the HF hub (``src`` 'hub': ``hub``'s train split; needs `datasets` and a network)
     or a local .parquet / .jsonl file, and a label naming where they came from (for error messages)."""
     if src == "hub":
-        try:
-            import datasets
-        except ImportError:
-            raise RuntimeError(f"--src hub needs `datasets` (pip install -e '.[hub]') and a network; or pass "
-                               f"--src FILE (a .parquet / .jsonl of {hub})") from None
-        return [dict(r) for r in datasets.load_dataset(hub, split="train")], f"hub:{hub}"
+        rows = _hub_rows(hub, None, "train", lambda why: ConfigError(
+            f"{hub} train: the hub is unreachable ({why}); pass --src FILE (a .parquet / .jsonl of {hub})",
+            key="--src"))
+        return rows, f"hub:{hub}"
     path = Path(src)
     if path.suffix == ".parquet":
         import pandas as pd
@@ -156,7 +159,7 @@ def read_table(src: str, hub: str) -> tuple[list[dict], str]:
         return pd.read_parquet(path).to_dict("records"), str(path)
     if path.suffix == ".jsonl":
         return read_jsonl(path), str(path)
-    raise ValueError(f"--src {src}: expected 'hub', a .parquet or a .jsonl file")
+    raise ConfigError(f"--src {src}: expected hub, a .parquet or a .jsonl file", key="--src")
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -47,6 +47,7 @@ Training (any x86-64 path, bf16 and fp32):
 
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
 from pathlib import Path
@@ -85,16 +86,31 @@ def _load() -> bool:
     if not march.replace("-", "").replace("_", "").isalnum():
         raise ValueError(f"HYBRIDRL_CPU_MARCH={march!r}: expected a gcc -march value (native, x86-64-v3, ...)")
     tag = _cpu_id() if march == "native" else march
-    build = cache_dir() / "torch_extensions" / f"cpu_kernels-torch{torch.__version__.replace('+', '-')}-{tag}"
+    # keyed by the sources' contents, not their path: a copy of the checkout elsewhere (a Ray job's working_dir, one
+    # folder per job) reuses the build where ninja, seeing new paths, would rebuild it (~30 s a job and node)
+    build = cache_dir() / "torch_extensions" / (f"cpu_kernels-torch{torch.__version__.replace('+', '-')}-{tag}-"
+                                                f"{_sources_hash()}")
     build.mkdir(parents=True, exist_ok=True)
     try:
-        load(name="hybridrl_cpu_kernels", sources=[str(f) for f in _SOURCES], build_directory=str(build),
-             extra_cflags=["-O3", f"-march={march}", "-fopenmp", "-ffp-contract=off"], is_python_module=False, verbose=False)
+        if (build / "hybridrl_cpu_kernels.so").is_file() and not (build / "lock").exists():
+            torch.ops.load_library(str(build / "hybridrl_cpu_kernels.so"))
+        else:
+            load(name="hybridrl_cpu_kernels", sources=[str(f) for f in _SOURCES], build_directory=str(build),
+                 extra_cflags=["-O3", f"-march={march}", "-fopenmp", "-ffp-contract=off"], is_python_module=False,
+                 verbose=False)
     except Exception as err:  # no compiler / ninja, or a build error: the PyTorch path still works
         warnings.warn(f"hybridrl CPU kernels not built ({type(err).__name__}: {str(err)[:200]}); "
                       "the rollout engine runs its PyTorch paths")
         return False
     return True
+
+
+def _sources_hash() -> str:
+    """10 hex digits of the sha256 of ``csrc/`` (every source and header, by name and contents)."""
+    h = hashlib.sha256()
+    for f in sorted((Path(__file__).parent / "csrc").iterdir()):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:10]
 
 
 def _cpu_id() -> str:

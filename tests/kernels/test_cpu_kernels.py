@@ -4,6 +4,8 @@ bit-identical to Llama's, SiLU*up within a bf16 ulp; kernels are installed only 
 write_decode equals the index_put it replaces; sample_rows is the inverse CDF of the tempered softmax; a bf16
 engine on the kernels keeps its log-probs consistent with a teacher-forced forward."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import LlamaConfig
@@ -14,10 +16,11 @@ from core.kernels import cpu as cpu_kernels
 from core.rollout.packed import can_pack
 from core.config import SamplingParams
 from core.rollout.engine import RolloutEngine
-from core.models import load_causal_lm, load_tokenizer
+from core.models import cache_dir, load_causal_lm, load_tokenizer
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="CPU kernels could not be built here")
 bf16 = torch.bfloat16
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def reference_attention(q, k, v, mask, scale):
@@ -86,6 +89,32 @@ def test_the_build_names_its_path():
     if os.environ.get("HYBRIDRL_CPU_MARCH") == "x86-64-v3":
         assert cpu_kernels.isa() == "avx2"
     assert torch.ops.hybridrl_cpu.linear_native() == (cpu_kernels.isa() == "avx512_bf16")
+
+
+def test_a_copy_of_the_checkout_elsewhere_loads_the_same_build(tmp_path):
+    """The build is keyed by the sources' contents: core/ copied to another folder (as a Ray job's working_dir is)
+    loads the built library as it is -- ninja, given new source paths, would rebuild it (~30 s a job)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from core.kernels.cpu import _sources_hash
+
+    built = list((cache_dir() / "torch_extensions").glob(f"cpu_kernels-*-{_sources_hash()}/hybridrl_cpu_kernels.so"))
+    assert built, "this process's build is keyed by the sources' hash"
+    stamps = {p: p.stat().st_mtime_ns for p in built}
+    shutil.copytree(ROOT / "core", tmp_path / "core", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-c", "import core.kernels.cpu as k; print(k.available(), k.__file__)"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["True", str(tmp_path / "core" / "kernels" / "cpu.py")], r.stdout + r.stderr
+    assert {p: p.stat().st_mtime_ns for p in built} == stamps  # loaded, not rebuilt
+    with (tmp_path / "core" / "kernels" / "csrc" / "kernels.h").open("a") as f:
+        f.write("// changed\n")
+    assert _sources_hash() != subprocess.run(
+        [sys.executable, "-c", "from core.kernels.cpu import _sources_hash as h; print(h())"], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=60).stdout.strip()  # changed sources: another build
 
 
 def test_decode_attention_without_mask_and_broadcast_mask():

@@ -81,6 +81,7 @@ def _serve(conn) -> None:
     after each call -- ``now`` is when its next call starts (CLOCK_MONOTONIC is one clock for all processes) --
     and, after unpickling a new fn, (None, ok, error, "", now). Returns when the caller closes the pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle; it kills us
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a scheduler's too (see _sigterm_blocked)
     blob = fn = None
     while True:
         try:
@@ -104,6 +105,23 @@ def _serve(conn) -> None:
             except Exception as e:  # the result or exception does not pickle
                 conn.send((i, False, RuntimeError(f"{type(out[2]).__name__} cannot be sent back: {e}"), out[3],
                            time.monotonic()))
+
+
+@contextlib.contextmanager
+def _sigterm_blocked():
+    """SIGTERM blocked in this thread while it starts a worker (and, the first time, the forkserver): both inherit
+    the mask, so neither dies of a scheduler's SIGTERM -- ``ray job stop`` and SLURM signal every process of a job,
+    and the driver, finishing its step before it checkpoints (core/preemption.py), still needs them. The driver ends
+    them itself: EOF on their pipe, SIGKILL past a limit. (multiprocessing's resource tracker, started first, unblocks
+    SIGTERM in the starting thread once it is up: so it starts before the block. It ignores SIGTERM itself.)"""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 @contextlib.contextmanager
@@ -131,7 +149,7 @@ class _Worker:
         ctx = _pool_context()
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_serve, args=(child,), daemon=True, name="hybridrl-reward")
-        with _main_without_unreadable_file():
+        with _main_without_unreadable_file(), _sigterm_blocked():
             self.proc.start()
         child.close()  # the worker's end lives in the worker alone: its death reads as EOF here
         self.todo: list[int] = []

@@ -33,11 +33,14 @@ def math_verify_reward(data_source, solution_str, ground_truth, extra_info=None)
 
 
 def pid_reward(data_source, solution_str, ground_truth, extra_info=None):
-    """len(solution) with the scoring process's pid; 'hang' sleeps 30 s in Python, 'die' ends its process."""
+    """len(solution) with the scoring process's pid; 'hang' sleeps 30 s in Python, 'die' ends its process, 'slow'
+    sleeps 0.5 s."""
     if solution_str == "hang":
         time.sleep(30)
     if solution_str == "die":
         os._exit(3)
+    if solution_str == "slow":
+        time.sleep(0.5)
     return {"score": float(len(solution_str)), "pid": os.getpid()}
 
 
@@ -97,6 +100,32 @@ def test_a_dead_worker_names_the_sample_and_is_replaced():
     assert isinstance(err, RewardError)
     assert "sample 1 (data_source='ds') raised RuntimeError: its reward worker process died (exit code 3)" in str(err)
     assert timed(pid_reward, ["ok", "die", "ok"], fallback=0.5)[0].scores.tolist() == [2.0, 0.5, 2.0]
+
+
+def test_a_schedulers_sigterm_to_the_reward_processes_does_not_stop_a_call():
+    """``ray job stop`` and SLURM send SIGTERM to every process of a job, the driver's reward processes too; the
+    driver finishes its step before it checkpoints (core/preemption.py), so they live on: the call in progress
+    scores, and so does the next."""
+    import signal
+
+    import psutil
+
+    assert timed(pid_reward, ["ok"])[0].scores.tolist() == [2.0]  # the forkserver and a worker are up
+    servers = [p for p in psutil.Process().children() if "forkserver" in " ".join(p.cmdline())]
+    assert servers
+    got = {}
+    call = threading.Thread(target=lambda: got.update(out=timed(pid_reward, ["slow", "ok"])[0]))
+    call.start()
+    time.sleep(0.2)  # inside the 'slow' sample
+    signalled = [q for p in servers for q in [p, *p.children(recursive=True)]]
+    assert len(signalled) >= 2
+    for q in signalled:
+        q.send_signal(signal.SIGTERM)
+    call.join()
+    assert not isinstance(got["out"], RewardError), got["out"]
+    assert got["out"].scores.tolist() == [4.0, 2.0]
+    assert all(q.is_running() for q in signalled)
+    assert timed(pid_reward, ["abc"])[0].scores.tolist() == [3.0]
 
 
 def test_closures_run_in_the_worker_and_what_cannot_be_sent_is_an_error():

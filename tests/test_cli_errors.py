@@ -80,6 +80,22 @@ def test_where_a_value_was_set_a_file_and_line_or_the_command_line(capsys, tmp_p
     assert rc == 2 and "(set on the command line: data.prompts_per_step=0)" in err, err
 
 
+def test_the_override_named_is_the_one_that_gave_the_value():
+    """The key itself before the section holding it, the closest section before a wider one, the last of equals."""
+    from core.config.errors import where_set
+
+    given = ["placement.pools.main={nnodes: 2, slots_per_node: 8}", "++placement.pools.main.gpu_memory_gb=0",
+             "placement={pools: {}}", "actor.optim.lr=1", "actor.optim.lr=2"]
+    assert where_set("placement.pools.main.gpu_memory_gb", given, None) == \
+        "set on the command line: placement.pools.main.gpu_memory_gb=0"
+    assert where_set("placement.pools.main.nnodes", given, None) == \
+        "set on the command line: placement.pools.main={nnodes: 2, slots_per_node: 8}"
+    assert where_set("placement.pools", given, None) == "set on the command line: placement={pools: {}}"
+    assert where_set("actor.optim.lr", given, None) == "set on the command line: actor.optim.lr=2"
+    assert where_set("actor.optim", given, None) == "set on the command line: actor.optim.lr=2"
+    assert where_set("critic.optim.lr", given, None) == "core's default"
+
+
 def test_a_reward_file_that_does_not_parse_or_lacks_the_function_is_named_with_its_line(capsys, tmp_path):
     bad = tmp_path / "reward.py"
     bad.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"

@@ -35,10 +35,18 @@ def override_key(override: str) -> str:
 def where_set(key: str, overrides: Iterable[str], yaml_path: str | Path | None) -> str:
     """Where the value at ``key`` (or the section holding it) was given: ``"set on the command line: k=v"``,
     ``"set in <file>:<line>"``, or ``"core's default"`` when neither names it."""
-    for o in overrides:
-        k = override_key(o)
-        if k == key or key.startswith(k + ".") or k.startswith(key + "."):
-            return f"set on the command line: {o.lstrip('+')}"
+    def covers(k: str) -> tuple[int, int] | None:  # the key itself, then the closest section holding it, then a part
+        if k == key:
+            return 3, 0
+        if key.startswith(k + "."):
+            return 2, len(k)
+        return (1, -len(k)) if k.startswith(key + ".") else None
+
+    # the override that gave the value: the most specific, the last of equals (Hydra applies them in order)
+    ranked = [(covers(override_key(o)), i, o) for i, o in enumerate(overrides)]
+    ranked = [r for r in ranked if r[0] is not None]
+    if ranked:
+        return f"set on the command line: {max(ranked)[2].lstrip('+')}"
     line = yaml_line(yaml_path, key) if yaml_path else None
     if line is not None:
         return f"set in {yaml_path}:{line}"

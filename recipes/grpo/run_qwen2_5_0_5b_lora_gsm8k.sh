@@ -9,5 +9,6 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 cd "$root"
-PY="${PY:-$root/.venv/bin/python}"
+# the checkout's .venv (make setup), else the python on PATH (an image's; a Ray job's working_dir ships no .venv)
+[ -n "${PY:-}" ] || { PY="$root/.venv/bin/python"; [ -x "$PY" ] || PY=python3; }
 exec "$PY" -m core.cli train "$here" --config-name qwen2_5_0_5b_lora_gsm8k "$@"

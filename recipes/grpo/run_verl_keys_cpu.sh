@@ -8,7 +8,8 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 cd "$root"
-PY="${PY:-$root/.venv/bin/python}"
+# the checkout's .venv (make setup), else the python on PATH (an image's; a Ray job's working_dir ships no .venv)
+[ -n "${PY:-}" ] || { PY="$root/.venv/bin/python"; [ -x "$PY" ] || PY=python3; }
 "$PY" -m core.cli data prepare "$here" --config-name demo_cpu  # the arithmetic task's parquet files
 args=()  # verl's keys; our trainer.output_dir (the score bench passes it) is verl's trainer.default_local_dir
 for a in "$@"; do

@@ -22,7 +22,8 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 cd "$root"
-PY="${PY:-$root/.venv/bin/python}"
+# the checkout's .venv (make setup), else the python on PATH (an image's; a Ray job's working_dir ships no .venv)
+[ -n "${PY:-}" ] || { PY="$root/.venv/bin/python"; [ -x "$PY" ] || PY=python3; }
 case "${PLACEMENT:-colocated}" in
   colocated) config=qwen2_7b_rm ;;
   split) config=qwen2_7b_rm_split ;;

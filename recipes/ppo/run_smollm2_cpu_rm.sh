@@ -12,7 +12,8 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 cd "$root"
-PY="${PY:-$root/.venv/bin/python}"
+# the checkout's .venv (make setup), else the python on PATH (an image's; a Ray job's working_dir ships no .venv)
+[ -n "${PY:-}" ] || { PY="$root/.venv/bin/python"; [ -x "$PY" ] || PY=python3; }
 RM="${RM:-outputs/rm/arith_smollm2}"
 [ -f outputs/data/arith_rm/test.jsonl ] || "$PY" "$here/rm_pairs.py" --out outputs/data/arith_rm
 [ -f "$RM/rm_train.json" ] || "$PY" -m core.rm_train --model SmolLM2-135M-Instruct --out "$RM" \

@@ -10,7 +10,8 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 cd "$root"
-PY="${PY:-$root/.venv/bin/python}"
+# the checkout's .venv (make setup), else the python on PATH (an image's; a Ray job's working_dir ships no .venv)
+[ -n "${PY:-}" ] || { PY="$root/.venv/bin/python"; [ -x "$PY" ] || PY=python3; }
 model="${MODEL_DIR:-outputs/models/smolvlm_shapes}"
 if [ ! -f "$model/config.json" ]; then  # stage 1 reads the data: write it first (stage 2's run would, too late)
   "$PY" -m core.cli data prepare "$here" --config-name config

@@ -55,7 +55,8 @@ test-vllm: $(VLLM_STAMP)
 test-multinode: $(STAMP)
 	@command -v slurmctld >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge) || true; }
-	$(PY) -m pytest -q -s -rs -m multinode tests/test_multinode.py tests/test_slurm.py tests/test_full_scale_scripts.py
+	$(PY) -m pytest -q -s -rs -m multinode tests/test_multinode.py tests/test_ray_jobs.py tests/test_slurm.py \
+		tests/test_full_scale_scripts.py
 
 test-heavy: $(STAMP)
 	$(PY) -m pytest -q -rs -m "heavy and not slow"

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from core.models import cache_dir
+
 RAY = str(Path(sys.executable).with_name("ray"))
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,10 +45,12 @@ def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
 class Cluster:
     """Ray nodes of ``cpus`` CPUs each (a list: one per node), the first ``start`` of them started (default all; the
     others wait for ``start_node``). ``private``: {node index: folder} mounted as an empty tmpfs for that node only.
-    Use as a context manager; ``address``, ``ips``, ``env`` (for drivers)."""
+    ``dashboard``: the head runs Ray's dashboard and job server at ``dashboard_url`` (``ray job submit``); ``env``:
+    on top of every node's and driver's environment. Use as a context manager; ``address``, ``ips``, ``env``."""
 
-    def __init__(self, base: Path, cpus: list[int], start: int | None = None, private: dict[int, Path] | None = None):
-        self.base, self.cpus, self.private = Path(base), list(cpus), private or {}
+    def __init__(self, base: Path, cpus: list[int], start: int | None = None, private: dict[int, Path] | None = None,
+                 dashboard: bool = False, env: dict | None = None):
+        self.base, self.cpus, self.private, self.dashboard = Path(base), list(cpus), private or {}, dashboard
         self.start = len(self.cpus) if start is None else start
         self.kind = "namespaces" if not namespaces_available() else "cluster_utils"
         k = os.getpid() % 200 + 20  # a subnet of our own: a concurrent run (or a leftover) never shares it
@@ -60,8 +64,14 @@ class Cluster:
         # nothing of this process's distributed or Ray settings (an in-process worker group sets RANK, ...)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k not in
                     ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME")}
-        self.env |= {"HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT)}
+        # the venv's bin first on PATH, as an activated venv (`ray`, `hybridrl` for a job's entrypoint)
+        # HYBRIDRL_CACHE: the machine's cache (the built CPU kernels, converted models), not one in the new HOME --
+        # as the nodes of a real cluster keep theirs
+        self.env |= {"HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT),
+                     "HYBRIDRL_CACHE": str(cache_dir()),
+                     "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"} | (env or {})
         self.address = f"{self.ips[0]}:6379"
+        self.dashboard_url = f"http://{self.ips[0]}:8265"  # the job server's, with dashboard=True
         self._utils = None
 
     # ------------------------------------------------------------------------------------------------ lifecycle
@@ -97,6 +107,14 @@ class Cluster:
             _sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{ip}/24", "dev", node_end)
             _sh("ip", "netns", "exec", ns, "ip", "link", "set", node_end, "up")
             _sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+            # names for the nodes' addresses and no nameserver (``ip netns exec`` mounts these over /etc's): the
+            # host's DNS is not reachable from a namespace, and every reverse lookup (gloo's, per connection) would
+            # wait for it to time out
+            etc = Path("/etc/netns") / ns
+            etc.mkdir(parents=True, exist_ok=True)
+            (etc / "hosts").write_text("127.0.0.1 localhost\n" + "".join(
+                f"{a} {n}\n" for a, n in zip(self.ips, self.ns)))
+            (etc / "resolv.conf").write_text("# no nameserver: names come from hosts\n")
 
     def start_node(self, i: int, env: dict | None = None, bind: dict[Path, Path] | None = None,
                    timeout_s: float = 60.0) -> None:
@@ -104,8 +122,13 @@ class Cluster:
         workers inherit it) and ``bind`` {path: source}: what that node sees at each path (another checkout at the
         same path, say); wait until the cluster counts it."""
         common = [f"--num-cpus={self.cpus[i]}", "--disable-usage-stats", "--block", f"--node-ip-address={self.ips[i]}"]
-        role = ["--head", "--port=6379", "--include-dashboard=false", f"--temp-dir={self.temp}"] if i == 0 else \
-            [f"--address={self.address}"]
+        dashboard = [f"--include-dashboard={str(self.dashboard).lower()}"] + (
+            [f"--dashboard-host={self.ips[0]}", "--dashboard-port=8265"] if self.dashboard else [])
+        # each node its own temp dir, as each machine has its own /tmp: sharing one, a node's runtime-env agent
+        # unpacks a job's working_dir over the folder another node's driver runs in
+        temp = self.temp if i == 0 else self.base / f"ray{i}"
+        role = ["--head", "--port=6379", *dashboard] if i == 0 else [f"--address={self.address}"]
+        role.append(f"--temp-dir={temp}")
         cmd = [RAY, "start", *role, *common]
         mounts = []
         if i in self.private:  # its own empty tmpfs over the folder: that node's local disk
@@ -143,6 +166,7 @@ class Cluster:
     def _cleanup_network(self) -> None:
         for ns in self.ns:
             _sh("ip", "netns", "del", ns, check=False)
+            shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
         for i in range(len(self.ns)):
             _sh("ip", "link", "del", f"{self.tag}h{i}", check=False)
         _sh("ip", "link", "del", f"{self.tag}br", check=False)

@@ -4,6 +4,7 @@ import here, the placement, the model's shape and, per pool holding roles, the p
 
 from __future__ import annotations
 
+from core.config.errors import ConfigError
 from core.config import RunConfig
 from core.model_shapes import model_shape
 from core.planner import GB, RunShape, plan
@@ -77,21 +78,15 @@ def _critic_shape(cfg, max_seq: int, here: bool) -> dict:
             "critic_shards": c.megatron.tp * c.megatron.pp if c.strategy == "megatron" else 0}
 
 
-def plan_run(cfg) -> tuple[str, bool]:
-    """The dry-run report of a validated run config: backends, placement, and per pool that holds roles its
-    per-GPU memory plan and verdict (colocated: one pool; split placement: each pool on its own GPUs)."""
-    found = importable()
-    out = ["backends importable here: " + ", ".join(f"{k} {v}" for k, v in found.items())]
-    if cfg.rollout.backend != "embedded" and found.get(cfg.rollout.backend) != "yes":
-        out.append(f"  note: rollout.backend={cfg.rollout.backend} is not importable on this machine; the plan is "
-                   f"for the cluster's (pip install -e '.[{cfg.rollout.backend}]' there)")
-    placed = cfg.placed_roles()
-    used = [name for name in cfg.placement.pools if name in placed.values()]
-    roles = ", ".join(f"{role} -> {p}" for role, p in placed.items())
-    out.append(f"placement: {roles}; " + "; ".join(
-        f"pool {name!r}: {cfg.placement.pools[name].nnodes} node(s) x {cfg.placement.pools[name].slots_per_node} "
-        f"{cfg.placement.pools[name].device} rank(s)" for name in used))
-    m = model_shape(cfg.actor.model)
+def _model_line(cfg, gpu: bool) -> str:
+    """The actor model's size. A CPU-only plan has no memory terms, so a model that is not there yet (one an
+    earlier stage of the run script writes, e.g. recipes/vlm's aligned model) is said, not an error."""
+    try:
+        m = model_shape(cfg.actor.model)
+    except ConfigError:
+        if gpu:
+            raise
+        return f"model {cfg.actor.model}: not there yet (no config.json); a CPU plan needs no model shape"
     about = [f"model {cfg.actor.model}: {m.params / 1e9:.2f}B parameters, {m.layers} layers, hidden {m.hidden}, "
              f"vocab {m.vocab}"]
     if m.experts:
@@ -99,7 +94,24 @@ def plan_run(cfg) -> tuple[str, bool]:
     if m.vision_params:
         about.append(f"vision tower + connector {m.vision_params / 1e9:.2f}B ({m.vision_layers} blocks, width "
                      f"{m.vision_hidden})")
-    out.append("; ".join(about))
+    return "; ".join(about)
+
+
+def plan_run(cfg) -> tuple[str, bool]:
+    """The dry-run report of a validated run config: backends, placement, and per pool that holds roles its
+    per-GPU memory plan and verdict (colocated: one pool; split placement: each pool on its own GPUs)."""
+    found = importable()
+    out = ["backends importable here: " + ", ".join(f"{k} {v}" for k, v in found.items())]
+    if cfg.rollout.backend != "embedded" and found.get(cfg.rollout.backend) != "yes":
+        out.append(f"  note: rollout.backend={cfg.rollout.backend} is not importable on this host; the plan is "
+                   f"for the cluster's (pip install -e '.[{cfg.rollout.backend}]' there)")
+    placed = cfg.placed_roles()
+    used = [name for name in cfg.placement.pools if name in placed.values()]
+    roles = ", ".join(f"{role} -> {p}" for role, p in placed.items())
+    out.append(f"placement: {roles}; " + "; ".join(
+        f"pool {name!r}: {cfg.placement.pools[name].nnodes} node(s) x {cfg.placement.pools[name].slots_per_node} "
+        f"{cfg.placement.pools[name].device} rank(s)" for name in used))
+    out.append(_model_line(cfg, gpu=any(cfg.placement.pools[name].device == "cuda" for name in used)))
     from core.tools.isolation import describe
     out.append(f"tools (agent calls, code rewards): {describe(cfg.tools.isolation)}")
     fits = True
@@ -129,7 +141,7 @@ def plan_run(cfg) -> tuple[str, bool]:
             parts.append(f"rollout {r.rollout_backend} TP {r.engine_tp} x {W // r.engine_tp} replicas at "
                          f"{r.gpu_memory_utilization:g} of {r.gpu_memory_gb:g} GB")
         out.append(", ".join(parts) + f"; host {r.host_memory_gb:g} GB per node")
-        p = plan(m, r)
+        p = plan(model_shape(cfg.actor.model), r)
         out.append("per-GPU memory plan (GB):")
         known = r.gpu_memory_gb > 0 and r.host_memory_gb > 0   # else nothing to check against: the needs, no verdict
         out.append(p.text(verdict=known))
@@ -152,8 +164,8 @@ def effective_sizes(cfg: RunConfig, dp_size: int) -> str:
     samples = prompts * n
     mini = cfg.actor.ppo_mini_batch_size
     if samples % mini:
-        raise ValueError(f"samples per step ({prompts} prompts x n={n} = {samples}) must be a multiple of "
-                         f"actor.ppo_mini_batch_size={mini}")
+        raise ConfigError(f"samples per step ({prompts} prompts x n={n} = {samples}) must be a multiple of "
+                          f"actor.ppo_mini_batch_size={mini}", "actor.ppo_mini_batch_size")
     per_rank = mini // dp_size
     micro = (f"up to {cfg.actor.max_tokens_per_micro} tokens" if cfg.actor.max_tokens_per_micro > 0
              else f"{cfg.actor.micro_batch_size} samples")

@@ -95,6 +95,20 @@ def test_a_role_on_an_unknown_pool_and_a_missing_data_file_are_named():
         load_rl_parquet("/nowhere/train.parquet")
 
 
+def test_a_role_map_naming_one_role_leaves_the_others_where_the_default_puts_them():
+    """`placement.roles.rollout=gen` on the command line (the docs' split placement): the actor and the reference stay
+    on 'main' (the map once replaced the default whole, and the checks failed with KeyError: 'actor')."""
+    pools = {"main": {"slots_per_node": 2}, "gen": {"slots_per_node": 1}}
+    cfg = validate(RunConfig, {"placement": {"pools": pools, "roles": {"rollout": "gen"}}})
+    assert cfg.placement.roles == {"actor": "main", "ref": "main", "rollout": "gen"}
+    assert problems(cfg) == []
+    cfg = validate(RunConfig, {"placement": {"pools": {"train": {}, "infer": {}}, "roles": {"actor": "train",
+                                                                                         "rollout": "infer"}}})
+    assert cfg.placement.roles["ref"] == "train"  # no 'main': with the actor
+    with pytest.raises(ValueError, match="placement.roles names no pool for the actor"):
+        validate(RunConfig, {"placement": {"pools": {"train": {}}, "roles": {"rollout": "train"}}})
+
+
 def test_a_loss_that_aggregates_its_own_way_refuses_another_mode():
     found = problems(run_config(actor__loss__name="gspo", actor__loss_agg_mode="seq-mean-token-sum"))
     assert found == ["actor.loss.name='gspo' aggregates by seq-mean-token-mean whatever actor.loss_agg_mode says: "

@@ -142,7 +142,8 @@ class AlgoConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # advantage estimator and its knobs
     adv: AdvantageConfig = field(default_factory=AdvantageConfig)
-    # processes scoring rewards in parallel (0 = in the driver) and the per-call limit
+    # reward worker processes scoring in parallel (0 = one: every call runs in a worker process, so the per-call
+    # limit holds wherever the call is) and the per-call limit
     reward_workers: Count = 0
     reward_timeout_s: PositiveFloat = 10.0
     # score given to a sample whose reward raises / times out / is NaN (None = fail the step)

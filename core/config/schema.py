@@ -22,7 +22,7 @@ class PoolConfig:
     # CPUs reserved per rank; also its torch thread count
     cpus_per_slot: PositiveFloat = 1.0
     # memory of one GPU and of one machine, GB: the capacity planner's budget (`--dry-run`); 0 = not stated
-    # (the planner then asks this machine)
+    # (the planner then asks the host it runs on)
     gpu_memory_gb: NonNegative = 0.0
     host_memory_gb: NonNegative = 0.0
 
@@ -39,6 +39,15 @@ class PlacementConfig:
 
     def __post_init__(self):
         check_fields(self)
+        # a map naming some roles (placement.roles.rollout=gen on the command line) leaves the others where the
+        # default puts them: on 'main' where there is one, else with the actor
+        missing = [r for r in ("actor", "rollout", "ref") if r not in self.roles]
+        if missing:
+            if "actor" in missing and "main" not in self.pools:
+                raise ValueError(f"placement.roles names no pool for the actor (and 'main' is not a pool); "
+                                 f"add placement.roles.actor=<one of {list(self.pools)}>")
+            home = "main" if "main" in self.pools else self.roles["actor"]
+            object.__setattr__(self, "roles", {**{r: home for r in missing}, **self.roles})
         unknown = {r: p for r, p in self.roles.items() if p not in self.pools}
         if unknown:
             raise ValueError(f"placement.roles names unknown pool(s) {unknown}; pools are {list(self.pools)}")
@@ -104,7 +113,7 @@ class TrainerConfig:
     n_gpus_per_node: Count = 0
     # one-step-off-policy async training (YAML key: async)
     async_: AsyncConfig = field(default_factory=AsyncConfig)
-    # the Ray cluster to join: "" = RAY_ADDRESS if set, else a new local Ray; "auto" = the cluster started on this
+    # the Ray cluster to join: "" = RAY_ADDRESS if set, else a new local Ray; "auto" = the cluster started on the
     # machine (ray start); or <head-ip>:6379 (the driver runs on a node of that cluster)
     ray_address: str = ""
     # Ray's runtime_env for every worker, e.g. {working_dir: ., excludes: [outputs]}: Ray ships the driver's checkout

@@ -10,7 +10,10 @@ root="$(cd "$here/../.." && pwd)"
 cd "$root"
 # the checkout's .venv (make setup), else the python on PATH (an image's; a Ray job's working_dir ships no .venv)
 [ -n "${PY:-}" ] || { PY="$root/.venv/bin/python"; [ -x "$PY" ] || PY=python3; }
-"$PY" -m core.cli data prepare "$here" --config-name demo_cpu  # the arithmetic task's parquet files
+case " $* " in  # the arithmetic task's parquet files (a --dry-run writes nothing)
+  *" --dry-run "*) ;;
+  *) "$PY" -m core.cli data prepare "$here" --config-name demo_cpu ;;
+esac
 args=()  # verl's keys; our trainer.output_dir (the score bench passes it) is verl's trainer.default_local_dir
 for a in "$@"; do
   case "$a" in trainer.output_dir=*) args+=("trainer.default_local_dir=${a#*=}") ;; *) args+=("$a") ;; esac

@@ -15,7 +15,13 @@ cd "$root"
 # the checkout's .venv (make setup), else the python on PATH (an image's; a Ray job's working_dir ships no .venv)
 [ -n "${PY:-}" ] || { PY="$root/.venv/bin/python"; [ -x "$PY" ] || PY=python3; }
 RM="${RM:-outputs/rm/arith_smollm2}"
-[ -f outputs/data/arith_rm/test.jsonl ] || "$PY" "$here/rm_pairs.py" --out outputs/data/arith_rm
-[ -f "$RM/rm_train.json" ] || "$PY" -m core.rm_train --model SmolLM2-135M-Instruct --out "$RM" \
-  --train outputs/data/arith_rm/train.jsonl --val outputs/data/arith_rm/test.jsonl --epochs 1 --lr 1e-5
+dry=0
+for a in "$@"; do [ "$a" = --dry-run ] && dry=1; done
+if [ "$dry" = 1 ] && [ ! -f "$RM/rm_train.json" ]; then
+  echo "run_smollm2_cpu_rm.sh: --dry-run: the pairs and the reward model ($RM) are not made; the plan of the PPO run:" >&2
+else
+  [ -f outputs/data/arith_rm/test.jsonl ] || "$PY" "$here/rm_pairs.py" --out outputs/data/arith_rm
+  [ -f "$RM/rm_train.json" ] || "$PY" -m core.rm_train --model SmolLM2-135M-Instruct --out "$RM" \
+    --train outputs/data/arith_rm/train.jsonl --val outputs/data/arith_rm/test.jsonl --epochs 1 --lr 1e-5
+fi
 exec "$PY" -m core.cli train "$here" --config-name demo_cpu_rm reward_model.model="$RM" "$@"

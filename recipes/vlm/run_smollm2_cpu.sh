@@ -13,7 +13,11 @@ cd "$root"
 # the checkout's .venv (make setup), else the python on PATH (an image's; a Ray job's working_dir ships no .venv)
 [ -n "${PY:-}" ] || { PY="$root/.venv/bin/python"; [ -x "$PY" ] || PY=python3; }
 model="${MODEL_DIR:-outputs/models/smolvlm_shapes}"
-if [ ! -f "$model/config.json" ]; then  # stage 1 reads the data: write it first (stage 2's run would, too late)
+dry=0
+for a in "$@"; do [ "$a" = --dry-run ] && dry=1; done
+if [ "$dry" = 1 ] && [ ! -f "$model/config.json" ]; then
+  echo "run_smollm2_cpu.sh: --dry-run: stage 1 (align.py, writing $model) is not run; the plan of stage 2:" >&2
+elif [ ! -f "$model/config.json" ]; then  # stage 1 reads the data: write it first (stage 2's run would, too late)
   "$PY" -m core.cli data prepare "$here" --config-name config
   "$PY" "$here/align.py" --steps "${ALIGN_STEPS:-60}" --data outputs/data/vlm_shapes --out "$model"
 fi

@@ -1,6 +1,6 @@
 """Bench options: ``pytest bench/ --benchmark`` runs real sizes; without the flag every bench is a tiny smoke run.
 
-Each bench measures ours and a baseline in the same run and reports their ratio (this machine is shared and
+Each bench measures ours and a baseline in the same run and reports their ratio (the host may be shared and
 noisy: ratios carry across runs, absolute times do not). Results land in ``bench/results/<bench>.json``; with
 ``--benchmark`` the tracked ratios are compared with ``bench/baselines/<machine kind>.json`` at the end of the
 session (``bench/regress.py``): a regression beyond the tolerance fails the run, and ``bench/results/report.md``

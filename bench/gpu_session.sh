@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The project's GPU checks in one run, for a lent GPU machine (torch, transformers, peft; no Ray, no vLLM, no hub):
+# The project's GPU checks in one run, for a GPU machine (torch, transformers, peft; no Ray, no vLLM, no hub):
 #   bash bench/gpu_session.sh MODEL_DIR [WHEELS_DIR]
 # MODEL_DIR holds a model's config.json and tokenizer files, no weights (SmolLM2-135M's weights are 270 MB and a
 # command carries 64 MiB): random weights of that architecture are made on the GPU; with EOS ignored, decoding

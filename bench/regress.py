@@ -126,7 +126,7 @@ def write_report(current: dict[str, dict[str, tuple[float, str]]], baseline: dic
     out.mkdir(parents=True, exist_ok=True)
     rows = [(b, n, v, d, (baseline or {}).get(b, {}).get(n)) for b, r in current.items() for n, (v, d) in r.items()]
     lines = [f"# bench report ({kind})", "",
-             f"Baseline: {'bench/baselines/' + kind + '.json' if baseline else 'none stored for this machine kind'};"
+             f"Baseline: {'bench/baselines/' + kind + '.json' if baseline else 'none stored for this kind'};"
              f" tolerance {TOLERANCE:.0%}.", "",
              "| bench | ratio | better | this run | baseline | change (+ = better) |", "|---|---|---|---|---|---|"]
     for b, n, v, d, base in rows:

@@ -189,7 +189,7 @@ def trl_in_own_process(*args) -> tuple[float, float]:
     proc.start()
     proc.join()
     if proc.exitcode != 0:
-        why = " (killed: most likely out of memory on this machine)" if proc.exitcode == -9 else ""
+        why = " (killed: most likely out of memory on the host)" if proc.exitcode == -9 else ""
         pytest.fail(f"TRL's side of the GRPO step bench ended with exit code {proc.exitcode}{why}; ours was measured")
     return queue.get(timeout=60)
 

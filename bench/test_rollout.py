@@ -17,7 +17,7 @@ one) while ``generate`` keeps its configuration: a real, slower run that the reg
 
 Both engines run in the dtype ``dtype: auto`` picks from the CPU's flags (bf16 on CUDA, AMX or AVX512-BF16; fp32
 elsewhere; ``HYBRIDRL_CPU_BF16=0`` forces fp32, and the machine kind of the baseline then ends in ``-fp32``).
-The roofline is measured on this machine in the same run, in that dtype: torch.matmul's rate at 1024^3 (2048^3
+The roofline is measured on the host in the same run, in that dtype: torch.matmul's rate at 1024^3 (2048^3
 is no faster here, and a bf16 probe on a CPU without bf16 hardware would take minutes), and the copy bandwidth
 (bytes read + written by a 256 MB clone). Per decode step it is the larger of streaming the weights once at that
 bandwidth and the step's FLOPs (2 x matmul params x batch, plus attention) at the matmul peak. Our own packed
@@ -141,7 +141,7 @@ def vllm_runs(path: str, tok, dtype: torch.dtype, batches: list[list[list[int]]]
     import importlib.util
 
     # CUDA: vLLM runs inside a torch.distributed rank there (external_launcher), which this bench process is not;
-    # and the GPU machines this project is lent have no vLLM
+    # and the GPU run (bench/gpu_session.sh) has no vLLM
     if importlib.util.find_spec("vllm") is None or DEV.type != "cpu":
         return {}
     from core.config import RolloutConfig

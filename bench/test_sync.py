@@ -42,7 +42,7 @@ def test_weight_sync_vs_plain_copy(full_size, report, tiny_model_dir):
                 for k, t in state.items():
                     params[k].copy_(t)
 
-        # both in alternation, the ratio taken per pair: this machine's memory speed drifts between windows
+        # both in alternation, the ratio taken per pair: the host's memory speed drifts between windows
         # (separate windows of 5 read 1.9-2.5x here on one machine within minutes)
         pairs = [(median_time(sync, 1, warmup=0), median_time(plain_copy, 1, warmup=0)) for _ in range(repeat)]
         t_sync, t_copy = (statistics.median(t) for t in zip(*pairs))

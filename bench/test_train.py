@@ -57,7 +57,7 @@ def test_fsdp_update_and_logprob_throughput_vs_matmul_peak(full_size, report, ti
         t_update = median_time(lambda: actor.call_all(FSDPActor.update, batch), repeat)
         t_logp = median_time(lambda: actor.call_all(FSDPActor.compute_logprobs, batch), repeat)
         tokens = B * (Tp + Tr)
-        # MFU is a ratio to the matmul peak measured in this run: tracked per machine kind (issue 23's >= 50% goal)
+        # MFU is a ratio to the matmul peak measured in this run: tracked per machine kind (goal: >= 50%)
         r = report("train", tracked={"update_mfu": "higher", "logprob_mfu": "higher"} if full_size else None,
                    model=path.split("/")[-1], dtype=str(best).replace("torch.", ""),
                    samples=B, tokens=tokens, peak_gflops=peak / 1e9,

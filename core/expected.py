@@ -107,7 +107,7 @@ def check(figures: dict[str, float], tier: dict, where: str = "tier") -> list[st
 
 
 def hardware_missing(tier: dict) -> str | None:
-    """Why this machine cannot run the tier (None when it can): GPU count and memory, Python packages."""
+    """Why the host cannot run the tier (None when it can): GPU count and memory, Python packages."""
     import importlib.util
 
     import torch
@@ -120,8 +120,8 @@ def hardware_missing(tier: dict) -> str | None:
     need = tier["hardware"].get("gpus", 0)
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if have < need:
-        return f"needs {need} GPUs, this machine has {have}"
+        return f"needs {need} GPUs, the host has {have}"
     mem = tier["hardware"].get("gpu_memory_gb", 0)
     if need and mem and torch.cuda.get_device_properties(0).total_memory < mem * 0.9 * 2**30:
-        return f"needs {mem} GB per GPU, this machine's have {torch.cuda.get_device_properties(0).total_memory / 2**30:.0f}"
+        return f"needs {mem} GB per GPU, the host's have {torch.cuda.get_device_properties(0).total_memory / 2**30:.0f}"
     return None

@@ -131,7 +131,7 @@ KNOWN: dict[str, dict] = {
                                                       "patch_size": 14, "spatial_merge_size": 2,
                                                       "temporal_patch_size": 2, "window_size": 112,
                                                       "fullatt_block_indexes": [7, 15, 23, 31]}},
-    # mixture-of-experts shapes (issue 29): Mixtral 46.7B / 12.9B active, DeepSeek-V3 671B / 37B (its multi-token
+    # mixture-of-experts shapes: Mixtral 46.7B / 12.9B active, DeepSeek-V3 671B / 37B (its multi-token
     # prediction module is not in transformers' model)
     "mistralai/Mixtral-8x7B-Instruct-v0.1": {"model_type": "mixtral", "hidden_size": 4096, "num_hidden_layers": 32,
                                              "intermediate_size": 14336, "num_attention_heads": 32,

@@ -1,4 +1,4 @@
-"""``hybridrl selfcheck``: start the roles on their pools and prove the runtime works on this machine/cluster.
+"""``hybridrl selfcheck``: start the roles on their pools and prove the runtime works on the host/cluster.
 
 It places actor, rollout and reference as the config says (colocated by default), then checks each claim the
 trainer relies on: one process per rank, colocated roles share it, an all-reduce sums over the group, a batch

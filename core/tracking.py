@@ -3,7 +3,7 @@
 ``<output_dir>/metrics.jsonl`` is always written (resume and the end-of-run report read it), so ``jsonl`` is
 accepted and changes nothing. ``console`` prints one line per step. The others write under ``<output_dir>``:
 ``tensorboard/`` (event files), ``swanlab/`` and ``wandb/``, offline by default (``trainer.tracker_mode``:
-``offline`` keeps everything on this machine; ``online`` uploads, with the tool's own login). Every tracker is
+``offline`` keeps everything on the local host; ``online`` uploads, with the tool's own login). Every tracker is
 created before the first step, so a missing package fails at start with the pip command, not deep in a run.
 """
 

@@ -1,5 +1,5 @@
 """Processors of the vision-language models we run, without torchvision (transformers' default image processors
-and its video-processor registry need it; this machine has none): each turns prompt text with ``<image>``
+and its video-processor registry need it, and it is not a dependency): each turns prompt text with ``<image>``
 placeholders and the images into token ids and the model's vision tensors.
 
 - Idefics3 / SmolVLM (``make_idefics3_processor``): transformers' ``Idefics3Processor`` on its PIL image processor;

@@ -64,12 +64,12 @@ def node_ip() -> str:
         import ray
 
         return ray.util.get_node_ip_address()
-    except Exception:  # no Ray: this machine
+    except Exception:  # no Ray: the local host
         return "127.0.0.1"
 
 
 def interface_of(ip: str) -> str | None:
-    """The network interface of this machine that carries ``ip`` (None: none does)."""
+    """The network interface of the host that carries ``ip`` (None: none does)."""
     import psutil
 
     for name, addrs in psutil.net_if_addrs().items():

@@ -204,7 +204,7 @@ RAY_CURRENT_CLUSTER = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster
 
 
 def check_recorded_cluster(timeout_s: float = 3.0) -> None:
-    """``address="auto"`` joins the cluster ``ray start`` recorded on this machine; one that is gone (a stale record)
+    """``address="auto"`` joins the cluster ``ray start`` recorded on the host; one that is gone (a stale record)
     would have ``ray.init`` retry it without end: refuse at once, naming it and the way out."""
     import socket
 

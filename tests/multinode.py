@@ -1,4 +1,4 @@
-"""A real multi-node Ray cluster on this machine, for tests: one network namespace per node, each with its own IP on
+"""A real multi-node Ray cluster on one host, for tests: one network namespace per node, each with its own IP on
 a bridge (10.77.<k>.10, .11, ...), ``ray start --head`` in the first and ``ray start --address`` in the others, the
 driver run inside the head's namespace (``Cluster.run``). Needs root and iproute2's ``ip``; without them it falls
 back to ``ray.cluster_utils.Cluster`` (distinct node ids, one IP: no cross-node network to get wrong) and says so
@@ -135,7 +135,7 @@ class Cluster:
             Path(self.private[i]).mkdir(parents=True, exist_ok=True)
             mounts.append(f'mount -t tmpfs none "{self.private[i]}"')
         mounts += [f'mount --bind "{src}" "{dst}"' for dst, src in (bind or {}).items()]
-        if mounts:  # in a mount namespace of its own, so no other node (nor this machine) sees them
+        if mounts:  # in a mount namespace of its own, so no other node (nor the host) sees them
             cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", " && ".join(mounts) + ' && exec "$0" "$@"',
                    *cmd]
         log = open(self.base / f"node{i}.log", "a")

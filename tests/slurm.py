@@ -1,4 +1,4 @@
-"""A real SLURM cluster on this machine, for tests: ``munged`` (a key, socket and state of its own), ``slurmctld`` on
+"""A real SLURM cluster on one host, for tests: ``munged`` (a key, socket and state of its own), ``slurmctld`` on
 the host, and two ``slurmd`` (nodeA, nodeB), each in a network namespace of its own (its own IP on a bridge,
 ``tests/multinode.py``'s network), a UTS namespace with its own hostname and a PID namespace of its own (``ray stop``
 in a job sees that node's processes only, as on a machine of its own; killing the node's first process ends every job
@@ -76,7 +76,7 @@ class SlurmCluster:
         self.procs: dict[str, subprocess.Popen] = {}
         # a short folder of /tmp: munged's socket (munged wants every folder above it searchable by all: not the
         # 0700 of pytest's tmp dirs) and the jobs' Ray temp dir (Ray's socket paths must stay under 108 characters;
-        # its own, so no `ray start` here lands in /tmp/ray, where another Ray on this machine would find it)
+        # its own, so no `ray start` here lands in /tmp/ray, where another Ray on the host would find it)
         self.scratch = Path(tempfile.mkdtemp(prefix="hrs-", dir="/tmp"))
         self.scratch.chmod(0o755)
         self.munge_socket = self.scratch / "munge" / "munge.socket.2"

@@ -47,7 +47,7 @@ def test_a_gpu_tier_says_what_this_cpu_machine_lacks():
     import torch
 
     if not torch.cuda.is_available():
-        assert hardware_missing({"hardware": {"gpus": 8}}) == "needs 8 GPUs, this machine has 0"
+        assert hardware_missing({"hardware": {"gpus": 8}}) == "needs 8 GPUs, the host has 0"
 
 
 def test_a_tier_needing_a_package_says_which_and_where(tmp_path):

@@ -1,4 +1,4 @@
-"""Multi-node for real (issue 33): a Ray cluster of two nodes on this machine, each in its own network namespace with
+"""Multi-node for real: a Ray cluster of two nodes on one host, each in its own network namespace with
 its own IP (``tests/multinode.py``; ``ray.cluster_utils`` where namespaces cannot be made -- it says which), drivers
 started inside the head's namespace as a user on the head node would.
 

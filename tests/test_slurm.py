@@ -1,4 +1,4 @@
-"""SLURM for real: a 2-node cluster on this machine (``tests/slurm.py``: slurmctld, munge and two slurmd, each node in
+"""SLURM for real: a 2-node cluster on one host (``tests/slurm.py``: slurmctld, munge and two slurmd, each node in
 network, UTS and PID namespaces of its own), and ``deploy/slurm_ray.sbatch`` submitted to it as a user would.
 
 - sinfo shows the two nodes idle and ``srun -N2 hostname`` runs on both;

@@ -18,7 +18,7 @@ engine's dtype on CPUs without bf16 hardware): ``csrc/fp32.cpp``, 8-lane vector 
 
 Built with ``torch.utils.cpp_extension`` (gcc and ninja; ~11 s on 2 cores) into ``$HYBRIDRL_CACHE/torch_extensions``
 and reused by every later process. ``-fopenmp``: ``at::parallel_for`` spreads over torch's threads (without it
-the pragma is ignored: one thread, 2x slower). ``-march=native``: the build is for this machine; its folder is
+the pragma is ignored: one thread, 2x slower). ``-march=native``: the build is for the host's CPU; its folder is
 named by the torch version and a hash of the CPU's model and flags. When the build is impossible (no compiler)
 the engine keeps its PyTorch path and says so once; ``HYBRIDRL_CPU_KERNELS=0`` turns the kernels off.
 ``HYBRIDRL_CPU_MARCH=x86-64-v3`` builds for another target instead of this CPU (its own folder): AVX2 + FMA

@@ -1,7 +1,7 @@
 """SGLang as the rollout engine (``rollout.backend=sglang``): ``pip install -e '.[sglang]'`` on CUDA machines.
 
-NOT RUN HERE. sglang 0.5.x needs torch 2.14 and its CUDA kernels; this project's machines have torch 2.13 on CPU
-and, sometimes, a GPU without network access. Every call below was checked against the ``sglang.Engine`` source
+NOT RUN BY US. sglang 0.5.x needs torch 2.14 and its CUDA kernels; this project's environment pins torch 2.13
+(constraints.txt, CPU). Every call below was checked against the ``sglang.Engine`` source
 of 0.5.23 (the newest release, python/sglang/srt/entrypoints/engine.py) and 0.5.6 (verl's pin); the tests
 (tests/rollout/test_sglang_rollout.py) drive this adapter against a stand-in whose methods carry those signatures
 verbatim: they prove the translation, the bucketing and the call sequence, not SGLang itself.

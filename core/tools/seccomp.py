@@ -65,7 +65,7 @@ _TABLES = {
 
 
 def available() -> bool:
-    """This machine's ABI is in the table and the kernel takes seccomp filters (Linux)."""
+    """The host's ABI is in the table and the kernel takes seccomp filters (Linux)."""
     return platform.system() == "Linux" and platform.machine() in _TABLES
 
 

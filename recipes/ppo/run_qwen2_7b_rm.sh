@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # HybridFlow's four-model PPO (actor, critic, reference, reward model) at verl's published scale: Qwen2-7B-Instruct
 # with the reward model sfairXC/FsfairX-LLaMA3-RM-v0.1, GSM8K + MATH, one node of 8 GPUs (80 GB). The settings and
-# their source: qwen2_7b_rm.yaml (every field commented), on top of config.yaml. Not yet run by us: no GPU machine
-# with these models has been lent to this project.
+# their source: qwen2_7b_rm.yaml (every field commented), on top of config.yaml. Not yet run by us
+# (recipes/ppo/README.md).
 #
 #   bash recipes/ppo/run_qwen2_7b_rm.sh --dry-run [overrides]   resolve the config and print the placement and the
 #        per-GPU / per-node memory plan of every pool; no GPU needed; exit 1 (with the numbers) when it does not fit

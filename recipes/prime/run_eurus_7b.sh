@@ -11,7 +11,7 @@
 # (EURUS_SRC=/path/file.parquet); the evaluation sets (aime24, amc23, minerva_math) from ../shared/data beside the
 # checkout, else the hub (EVAL_SRC=DIR or hub).
 # Rollout: vLLM (pip install -e '.[vllm]'); where vllm is not importable the run falls back to the embedded engine.
-# Not run by us: no GPU machine has been lent for it (README, "What is measured where").
+# Not run by us (recipes/prime/README.md).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"

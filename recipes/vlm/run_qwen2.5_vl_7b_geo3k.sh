@@ -2,8 +2,8 @@
 # Vision-language GRPO at full scale: Qwen2.5-VL-7B-Instruct on Geometry3K, one node of 8 GPUs (80 GB), verl's
 # settings (n 5, KL loss 0.01, 512 prompts per step, mini-batches of 128 prompts, 1024 prompt / 2048 response
 # tokens, 15 epochs); published baseline 65.4 on the geo3k test set (verl docs/algo/baseline.md). Settings:
-# geo3k_qwen7b.yaml (every field commented), on top of config.yaml. Not yet run by us: no GPU machine with the
-# model's weights has been available (README, "What is measured where").
+# geo3k_qwen7b.yaml (every field commented), on top of config.yaml. Not yet run by us
+# (recipes/vlm/README.md).
 #
 #   bash recipes/vlm/run_qwen2.5_vl_7b_geo3k.sh --dry-run [overrides]   resolve the config, print the placement and
 #        the per-GPU / per-node memory plan (vision tower included); no GPU needed; exit 1 when it does not fit

@@ -50,7 +50,7 @@ def test_new_copies_rewrites_resets_and_runs_the_tiny_check(recipes):
 
 
 def test_an_edited_phase_of_the_copys_step_is_what_trains(recipes, tmp_path, tiny_model_dir):
-    """The must-show of issue 21: new, edit one phase of train.py (a different advantage), train 2 steps."""
+    """What `new` must show: new, edit one phase of train.py (a different advantage), train 2 steps."""
     dest = new_recipe("myalgo", recipes / "grpo", check=False, out=lambda _: None)
     train = dest / "train.py"
     code = train.read_text()

@@ -1,11 +1,11 @@
-"""core/rollout/sglang_engine.py without SGLang (it needs torch 2.14 and CUDA: it cannot run here). The adapter
-drives a stand-in ``Engine`` whose methods are built from SGLang's own signatures (tests/rollout/sglang_api/*.json,
-extracted from the 0.5.23 and 0.5.6 wheels' source by extract.py), so every call and keyword it makes must bind
-to the real API; the stand-in's behaviour is what that source does where the adapter depends on it: ServerArgs
-and SamplingParams reject unknown fields, 0.5.21+ refuses a weight update outside begin/end_weight_update, resuming
-a tag that was not released raises, outputs are {"output_ids", "meta_info": {"output_token_logprobs": [(logprob,
-token id, text)], "finish_reason"}}. What this proves: the translation, the bucketing and the call sequence --
-not SGLang's numerics, which no machine here can run."""
+"""core/rollout/sglang_engine.py without SGLang (it needs torch 2.14 and CUDA; the test environment pins torch 2.13 on
+CPU). The adapter drives a stand-in ``Engine`` whose methods are built from SGLang's own signatures
+(tests/rollout/sglang_api/*.json, extracted from the 0.5.23 and 0.5.6 wheels' source by extract.py), so every call
+and keyword it makes must bind to the real API; the stand-in's behaviour is what that source does where the adapter
+depends on it: ServerArgs and SamplingParams reject unknown fields, 0.5.21+ refuses a weight update outside
+begin/end_weight_update, resuming a tag that was not released raises, outputs are {"output_ids", "meta_info":
+{"output_token_logprobs": [(logprob, token id, text)], "finish_reason"}}. What this proves: the translation, the
+bucketing and the call sequence -- not SGLang's numerics, which these tests do not run."""
 
 import json
 from pathlib import Path

@@ -1,6 +1,6 @@
 """The vLLM rollout adapter (core.rollout.vllm_engine): its translation of our config and sampling parameters into
 vLLM's, of vLLM's completions into our Batch, the replica seeds and the role's TP placement, all by hand. The
-end-to-end test needs vLLM and a GPU (neither is on CI or this repository's lent GPU image): it is skipped there."""
+end-to-end test needs vLLM and a GPU (neither is on CI or in the GPU run's image): it is skipped there."""
 
 import importlib.util
 from dataclasses import replace
@@ -100,7 +100,7 @@ def test_no_two_samples_of_a_call_share_a_random_stream():
 
 
 def test_each_ranks_cpu_engine_binds_to_its_own_cores():
-    assert [cpu_binding(r, 1, {0, 1}) for r in (0, 1)] == ["0", "1"]  # this machine's two ranks
+    assert [cpu_binding(r, 1, {0, 1}) for r in (0, 1)] == ["0", "1"]  # the host's two ranks
     assert cpu_binding(1, 4, [8, 9, 10, 11, 12, 13, 14, 15]) == "12,13,14,15"
     assert cpu_binding(2, 1, {0, 1}) is None and cpu_binding(0, 4, {0, 1}) is None  # does not fit: vLLM's default
 

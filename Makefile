@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-heavy test-slow test-vllm test-multinode bench selfcheck lock clean
+.PHONY: setup demo test test-heavy test-slow test-vllm test-multinode bench selfcheck docs lock clean
 
 setup: $(STAMP)
 
@@ -48,7 +48,7 @@ test-vllm: $(VLLM_STAMP)
 	HYBRIDRL_DEV_IMPORTS=0 $(VLLM_VENV)/bin/python -m pytest -q -rs -m "not slow and not gpu" tests/vllm \
 		tests/rollout/test_vllm_rollout.py
 
-# Multi-node for real: a 2-node Ray cluster of network namespaces on this machine (root and iproute2; else
+# Multi-node for real: a 2-node Ray cluster of network namespaces on the host (root and iproute2; else
 # ray.cluster_utils, said in the output), runs across the nodes, a node lost mid-run (tests/test_multinode.py);
 # and a real SLURM cluster of two slurmd in namespaces: deploy/slurm_ray.sbatch run to its end, and preempted ->
 # checkpoint -> requeued -> resumed (tests/test_slurm.py; SLURM and munge installed here when missing, as root)
@@ -70,6 +70,12 @@ bench: $(STAMP)
 
 selfcheck: $(STAMP)
 	$(PY) -m core.cli selfcheck
+
+# The documentation site: the pages made from the code (core/docgen.py), then site/ built with every internal link
+# and anchor checked (mkdocs.yml: strict). Open site/index.html.
+docs: $(STAMP)
+	$(PY) -m core.docgen
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 # Re-pin constraints.txt from a clean environment (run after changing dependencies; commit the result).
 lock:

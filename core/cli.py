@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     return answer_user_errors(_main, list(sys.argv[1:] if argv is None else argv))
 
 
-def _main(argv: list[str]) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The ``hybridrl`` parser (eval, export and convert-verl parse their own arguments: ``core.eval.parser`` ...)."""
     parser = argparse.ArgumentParser(prog="hybridrl", description=__doc__.split("\n\n")[0],
                                      epilog=__doc__.split("\n\n")[1], formatter_class=argparse.RawTextHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -125,6 +126,10 @@ def _main(argv: list[str]) -> int:
                       help="--config-name NAME, --src [NAME=]SRC (DIR, FILE or hub; repeatable), Hydra overrides")
     report = command("report", "a run's summary and its curves (curves.png beside metrics.jsonl)")
     report.add_argument("run", type=Path, help="the run's output folder, or its metrics.jsonl")
+    return parser
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] in (["eval"], ["export"], ["convert-verl"]):  # their own parsers own every option, --help included
         args = argparse.Namespace(command=argv[0], args=argv[1:])
     elif argv[:1] in (["train"], ["plan"]) and argv[1:2] == ["--verl"]:
@@ -132,7 +137,7 @@ def _main(argv: list[str]) -> int:
 
         return run_verl(argv[2:], plan=argv[0] == "plan")
     else:
-        args = parser.parse_args(argv)
+        args = parser().parse_args(argv)
 
     if args.command in ("train", "plan"):
         return run_recipe(recipe_dir(args.recipe), (["--dry-run"] if args.command == "plan" else []) + args.args)

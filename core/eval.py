@@ -100,7 +100,8 @@ def score_samples(owners: list[dict], texts: list[str], lengths: list[int], n: i
     return summarize(samples, n, ks), samples
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """``hybridrl eval``'s arguments."""
     class Formatter(argparse.RawDescriptionHelpFormatter):
         def _get_help_string(self, action):  # the default, where there is one the help does not already say
             text = action.help or ""
@@ -132,7 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=64, help="sequences the engine decodes at once")
     p.add_argument("--reward-source", default=None, help="score under this reward key instead of each row's data_source")
     p.add_argument("--out", default=None, help="folder for results.json and samples.jsonl")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
 
     from core.config.errors import ConfigError, did_you_mean
     from core.data.dataset import load_rl_parquet, validate_row

@@ -56,7 +56,8 @@ def export(checkpoint: str | Path, out_dir: str | Path, dtype: str = "bfloat16",
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """``hybridrl export``'s arguments."""
     p = argparse.ArgumentParser(prog="hybridrl export", description="write a checkpoint's actor as a Hugging Face model "
                                 "folder (config, safetensors, tokenizer, generation config): it loads with "
                                 "AutoModelForCausalLM.from_pretrained, the rollout engine and hybridrl eval",
@@ -67,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
                    help="the weights' dtype in the folder (default: bfloat16)")
     p.add_argument("--adapter-only", action="store_true", help="a LoRA actor's adapters as a peft folder")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
     print(f"exported to {export(a.checkpoint, a.out_dir, a.dtype, a.adapter_only)}")
     return 0
 

@@ -11,9 +11,10 @@ INTRO = """# Coming from verl
 
 A verl command line runs here as it is: `hybridrl train --verl <verl's overrides>` (and `hybridrl plan --verl`
 for the memory plan) reads verl's keys with verl's meaning -- batch sizes in verl's units, epochs, GPU counts, and
-verl's defaults where a key is left out -- and translates them into this framework's config. A verl run script:
+verl's defaults where a key is left out -- and translates them into this framework's config. A verl run script
+(here one of verl's examples, from a checkout of verl):
 
-```bash
+```text
 hybridrl convert-verl verl/examples/grpo_trainer/run_qwen3_8b_fsdp.sh --out runs/qwen3_grpo
 hybridrl plan runs/qwen3_grpo          # the config, its effective batch sizes and its memory plan
 hybridrl train runs/qwen3_grpo

@@ -76,8 +76,8 @@ def run_verl(argv: list[str], plan: bool = False) -> int:
                     implied=tr.overrides(given=False))
 
 
-def convert(argv: list[str]) -> int:
-    """``hybridrl convert-verl <run.sh> [--out DIR] [--env KEY=VALUE ...]``."""
+def parser() -> argparse.ArgumentParser:
+    """``hybridrl convert-verl``'s arguments."""
     p = argparse.ArgumentParser(prog="hybridrl convert-verl", description="turn a verl run script into a hybridrl run: "
                                 "the script runs with stand-ins for python, uv, ray, ... first on PATH (nothing is "
                                 "trained or downloaded), its verl command line is translated key by key, and the "
@@ -89,7 +89,12 @@ def convert(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, help="write <out>/config.yaml (our keys): `hybridrl train <out>` runs it")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="environment for the script (its ${VAR:-default}s), repeatable")
-    a = p.parse_args(argv)
+    return p
+
+
+def convert(argv: list[str]) -> int:
+    """``hybridrl convert-verl <run.sh> [--out DIR] [--env KEY=VALUE ...]``."""
+    a = parser().parse_args(argv)
     env = dict(e.split("=", 1) for e in a.env)
     overrides, launcher = verl_overrides(recorded_calls(a.script, env), a.script)
     tr = translate(overrides)

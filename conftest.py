@@ -8,7 +8,7 @@ import pytest
 # What ``make test`` installs for the tests (pyproject's [dev] and [math] extras; swanlab is a dependency). Their
 # tests skip where a user has not installed them; in CI (``CI=true``) a broken install must fail the run, not turn
 # those tests into quiet skips.
-CI_IMPORTS = ("hypothesis", "math_verify", "matplotlib", "megatron.core", "peft", "swanlab")
+CI_IMPORTS = ("hypothesis", "math_verify", "matplotlib", "megatron.core", "mkdocs", "peft", "swanlab")
 
 
 def pytest_sessionstart(session):

@@ -143,12 +143,14 @@ def _help(argv: list[str]) -> str:
     """What ``hybridrl <argv> --help`` prints, at a fixed width."""
     from core.cli import main
 
-    buf, old = io.StringIO(), os.environ.get("COLUMNS")
+    buf, old, cwd = io.StringIO(), os.environ.get("COLUMNS"), os.getcwd()
     os.environ["COLUMNS"] = "100"
+    os.chdir(ROOT)  # paths in the help as a user in the checkout reads them, the same in every checkout
     try:
         with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
             main([*argv, "--help"])
     finally:
+        os.chdir(cwd)
         os.environ.pop("COLUMNS") if old is None else os.environ.__setitem__("COLUMNS", old)
     return buf.getvalue().rstrip()
 

@@ -128,6 +128,12 @@ def data_hint(recipe: Path, datasets: dict, config_name: str, cfg: RunConfig) ->
     return f"`hybridrl data prepare {who}{name}` writes it (a run does that itself)"
 
 
+def _shown(path) -> str:
+    """A path as a user reads it: relative to the working directory when it is under it."""
+    path = Path(path).resolve()
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+
+
 def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
          sections: dict[str, type] | None = None, make_step: Callable | None = None,
          implied: list[str] | None = None) -> int:
@@ -141,7 +147,7 @@ def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
                                        "(or HYBRIDRL_DEBUG=1) shows its traceback",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config-dir", required=config_dir is None, default=config_dir,
-                   help="the recipe folder holding config.yaml" + (f" (default {config_dir})" if config_dir else ""))
+                   help="the recipe folder holding config.yaml" + (f" (default {_shown(config_dir)})" if config_dir else ""))
     p.add_argument("--config-name", default="config",
                    help="the yaml of the recipe folder to run, without .yaml (default: config)")
     p.add_argument("--dry-run", action="store_true",

@@ -31,7 +31,8 @@ DEFAULT_SRC = Path(os.environ.get("HYBRIDRL_DATA_SRC") or Path(__file__).resolve
                    ).expanduser()
 SRC_HELP = ("folder holding <dataset>/<split>.jsonl, or 'hub' (default: ../shared/data beside the checkout when it "
             "holds the dataset, else the Hugging Face hub (needs `datasets` and a network)); HYBRIDRL_DATA_SRC=DIR in "
-            f"the environment changes that default folder (here: {DEFAULT_SRC})")
+            "the environment changes that default folder"
+            + (f" (set: {DEFAULT_SRC})" if os.environ.get("HYBRIDRL_DATA_SRC") else ""))
 
 
 def _number(x: Any) -> str:

@@ -7,6 +7,7 @@ cannot disagree (``tests/test_docs.py`` fails when a committed page differs from
     docs/recipes/<name>.md     each recipe: what it reproduces (its ``expected.yaml``), how to run it, its notes
     docs/coming-from-verl.md   the verl key table (``core.verl.docs``)
     docs/reference/api.md      the public API recipes build on: signatures and docstrings
+    docs/guide/metrics.md      every logged key (``core.metric_keys``)
 
 ``python -m core.docgen --check`` writes nothing and exits 1 naming the pages that are out of date.
 """
@@ -109,8 +110,8 @@ def _sections(cls, prefix: str) -> list[tuple[str, type, list[tuple[str, str, st
         if typing.get_origin(inner) is dict and dataclasses.is_dataclass(typing.get_args(inner)[1]):
             sub = typing.get_args(inner)[1]
             subs += _sections(sub, f"{prefix}{key}.<name>.")
-            rows.append((key, f"map of name to section [`{prefix}{key}.<name>`](#{(prefix + key).replace('.', '')}name)",
-                         _default_text(f),
+            anchor = (prefix + key).replace(".", "") + "name"
+            rows.append((key, f"map of name to section [`{prefix}{key}.<name>`](#{anchor})", _default_text(f),
                          comments[f.name][0]))
             continue
         rows.append((key, _type_text(tp), _default_text(f), comments[f.name][0]))
@@ -133,7 +134,8 @@ def config_reference() -> str:
         for key, tp, default, meaning in rows:
             full = f"{path}.{key}" if path else key
             cell = meaning.replace("|", "\\|")
-            out.append(f"| `{full}` | {tp.replace('|', chr(92) + '|')} | {default.replace('|', chr(92) + '|')} | {cell} |\n")
+            tp, default = tp.replace("|", "\\|"), default.replace("|", "\\|")
+            out.append(f"| `{full}` | {tp} | {default} | {cell} |\n")
     return "".join(out)
 
 
@@ -194,6 +196,26 @@ def algorithms_page() -> str:
         for ids in names.values():
             fn = registry[ids[0]]
             out.append(f"\n### {' / '.join(ids)}\n\n```text\n{inspect.getdoc(fn)}\n```\n")
+    return "".join(out)
+
+
+# -- metrics ------------------------------------------------------------------------------------------------------
+
+def metrics_page() -> str:
+    from core.metric_keys import METRICS
+
+    out = [f"# Metrics\n\n{GENERATED}\nEvery key a run logs, what it means and when it is there. Each step's metrics "
+           "go to `<trainer.output_dir>/metrics.jsonl` (one JSON object per step, with `step`) and to the trackers of "
+           "`trainer.logger` (console, jsonl, tensorboard, swanlab, wandb). `hybridrl report <run>` prints a run's "
+           "summary and draws `curves.png` from them. A recipe's own step adds keys of its own (DAPO's `dapo/*`, "
+           "VAPO's `vapo/*`): its recipe page lists them.\n\nThe table is `core/metric_keys.py`, checked both ways "
+           "(`tests/test_docs.py`): every key a GRPO run logs matches a row and every row marked *every step* is "
+           "logged by it, and every metric key written in core's code matches a row. `<name>` stands for any part "
+           "of a key.\n"]
+    for title, intro, rows in METRICS:
+        out.append(f"\n## {title}\n\n" + (f"{intro}\n\n" if intro else "")
+                   + "| key | logged | meaning |\n|---|---|---|\n")
+        out += [f"| `{key}` | {when} | {meaning} |\n" for key, when, meaning in rows]
     return "".join(out)
 
 
@@ -282,7 +304,8 @@ def recipe_page(folder: Path) -> str:
     tiers = load_expected(folder)
     readme = (folder / "README.md").read_text() if (folder / "README.md").is_file() else ""
     name = folder.name
-    out = [f"# Recipe: {name.upper() if len(name) <= 5 else name}\n\n{GENERATED}\nThe folder `recipes/{name}/` holds everything this run needs: its "
+    title = name.upper() if len(name) <= 5 else name
+    out = [f"# Recipe: {title}\n\n{GENERATED}\nThe folder `recipes/{name}/` holds everything this run needs: its "
            "configs, data preparation, reward, step (`train.py`), run scripts and `expected.yaml`, the figures its "
            f"runs must reproduce. Copy it to start an algorithm of your own: `hybridrl new myalgo --from {name}`.\n",
            "\n## What it reproduces\n\nEach tier of `expected.yaml`: the CPU tiers are checked by the score bench "
@@ -316,7 +339,7 @@ def pages() -> dict[str, str]:
 
     out = {"reference/config.md": config_reference(), "reference/cli.md": cli_reference(),
            "algorithms.md": algorithms_page(), "coming-from-verl.md": verl_page(),
-           "reference/api.md": api_page()}
+           "reference/api.md": api_page(), "guide/metrics.md": metrics_page()}
     out |= {f"recipes/{p.name}.md": recipe_page(p) for p in recipe_folders()}
     return out
 

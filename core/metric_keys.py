@@ -1,0 +1,153 @@
+"""The vocabulary of logged metrics: every key a run logs (``metrics.jsonl`` and the trackers), when and what it
+means. ``docs/guide/metrics.md`` is generated from this table (``core/docgen.py``), and ``tests/test_docs.py`` checks
+it both ways: every key a real GRPO run logs matches a row and every *every step* row is logged by it, and every
+metric key written in core's code matches a row. ``<name>`` stands for any one part of a key (``val/<name>/<name>``:
+any ``val/`` key of two parts or more). A recipe's own keys (``dapo/*``, ``vapo/*``) are on its recipe page."""
+
+from __future__ import annotations
+
+import re
+
+EVERY_STEP = "every step"
+
+# (section title, a line about it or "", [(key, when it is logged, meaning)])
+METRICS: list[tuple[str, str, list[tuple[str, str, str]]]] = [
+    ('Reward and responses', '', [
+        ('reward/mean', EVERY_STEP,
+         ("mean score of the step's trained samples (the reward function's, weighed with a reward model's when "
+          'there is one)')),
+        ('reward/std', EVERY_STEP,
+         'their standard deviation'),
+        ('reward/num_failed', EVERY_STEP,
+         'samples whose reward call raised or timed out and were scored by `algo.reward_fallback`'),
+        ('reward/model_mean', 'with a reward model',
+         "the reward model's mean score"),
+        ('reward/function_mean', 'with a reward model',
+         "the reward function's mean score of the same samples"),
+        ('reward/model_function_corr', 'with a reward model',
+         ('Pearson correlation of the two: a rising model score whose correlation falls is the policy gaming '
+          'the model')),
+        ('response_length/mean', EVERY_STEP,
+         "mean response length in the model's tokens"),
+        ('response_length/clip_ratio', EVERY_STEP,
+         'share of responses cut at `algo.sampling.max_new_tokens` (agent rollouts: at a limit or `max_turns`)'),
+    ]),
+    ('Rollout', '', [
+        ('rollout/logprob_diff_mean', EVERY_STEP,
+         ("mean over response tokens of the absolute gap between the rollout engine's log-probs and the "
+          "trainer's (bf16 vs fp32 engines show their rounding here)")),
+        ('rollout/logprob_diff_max', EVERY_STEP,
+         'the largest such gap'),
+        ('rollout/policy_version', 'one step off (`trainer.async.one_step_off`)',
+         'the weight version the samples came from'),
+        ('rollout/staleness_mean', 'one step off',
+         "updates between the samples' weights and the policy that trains on them"),
+        ('rollout/staleness_max', 'one step off',
+         'the largest staleness'),
+        ('rollout/tis_weight_mean', 'with truncated IS (`algo.tis_cap` > 0)',
+         'mean truncated importance weight pi_old / pi_rollout'),
+        ('rollout/tis_clip_frac', 'with truncated IS',
+         'share of tokens whose weight the cap clipped'),
+    ]),
+    ('Actor and critic', '', [
+        ('actor/pg_loss', EVERY_STEP,
+         'the policy loss (0 on a step that does not update the actor)'),
+        ('actor/kl_loss', EVERY_STEP,
+         'the KL-to-reference loss term (`actor.kl_loss_coef`, `actor.kl_loss_type`)'),
+        ('actor/entropy', EVERY_STEP,
+         'mean entropy of the policy over response tokens'),
+        ('actor/grad_norm', EVERY_STEP,
+         "gradient norm before clipping (mean over the step's updates)"),
+        ('actor/lr', EVERY_STEP,
+         'the learning rate'),
+        ('actor/nonfinite_grad_frac', EVERY_STEP,
+         "share of the step's updates whose gradient norm was inf/nan (their optimizer step skipped)"),
+        ('actor/<name>', 'by policy loss',
+         ("the loss's own statistics, e.g. `actor/pg_clipfrac`, `actor/ppo_kl` (the mean approximate KL to the "
+          'old policy), `actor/is_weight_mean` ([Algorithms](../algorithms.md))')),
+        ('actor/nll_loss', '`actor.positive_nll_coef` > 0',
+         "VAPO's positive-example NLL term"),
+        ('actor/reward_kl_penalty', 'KL in the reward (`algo.kl_in_reward`)',
+         'the mean KL penalty subtracted from the rewards'),
+        ('actor/reward_kl_penalty_coeff', 'KL in the reward',
+         "its coefficient (the adaptive controller's current value)"),
+        ('actor/moe/<name>', 'mixture-of-experts models',
+         'router load statistics'),
+        ('critic/vf_loss', 'with a critic',
+         'the clipped value loss'),
+        ('critic/vf_clipfrac', 'with a critic',
+         'share of values the clip bound'),
+        ('critic/vpred_mean', 'with a critic',
+         'mean predicted value'),
+        ('critic/grad_norm', 'with a critic',
+         "the critic's gradient norm"),
+        ('critic/lr', 'with a critic',
+         'its learning rate'),
+        ('critic/explained_var', 'with a critic',
+         'explained variance of the returns by the values'),
+        ('prm/<name>', "with PRIME's implicit PRM",
+         "the implicit PRM's loss, accuracy and reward statistics"),
+    ]),
+    ('Weight sync, time and throughput', '', [
+        ('sync/seconds', EVERY_STEP,
+         'wall time of the actor -> rollout weight sync'),
+        ('sync/megabytes', EVERY_STEP,
+         'bytes sent'),
+        ('sync/buckets', EVERY_STEP,
+         'buckets they went in'),
+        ('sync/peak_bucket_megabytes', EVERY_STEP,
+         'the largest bucket'),
+        ('sync/<name>', EVERY_STEP,
+         "the sync's memory readings (peak and retained process memory)"),
+        ('timing_s/step', EVERY_STEP,
+         "the whole step's wall time"),
+        ('timing_s/<name>', EVERY_STEP,
+         ("each phase's wall time: `gen`, `reward`, `old_logprob`, `ref`, `adv`, `update_actor`, "
+          '`sync_weights`; with the roles or features that add them: `values`, `update_critic`, `reward_model`,'
+          ' `gen_baseline`, `gen_wait`')),
+        ('perf/throughput_tokens_per_s', EVERY_STEP,
+         'prompt and response tokens of the step per second of the step'),
+    ]),
+    ('Agents', '', [
+        ('agent/turns_mean', 'agent rollouts (`rollout.agent`)',
+         'turns per trajectory'),
+        ('agent/tool_calls_mean', 'agent rollouts',
+         'tool calls per trajectory'),
+        ('agent/tool_call_rate', 'agent rollouts',
+         'share of trajectories that called a tool'),
+        ('agent/tool_error_rate', 'agent rollouts',
+         'failed calls per call (refused, crashed, timed out, flooded)'),
+        ('agent/tool_token_frac', 'agent rollouts',
+         'share of the response that is tool output and template tokens (masked out of the loss)'),
+        ('agent/response_tokens_mean', 'agent rollouts',
+         'all response tokens, tool output included'),
+        ('agent/tokens_per_turn_mean', 'agent rollouts',
+         "the model's tokens per turn"),
+        ('agent/truncated_rate', 'agent rollouts',
+         'share of trajectories cut short'),
+    ]),
+    ('Held-out validation', ('Logged before the first step, every `trainer.test_freq` steps and after the last, on '
+                             '`data.val_files`, sampled with `algo.val_sampling` (greedy by default).'), [
+        ('val/reward/mean', 'at validation',
+         'mean score on the held-out prompts'),
+        ('val/response_length/mean', 'at validation',
+         'mean held-out response length'),
+        ('val/<name>/pass@1', 'at validation',
+         'per `data_source`: share of problems whose first sample scores > 0'),
+        ('val/<name>/<name>', 'at validation',
+         'per `data_source`: `avg@n`, `maj@n`, `pass@k` with several samples ([Evaluation](evaluation.md))'),
+        ('val/agent/<name>', 'at validation, agent rollouts',
+         'the `agent/*` keys on held-out prompts'),
+    ]),
+]
+
+
+def pattern(key: str) -> re.Pattern:
+    """A row's key as a regex: ``<name>`` is one part of a key; ``<name>/<name>`` at the end, two parts or more."""
+    text = re.escape(key).replace("<name>/<name>", ".+").replace("<name>", "[^/]+")
+    return re.compile(text + "$")
+
+
+def documented(key: str) -> bool:
+    """Whether a logged key matches a row of the table."""
+    return any(pattern(k).match(key) for _, _, rows in METRICS for k, _, _ in rows)

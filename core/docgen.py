@@ -291,40 +291,35 @@ def _tier_row(name: str, tier: dict) -> str:
     return f"| `{name}` | {what} | {bounds.replace('|', chr(92) + '|')} |\n"
 
 
-def _readme_body(text: str) -> str:
-    """A recipe README below its title, headings one level down, links to files in the folder as code."""
-    body = text.split("\n", 1)[1] if text.startswith("# ") else text
-    body = re.sub(r"^(#+) ", lambda m: "#" + m.group(1) + " ", body, flags=re.M)
-    return re.sub(r"\[([^\]]+)\]\((?!https?:)([^)]+)\)", r"\1 (`\2`)", body)
+def _links_as_paths(text: str, name: str) -> str:
+    """A recipe README's links to files in its folder as code spans (the site holds docs/ only); a picture as its
+    caption and path."""
+    text = re.sub(r"!\[([^\]]*)\]\((?!https?:)([^)]+)\)", rf"*Figure: \1* (`recipes/{name}/\2`)", text)
+    return re.sub(r"\[([^\]]+)\]\((?!https?:)([^)]+)\)", r"\1 (`\2`)", text)
 
 
 def recipe_page(folder: Path) -> str:
+    """The recipe's README (the recipes' one template: Files, Run it, What it reproduces, Measured on CPU, Full
+    scale, Notes) with the tiers of its ``expected.yaml`` as a table under "What it reproduces" and the file itself
+    at the end."""
     from core.expected import load_expected
 
     tiers = load_expected(folder)
-    readme = (folder / "README.md").read_text() if (folder / "README.md").is_file() else ""
     name = folder.name
+    readme = _links_as_paths((folder / "README.md").read_text(), name)
+    body = readme.split("\n", 1)[1] if readme.startswith("# ") else readme
+    table = ("\nThe tiers, as `expected.yaml` states them (the CPU tiers are checked by the score bench, `pytest "
+             "bench/test_scores.py --benchmark`, and the slow tests; a full-scale tier only where its hardware "
+             "exists):\n\n| tier | what runs | what it must reach |\n|---|---|---|\n"
+             + "".join(_tier_row(t, tier) for t, tier in tiers.items()) + "\n")
+    sections = re.split(r"^(?=## )", body, flags=re.M)
+    body = "".join(sec.rstrip("\n") + "\n" + table if sec.startswith("## What it reproduces") else sec
+                   for sec in sections)
     title = name.upper() if len(name) <= 5 else name
-    out = [f"# Recipe: {title}\n\n{GENERATED}\nThe folder `recipes/{name}/` holds everything this run needs: its "
-           "configs, data preparation, reward, step (`train.py`), run scripts and `expected.yaml`, the figures its "
-           f"runs must reproduce. Copy it to start an algorithm of your own: `hybridrl new myalgo --from {name}`.\n",
-           "\n## What it reproduces\n\nEach tier of `expected.yaml`: the CPU tiers are checked by the score bench "
-           "(`pytest bench/test_scores.py --benchmark`) and the slow tests; a full-scale tier is checked only where "
-           "its hardware exists, and otherwise says what is missing.\n\n"
-           "| tier | what runs | what it must reach |\n|---|---|---|\n"]
-    out += [_tier_row(t, tier) for t, tier in tiers.items()]
-    runs = sorted({tier["run"] for tier in tiers.values()})
-    cpu = [r for r in runs if any(t["run"] == r and not t["hardware"].get("gpus") for t in tiers.values())]
-    lines = [f"bash recipes/{name}/{r}" for r in cpu] + [f"bash recipes/{name}/{r} --dry-run"
-                                                        for r in runs if r not in cpu]
-    out.append("\n## Run it\n\n```bash\n" + "\n".join(lines) + "\n```\n\nExtra arguments are Hydra overrides "
-               "(`trainer.total_steps=5`); a GPU script with `--dry-run` prints its plan (batch sizes, memory per "
-               "GPU, placement) and starts nothing.\n")
-    out.append(f"\n## The bounds and the measured figures\n\n```yaml\n{(folder / 'expected.yaml').read_text().rstrip()}"
-               "\n```\n")
-    if readme:
-        out.append("\n## Notes\n" + _readme_body(readme).rstrip() + "\n")
-    return "".join(out)
+    return (f"# Recipe: {title}\n\n{GENERATED}\nThe folder `recipes/{name}/`: configs, data preparation, reward, "
+            f"step (`train.py`), run scripts and `expected.yaml`. Start an algorithm of your own from it with "
+            f"`hybridrl new myalgo --from {name}`.\n\n{body.strip()}\n\n## expected.yaml\n\n```yaml\n"
+            f"{(folder / 'expected.yaml').read_text().rstrip()}\n```\n")
 
 
 def recipe_folders() -> list[Path]:

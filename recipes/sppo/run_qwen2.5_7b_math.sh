@@ -10,7 +10,7 @@
 # Data: written on the first run by the recipe's data.py when missing (hybridrl data prepare sppo --config-name
 # qwen7b_math): MATH train + test from the HF hub (needs `pip install -e '.[hub]'`) or MATH_SRC=DIR holding
 # math/{train,test}.jsonl; Minerva's 272 problems from ../shared/data/minerva_math beside the checkout, else the hub.
-# Rollout: vLLM TP 1 (pip install -e '.[vllm]'; verl uses SGLang, which has no adapter here); where vllm is not
+# Rollout: vLLM TP 1 (pip install -e '.[vllm]'; verl uses SGLang, whose adapter here has not run); where vllm is not
 # importable the run falls back to the embedded engine (rollout.backend=embedded) after the plan says it fits.
 # Extra arguments are Hydra overrides, e.g. trainer.total_steps=50 actor.optim.lr=2e-6
 set -euo pipefail

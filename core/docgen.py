@@ -179,15 +179,17 @@ def algorithms_page() -> str:
     from core.algos.advantages import ADVANTAGES
     from core.algos.kl import KL_KINDS
     from core.algos.losses import POLICY_LOSSES
+    from core.algos.off_policy import OFF_POLICY
 
-    out = [f"# Algorithms\n\n{GENERATED}\nThe algorithm library is four registries, each looked up by name from "
+    out = [f"# Algorithms\n\n{GENERATED}\nThe algorithm library is five registries, each looked up by name from "
            "the config and each with one signature. Every entry's docstring gives its formula, its paper, the "
            "shapes and a worked example, which a test checks by hand (`tests/algos/`). Names and numerical "
            "conventions follow verl's. A new entry is a decorated function: see [Extending](extending.md).\n"]
     for title, registry, key in (("Advantage estimators", ADVANTAGES, "algo.adv.estimator"),
                                  ("Policy losses", POLICY_LOSSES, "actor.loss.name"),
                                  ("KL kinds", KL_KINDS, "actor.kl_loss_type"),
-                                 ("Loss aggregations", AGGREGATIONS, "actor.loss_agg_mode")):
+                                 ("Loss aggregations", AGGREGATIONS, "actor.loss_agg_mode"),
+                                 ("Off-policy corrections", OFF_POLICY, "algo.off_policy_correction")):
         names: dict[int, list[str]] = {}
         for name in registry.names():
             names.setdefault(id(registry[name]), []).append(name)

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from core.algos import (AdaptiveKLController, FixedKLController, apply_kl_reward_penalty, compute_advantages,
-                        scores_to_token_rewards, truncated_is_weights, value_targets_explained_variance)
+                        scores_to_token_rewards, value_targets_explained_variance)
+from core.algos.off_policy import OFF_POLICY
 from core.algos.advantages import BASELINE_ESTIMATORS
 from core.algos.filters import pf_ppo_rows
 from core.config import AlgoConfig, SamplingParams
@@ -193,14 +194,15 @@ def values(roles: Roles, batch: Batch, timer: Timer) -> None:
 
 
 def advantages(batch: Batch, cfg: AlgoConfig, timer: Timer) -> None:
-    """``advantages`` and ``returns`` (B, R) by ``cfg.adv.estimator``; scaled by truncated importance weights
-    min(pi_old / pi_rollout, cap) when ``cfg.tis_cap`` > 0 (the engine samples from a slightly different policy).
+    """``advantages`` and ``returns`` (B, R) by ``cfg.adv.estimator``; scaled by the off-policy correction's per-token
+    weights (``cfg.off_policy_correction``: truncated, masked or sequence-masked IS of pi_old / pi_rollout) when
+    ``cfg.tis_cap`` > 0 (the engine samples from a slightly different policy, or from stale weights).
     With ``cfg.pf_ppo.enable`` the batch's rows are then resampled by score, in place (PF-PPO; the draw is seeded
     by the step's sampling seed)."""
     with timer("adv"):
         batch["advantages"], batch["returns"] = compute_advantages(batch, cfg.adv)
         if cfg.tis_cap > 0:
-            batch["advantages"] = batch["advantages"] * truncated_is_weights(
+            batch["advantages"] = batch["advantages"] * OFF_POLICY[cfg.off_policy_correction](
                 batch["old_logprobs"], batch["rollout_logprobs"], batch["response_mask"], cfg.tis_cap)
         if cfg.pf_ppo.enable:
             if "old_from_update" in batch:
@@ -274,7 +276,7 @@ def step_metrics(batch: Batch, updates: dict[str, float], timer: Timer, num_fail
             "rollout/logprob_diff_mean": float(diff.sum() / mask.sum().clamp(min=1)),
             "rollout/logprob_diff_max": float(diff.max()),
             "actor/kl_loss": 0.0, "actor/pg_loss": 0.0, **updates,
-            **_reward_model_metrics(batch), **_agent_metrics(batch), **_off_policy_metrics(batch, cfg.tis_cap),
+            **_reward_model_metrics(batch), **_agent_metrics(batch), **_off_policy_metrics(batch, cfg.tis_cap, cfg.off_policy_correction),
             **_explained_variance(batch),
             **{f"timing_s/{k}": v for k, v in timer.seconds.items()},
             "perf/throughput_tokens_per_s": tokens / timer.seconds["step"]}
@@ -313,9 +315,10 @@ def _agent_metrics(batch: Batch) -> dict[str, float]:
             "agent/truncated_rate": float(batch["truncated"].mean())}
 
 
-def _off_policy_metrics(batch: Batch, tis_cap: float) -> dict[str, float]:
+def _off_policy_metrics(batch: Batch, tis_cap: float, correction: str) -> dict[str, float]:
     """One step off: the weight version the samples came from and their staleness (updates behind the policy that
-    trains on them); with truncated IS, the mean weight and the share of tokens the cap clipped."""
+    trains on them); with an off-policy correction, the mean weight and the share of tokens whose weight is not
+    their ratio (clipped or masked)."""
     out = {}
     if "staleness" in batch:
         out = {"rollout/policy_version": float(batch["policy_version"].mean()),
@@ -324,8 +327,10 @@ def _off_policy_metrics(batch: Batch, tis_cap: float) -> dict[str, float]:
     if tis_cap > 0:
         mask = batch["response_mask"]
         ratio = (batch["old_logprobs"] - batch["rollout_logprobs"]).exp()
-        out |= {"rollout/tis_weight_mean": float((ratio.clamp(max=tis_cap) * mask).sum() / mask.sum().clamp(min=1)),
-                "rollout/tis_clip_frac": float(((ratio > tis_cap).float() * mask).sum() / mask.sum().clamp(min=1))}
+        weights = OFF_POLICY[correction](batch["old_logprobs"], batch["rollout_logprobs"], mask, tis_cap)
+        changed = ((weights - ratio).abs() > 1e-6 * ratio.abs().clamp(min=1)).float() * mask
+        out |= {"rollout/tis_weight_mean": float((weights * mask).sum() / mask.sum().clamp(min=1)),
+                "rollout/tis_clip_frac": float(changed.sum() / mask.sum().clamp(min=1))}
     return out
 
 

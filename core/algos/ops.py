@@ -68,19 +68,3 @@ def scores_to_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -
     out = torch.zeros_like(response_mask, dtype=scores.dtype)
     out[torch.arange(len(scores)), last_token_index(response_mask)] = scores
     return out * (response_mask > 0)
-
-
-def truncated_is_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor,
-                         cap: float) -> torch.Tensor:
-    """Truncated importance-sampling weights for the rollout-vs-trainer mismatch, per token (B, T).
-
-    w_t = min(exp(log pi_old(y_t) - log pi_rollout(y_t)), C), 0 on padding -- Yao et al. 2025, "Your Efficient RL
-    Framework Secretly Brings You Off-Policy RL Training" (TIS). The rollout engine samples from pi_rollout (other
-    kernels, other dtype) while the loss assumes pi_old; multiplying the advantages by w corrects the gradient's
-    expectation, and the cap C bounds its variance. For the PPO-family losses, which are positively homogeneous
-    in A, scaling A by w equals scaling the per-token loss by w.
-    Example: old = [-1.0, -2.0], rollout = [-1.5, -1.0], C = 1.5 -> [min(e^0.5, 1.5), e^-1] = [1.5, 0.3679].
-    """
-    if cap <= 0:
-        raise ValueError(f"truncated IS cap must be > 0, got {cap}")
-    return (old_logprobs - rollout_logprobs).exp().clamp(max=cap) * (mask > 0)

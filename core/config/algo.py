@@ -4,6 +4,7 @@ sampling -- and the policy-loss knobs the ``actor.loss`` section holds. Each fie
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from core.config.ranges import Count, NonNegative, PositiveFloat, PositiveInt, Unit, UnitOpen, check_fields
 
@@ -156,8 +157,12 @@ class AlgoConfig:
     reward_model_sources: list[str] = field(default_factory=list)
     # a weight sync that takes longer fails the step (WorkerTimeoutError) instead of hanging on a stalled peer
     sync_timeout_s: PositiveFloat = 300.0
-    # truncated importance sampling (Yao et al. 2025): scale advantages by min(pi_old / pi_rollout, cap); 0 = off
+    # off-policy correction of the rollout engine's samples (core/algos/off_policy.py), on when tis_cap > 0: the
+    # advantages scaled by per-token weights of r = pi_old / pi_rollout with cap C = tis_cap. tis (Yao et al. 2025):
+    # min(r, C); masked_is (IcePop): r inside [1/C, C], else 0; seq_mask: r where the sequence's geometric-mean r is
+    # inside [1/C, C], else the whole sequence 0
     tis_cap: NonNegative = 0.0
+    off_policy_correction: Literal["tis", "masked_is", "seq_mask"] = "tis"
     # verl's bypass mode: old_logprobs are the rollout engine's (no separate old-log-prob pass); the loss's ratio is
     # then pi / pi_rollout (with loss reinforce: its truncated IS weights correct the engine's mismatch)
     bypass_mode: bool = False

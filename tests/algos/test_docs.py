@@ -2,9 +2,9 @@
 
 import pytest
 
-from core.algos import ADVANTAGES, AGGREGATIONS, KL_KINDS, POLICY_LOSSES
+from core.algos import ADVANTAGES, AGGREGATIONS, KL_KINDS, OFF_POLICY, POLICY_LOSSES
 
-ENTRIES = [(reg.kind, name, reg[name]) for reg in (ADVANTAGES, POLICY_LOSSES, KL_KINDS, AGGREGATIONS)
+ENTRIES = [(reg.kind, name, reg[name]) for reg in (ADVANTAGES, POLICY_LOSSES, KL_KINDS, AGGREGATIONS, OFF_POLICY)
            for name in reg.names()]
 
 

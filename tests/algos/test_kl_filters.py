@@ -89,15 +89,3 @@ def test_kl_as_a_loss_is_aggregated_and_differentiable():
     assert loss.item() == pytest.approx(0.5)  # (0.5 * 1 + 0.5 * 1) / 2 valid tokens
     loss.backward()
     assert lp.grad.tolist() == [[0.5, -0.5, 0.0]]
-
-
-def test_truncated_is_weights_hand_computed():
-    from core.algos import truncated_is_weights
-
-    old = torch.tensor([[-1.0, -2.0, -3.0]])
-    rollout = torch.tensor([[-1.5, -1.0, -3.0]])
-    mask = torch.tensor([[1, 1, 0]])
-    w = truncated_is_weights(old, rollout, mask, cap=1.5)
-    torch.testing.assert_close(w, torch.tensor([[1.5, math.exp(-1.0), 0.0]]))
-    with pytest.raises(ValueError, match="cap must be > 0"):
-        truncated_is_weights(old, rollout, mask, cap=0.0)

@@ -23,6 +23,7 @@ import os
 import re
 import sys
 import textwrap
+import types
 import typing
 from pathlib import Path
 
@@ -68,7 +69,7 @@ def _type_text(tp) -> str:
         return text
     if typing.get_origin(tp) is typing.Literal:
         return "one of " + ", ".join(str(a) for a in typing.get_args(tp))
-    if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType")):
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
         return " or ".join(_type_text(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) is not None:
         args = ", ".join(_type_text(a) for a in typing.get_args(tp))
@@ -118,6 +119,15 @@ def _sections(cls, prefix: str) -> list[tuple[str, type, list[tuple[str, str, st
     return [(prefix.rstrip("."), cls, rows), *subs]
 
 
+def config_keys() -> dict[str, str]:
+    """{dotted key: its type as the config reference writes it} of every key a run config has; ``<name>`` stands for
+    a key of a map of sections (``placement.pools.<name>.device``), and a ``dict`` field takes any key below it."""
+    from core.config.run import RunConfig
+
+    return {f"{path}.{key}" if path else key: tp for path, _, rows in _sections(RunConfig, "")
+            for key, tp, _, _ in rows}
+
+
 def config_reference() -> str:
     from core.config.run import RunConfig
 
@@ -153,7 +163,10 @@ def _help(argv: list[str]) -> str:
             main([*argv, "--help"])
     finally:
         os.chdir(cwd)
-        os.environ.pop("COLUMNS") if old is None else os.environ.__setitem__("COLUMNS", old)
+        if old is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = old
     return buf.getvalue().rstrip()
 
 

@@ -18,9 +18,9 @@ import torch
 
 from core.algos import (AdaptiveKLController, FixedKLController, apply_kl_reward_penalty, compute_advantages,
                         scores_to_token_rewards, value_targets_explained_variance)
-from core.algos.off_policy import OFF_POLICY
 from core.algos.advantages import BASELINE_ESTIMATORS
 from core.algos.filters import pf_ppo_rows
+from core.algos.off_policy import OFF_POLICY
 from core.config import AlgoConfig, SamplingParams
 from core.train.critic import ValueWorker
 from core.train.policy import PolicyWorker
@@ -276,7 +276,8 @@ def step_metrics(batch: Batch, updates: dict[str, float], timer: Timer, num_fail
             "rollout/logprob_diff_mean": float(diff.sum() / mask.sum().clamp(min=1)),
             "rollout/logprob_diff_max": float(diff.max()),
             "actor/kl_loss": 0.0, "actor/pg_loss": 0.0, **updates,
-            **_reward_model_metrics(batch), **_agent_metrics(batch), **_off_policy_metrics(batch, cfg.tis_cap, cfg.off_policy_correction),
+            **_reward_model_metrics(batch), **_agent_metrics(batch),
+            **_off_policy_metrics(batch, cfg.tis_cap, cfg.off_policy_correction),
             **_explained_variance(batch),
             **{f"timing_s/{k}": v for k, v in timer.seconds.items()},
             "perf/throughput_tokens_per_s": tokens / timer.seconds["step"]}

@@ -4,8 +4,8 @@ import here, the placement, the model's shape and, per pool holding roles, the p
 
 from __future__ import annotations
 
-from core.config.errors import ConfigError
 from core.config import RunConfig
+from core.config.errors import ConfigError
 from core.model_shapes import model_shape
 from core.planner import GB, RunShape, plan
 
@@ -78,17 +78,12 @@ def _critic_shape(cfg, max_seq: int, here: bool) -> dict:
             "critic_shards": c.megatron.tp * c.megatron.pp if c.strategy == "megatron" else 0}
 
 
-def _model_line(cfg, gpu: bool) -> str:
-    """The actor model's size. A CPU-only plan has no memory terms, so a model that is not there yet (one an
-    earlier stage of the run script writes, e.g. recipes/vlm's aligned model) is said, not an error."""
-    try:
-        m = model_shape(cfg.actor.model)
-    except ConfigError:
-        if gpu:
-            raise
-        return f"model {cfg.actor.model}: not there yet (no config.json); a CPU plan needs no model shape"
-    about = [f"model {cfg.actor.model}: {m.params / 1e9:.2f}B parameters, {m.layers} layers, hidden {m.hidden}, "
-             f"vocab {m.vocab}"]
+def _model_line(name: str, m) -> str:
+    """The actor model's size; ``m`` None: a model that is not there yet (one an earlier stage of the run script
+    writes, e.g. recipes/vlm's aligned model), which a CPU-only plan, having no memory terms, does not need."""
+    if m is None:
+        return f"model {name}: not there yet (no config.json); a CPU plan needs no model shape"
+    about = [f"model {name}: {m.params / 1e9:.2f}B parameters, {m.layers} layers, hidden {m.hidden}, vocab {m.vocab}"]
     if m.experts:
         about.append(f"{m.active_params / 1e9:.2f}B active per token ({m.experts_per_token} of {m.experts} experts)")
     if m.vision_params:
@@ -111,7 +106,13 @@ def plan_run(cfg) -> tuple[str, bool]:
     out.append(f"placement: {roles}; " + "; ".join(
         f"pool {name!r}: {cfg.placement.pools[name].nnodes} node(s) x {cfg.placement.pools[name].slots_per_node} "
         f"{cfg.placement.pools[name].device} rank(s)" for name in used))
-    out.append(_model_line(cfg, gpu=any(cfg.placement.pools[name].device == "cuda" for name in used)))
+    try:
+        m = model_shape(cfg.actor.model)
+    except ConfigError:
+        if any(cfg.placement.pools[name].device == "cuda" for name in used):
+            raise  # a GPU pool's memory plan needs the shape
+        m = None
+    out.append(_model_line(cfg.actor.model, m))
     from core.tools.isolation import describe
     out.append(f"tools (agent calls, code rewards): {describe(cfg.tools.isolation)}")
     fits = True
@@ -141,7 +142,7 @@ def plan_run(cfg) -> tuple[str, bool]:
             parts.append(f"rollout {r.rollout_backend} TP {r.engine_tp} x {W // r.engine_tp} replicas at "
                          f"{r.gpu_memory_utilization:g} of {r.gpu_memory_gb:g} GB")
         out.append(", ".join(parts) + f"; host {r.host_memory_gb:g} GB per node")
-        p = plan(model_shape(cfg.actor.model), r)
+        p = plan(m, r)
         out.append("per-GPU memory plan (GB):")
         known = r.gpu_memory_gb > 0 and r.host_memory_gb > 0   # else nothing to check against: the needs, no verdict
         out.append(p.text(verdict=known))

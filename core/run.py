@@ -147,7 +147,8 @@ def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
                                        "(or HYBRIDRL_DEBUG=1) shows its traceback",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config-dir", required=config_dir is None, default=config_dir,
-                   help="the recipe folder holding config.yaml" + (f" (default {_shown(config_dir)})" if config_dir else ""))
+                   help="the recipe folder holding config.yaml"
+                        + (f" (default {_shown(config_dir)})" if config_dir else ""))
     p.add_argument("--config-name", default="config",
                    help="the yaml of the recipe folder to run, without .yaml (default: config)")
     p.add_argument("--dry-run", action="store_true",

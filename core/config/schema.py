@@ -40,14 +40,16 @@ class PlacementConfig:
     def __post_init__(self):
         check_fields(self)
         # a map naming some roles (placement.roles.rollout=gen on the command line) leaves the others where the
-        # default puts them: on 'main' where there is one, else with the actor
-        missing = [r for r in ("actor", "rollout", "ref") if r not in self.roles]
+        # default map puts them, or with the actor where that pool is not there
+        default = type(self).__dataclass_fields__["roles"].default_factory()
+        missing = {r: p for r, p in default.items() if r not in self.roles}
         if missing:
-            if "actor" in missing and "main" not in self.pools:
-                raise ValueError(f"placement.roles names no pool for the actor (and 'main' is not a pool); "
-                                 f"add placement.roles.actor=<one of {list(self.pools)}>")
-            home = "main" if "main" in self.pools else self.roles["actor"]
-            object.__setattr__(self, "roles", {**{r: home for r in missing}, **self.roles})
+            if "actor" in missing and missing["actor"] not in self.pools:
+                raise ValueError(f"placement.roles names no pool for the actor (and {missing['actor']!r} is not a "
+                                 f"pool); add placement.roles.actor=<one of {list(self.pools)}>")
+            actor = self.roles.get("actor", missing.get("actor"))
+            object.__setattr__(self, "roles", {**{r: p if p in self.pools else actor for r, p in missing.items()},
+                                               **self.roles})
         unknown = {r: p for r, p in self.roles.items() if p not in self.pools}
         if unknown:
             raise ValueError(f"placement.roles names unknown pool(s) {unknown}; pools are {list(self.pools)}")

@@ -77,7 +77,7 @@ def merge_padded(parts: list[Batch], pad_id: int, prompt_width: int | None = Non
                  response_width: int | None = None) -> Batch:
     """Concatenate generated chunks, padding prompts on the left and responses on the right to common widths
     (the widest part, or the given widths -- fixed widths make outputs of different ranks concatenable). Other
-    per-sample (B,) tensors every part has are concatenated too."""
+    per-sample (B,) tensors every part has are concatenated too, and per-token (B, Tr) ones padded with 0."""
     Tp = max(p["prompts"].shape[1] for p in parts)
     Tr = max(p["responses"].shape[1] for p in parts)
     if prompt_width is not None:
@@ -103,7 +103,11 @@ def merge_padded(parts: list[Batch], pad_id: int, prompt_width: int | None = Non
     real = torch.cat([right(r, Tr, 0) for r in reals])
     logps = torch.cat([right(p["rollout_logprobs"], Tr, 0.0) for p in parts])
     out = _assemble(prompts, pmask, responses, rmask, logps, real)
-    for key in parts[0].tensors:  # per-sample extras (an agent's num_turns, ...) come along
-        if key not in out.tensors and parts[0][key].dim() == 1 and all(key in p.tensors for p in parts):
+    for key in parts[0].tensors:  # per-sample extras (an agent's num_turns, ...) and per-token ones come along
+        if key in out.tensors or not all(key in p.tensors for p in parts):
+            continue
+        if parts[0][key].dim() == 1:
             out[key] = torch.cat([p[key] for p in parts])
+        elif all(p[key].shape == p["responses"].shape for p in parts):  # (B, Tr): padded like the responses
+            out[key] = torch.cat([right(p[key], Tr, 0.0) for p in parts])
     return out

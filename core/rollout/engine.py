@@ -25,7 +25,7 @@ from core.rollout.kv_cache import SlotKVCache
 from core.rollout.packed import PackedLinears, can_pack
 from core.rollout.batch import decode_responses
 from core.rollout.run import Run
-from core.rollout.sampling import filter_logits, sample_inverse_cdf, uniforms, unnormalised_probs_
+from core.rollout.sampling import filter_logits, sample_inverse_cdf, unnormalised_probs_
 from core.data.vision_inputs import never_sampled
 from core.models import chat_prompt_ids, keeps_logits
 from core.protocol import Batch
@@ -198,7 +198,7 @@ class RolloutEngine:
     @torch.no_grad()
     def session(self, prompts: Sequence[Sequence[int]], params: SamplingParams, max_len: int) -> "Run":
         """A generate call that takes new prompts while it runs (the agent loop's continuous batching across turns):
-        ``add(ids, max_new_tokens, seed)`` queues one sequence (n = 1) with its own generator, ``step()`` admits
+        ``add(ids, max_new_tokens, seed)`` queues one sequence (n = 1) with its own seed, ``step()`` admits
         what fits, decodes one token for every live slot and returns the sequences that finished. ``prompts``:
         the call's first prompts (every later one must extend one of them: their common prefix is prefilled once);
         ``max_len``: the longest sequence (prompt + response) the KV cache must hold."""
@@ -206,6 +206,15 @@ class RolloutEngine:
             raise ValueError(f"a session samples each added prompt once (n = 1), got n = {params.n}")
         self.wake(max_len)
         return Run(self, [list(p) for p in prompts], params, session=True)
+
+    @torch.no_grad()
+    def stream(self, params: SamplingParams, max_len: int) -> "Run":
+        """A generation that runs across weight updates (``core.rollout.stream``): ``add_prompts(ids, seeds,
+        max_new_tokens)`` queues a cohort of prompt groups (n samples each), ``step()`` admits and decodes one
+        token; after ``update_weights`` the caller sets ``version`` and calls ``reprefill()``, and the in-flight
+        sequences go on under the new weights. ``max_len``: the longest prompt + response."""
+        self.wake(max_len)
+        return Run(self, [], params)
 
     def last_logits(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, **vision) -> torch.Tensor:
         """Last-position logits (B, V) in the model's dtype; the cache already knows where this forward writes.
@@ -223,10 +232,10 @@ class RolloutEngine:
                                             device=logits.device)
         return self._fp32_logits[:len(logits)].copy_(logits)
 
-    def sample(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator
+    def sample(self, logits: torch.Tensor, params: SamplingParams, u: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Next tokens (B,) and their log-probs under logits / temperature (raw logits when greedy); ``logits``
-        (B, V) in the model's dtype, left unmodified. Top-k / top-p restrict what is drawn, never the log-probs:
+        (B, V) in the model's dtype, left unmodified; ``u`` (B,): each row's uniform (``sampling.token_uniforms``). Top-k / top-p restrict what is drawn, never the log-probs:
         those are under the full distribution, as the trainer recomputes them."""
         banned = self.never_sample
         if params.temperature <= 0:
@@ -236,7 +245,6 @@ class RolloutEngine:
         filtered = (0 < params.top_k < logits.shape[-1]) or params.top_p < 1.0 or banned is not None
         if not filtered and logits.device.type == "cpu" and cpu_kernels.available():
             # one fused pass per row over the logits as they are (no fp32 copy): max, exp-sum, inverse-CDF scan
-            u = uniforms(gen, len(logits))
             return cpu_kernels.sample_rows(logits, 1.0 / params.temperature, u)
         x = self._fp32(logits)
         x = x.div_(params.temperature) if params.temperature != 1.0 else x
@@ -244,5 +252,5 @@ class RolloutEngine:
         if banned is not None:
             keep[:, banned] = False
         weights, total = unnormalised_probs_(x)  # x is gone from here on
-        tok = sample_inverse_cdf(weights if keep is None else weights * keep, gen)
+        tok = sample_inverse_cdf(weights if keep is None else weights * keep, u)
         return tok, (weights.gather(-1, tok[:, None]).squeeze(-1) / total).log()

@@ -5,13 +5,14 @@ cache's slots, admission (prefill, the shared prefix once), one decode step for 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import torch
 
 from core.config import SamplingParams
 from core.rollout.batch import assemble
-from core.rollout.sampling import RowGenerators
+from core.rollout.sampling import sequence_seeds, token_uniforms
 from core.data.vision_inputs import collate, mrope_positions
 from core.protocol import Batch
 
@@ -32,88 +33,126 @@ class Engine(Protocol):
 
     def last_logits(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, **vision) -> torch.Tensor: ...
 
-    def sample(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator
+    def sample(self, logits: torch.Tensor, params: SamplingParams, u: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
+@dataclass
+class Cohort:
+    """Prompts added together (a ``generate`` call's, a stream's batch): the token prefix they share is prefilled
+    once (``kv``: its keys and values, computed at the cohort's first admission and again after a weight update)."""
+    P: int
+    prefix: list[int]
+    kv: list | None = None
+
+
 class Run:
-    """The state of one ``generate`` call (or ``session``): a queue of prompts and per-slot sequences; live slots
-    are [0, live). In a session the queue starts empty and each added sequence draws from its own generator."""
+    """The state of one ``generate`` call, session or stream: a queue of prompts and per-slot sequences; live slots
+    are [0, live). Sequence ``i * n + j`` is sample j of prompt i; it draws token t with
+    ``token_uniforms(seeds[i * n + j], t)``, and ``versions`` records the weight version (``version`` when it was
+    drawn) of each of its tokens."""
 
     def __init__(self, engine: Engine, prompts: list[list[int]], params: SamplingParams, session: bool = False,
                  vision: Sequence[dict] | None = None):
         self.e, self.p, self.vision = engine, params, vision
-        # columns [0, P) of every slot; none with images (the same image-token ids stand for different images)
-        self.P = shared_prefix_length(prompts) if engine.share_prefix and not vision else 0
-        self.prefix = prompts[0][:self.P] if prompts else []
-        self.prompts = [] if session else prompts
-        self.queue = deque(range(len(self.prompts)))
-        self.gen: torch.Generator | RowGenerators = (RowGenerators() if session
-                                                     else torch.Generator().manual_seed(params.seed))
-        self.seq_gens: list[torch.Generator] = []                   # a session's generator of each sequence
-        self.finished: list[int] = []                               # a session's sequences finished this step
+        self.prompts: list[list[int]] = []
+        self.cohort: list[int] = []                                  # each prompt's, in self.cohorts
+        self.cohorts: list[Cohort] = []
+        self.queue: deque[int] = deque()
+        self.seeds: list[int] = []                                   # per sequence
+        self.tokens: list[list[int]] = []
+        self.logps: list[list[float]] = []
+        self.versions: list[list[int]] = []
+        self.max_new: list[int] = []
+        self.version = 0                                             # of the weights the next tokens come from
+        self.finished: list[int] = []                               # sequences finished since the last step()
         S, dev = engine.max_batch_size, engine.device
         self.live = 0
-        self.sample = [-1] * S                                       # output row of each slot
-        self.start = torch.zeros(S, dtype=torch.long, device=dev)   # first real prompt position in the slot
+        self.sample = [-1] * S                                       # sequence of each slot
+        self.plen = torch.zeros(S, dtype=torch.long, device=dev)    # the shared prefix's length in the slot
+        self.start = torch.zeros(S, dtype=torch.long, device=dev)   # first column of the slot's own prompt part
         self.pos = torch.zeros(S, dtype=torch.long, device=dev)     # where the slot's next token is written
         self.delta = torch.zeros(S, dtype=torch.long, device=dev)   # M-RoPE: text position - token index
         self.last = torch.zeros(S, dtype=torch.long, device=dev)    # the slot's last sampled token
-        self.tokens: list[list[int]] = [[] for _ in range(len(self.prompts) * params.n)]
-        self.logps: list[list[float]] = [[] for _ in range(len(self.prompts) * params.n)]
-        self.max_new = [params.max_new_tokens] * len(self.tokens)    # per sequence
         self.eos = set() if params.ignore_eos else set(engine.eos_ids)
-        self.prefix_kv: list | None = None
+        if session:  # later prompts (``add``) extend these prompts' shared prefix
+            P = shared_prefix_length(prompts) if engine.share_prefix else 0
+            self.cohorts.append(Cohort(P, prompts[0][:P] if prompts else []))
+        elif prompts:
+            self.add_prompts(prompts, sequence_seeds(params.seed, len(prompts) * params.n), params.max_new_tokens)
+
+    # ---------------------------------------------------------------------------------------- queueing
+    def add_prompts(self, prompts: list[list[int]], seeds: list[int], max_new_tokens: int) -> list[int]:
+        """Queue prompts as one cohort (their shared prefix prefilled once), n sequences each with ``seeds``
+        (n per prompt); returns their prompt indices."""
+        n = self.p.n
+        if len(seeds) != len(prompts) * n:
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts x n={n}")
+        P = shared_prefix_length(prompts) if self.e.share_prefix and not self.vision else 0
+        self.cohorts.append(Cohort(P, prompts[0][:P]))
+        first = len(self.prompts)
+        for k, ids in enumerate(prompts):
+            self._queue(list(ids), seeds[k * n:(k + 1) * n], max_new_tokens)
+        return list(range(first, len(self.prompts)))
 
     def add(self, ids: list[int], max_new_tokens: int, seed: int) -> int:
-        """Queue one more sequence in a session; returns its index (``step`` reports it when it finishes)."""
-        if list(ids[:self.P]) != self.prefix or len(ids) <= self.P:
-            raise ValueError(f"a session's prompt must extend the {self.P}-token prefix of its first prompts")
+        """Queue one more sequence in a session (n = 1); returns its index (``step`` reports it when it finishes)."""
+        c = self.cohorts[-1]
+        if self.p.n != 1:
+            raise ValueError(f"a session samples each added prompt once (n = 1), got n = {self.p.n}")
+        if list(ids[:c.P]) != c.prefix or len(ids) <= c.P:
+            raise ValueError(f"a session's prompt must extend the {c.P}-token prefix of its first prompts")
         if max_new_tokens < 1 or len(ids) + max_new_tokens > self.e.cache.max_len:
             raise ValueError(f"{len(ids)} prompt + {max_new_tokens} new tokens do not fit the session's "
                              f"{self.e.cache.max_len} (or no new token asked)")
+        return self._queue(list(ids), [seed], max_new_tokens)
+
+    def _queue(self, ids: list[int], seeds: list[int], max_new_tokens: int) -> int:
         i = len(self.prompts)
-        self.prompts.append(list(ids))
-        self.tokens.append([])
-        self.logps.append([])
-        self.max_new.append(max_new_tokens)
-        self.seq_gens.append(torch.Generator().manual_seed(seed))
+        self.prompts.append(ids)
+        self.cohort.append(len(self.cohorts) - 1)
+        for seed in seeds:
+            self.seeds.append(seed)
+            self.tokens.append([])
+            self.logps.append([])
+            self.versions.append([])
+            self.max_new.append(max_new_tokens)
         self.queue.append(i)
         return i
 
     @torch.no_grad()
     def step(self) -> list[int]:
-        """A session's step: admit what fits, one token for every live slot; the sequences that finished."""
+        """One step of a session or stream: admit what fits, one token for every live slot; the sequences that
+        finished."""
         self.admit()
         self.decode_step()
         done, self.finished = self.finished, []
         return done
 
-    def _draw_for(self, slots: range) -> None:
-        if isinstance(self.gen, RowGenerators):  # each row draws from its own sequence's generator
-            self.gen.rows = [self.seq_gens[self.sample[s]] for s in slots]
-
-    def _prefill_prefix(self) -> None:
-        """The shared prefix through the model once, at slot 0 (free: nothing is live yet); its KV kept aside."""
-        P, dev = self.P, self.e.device
+    # ---------------------------------------------------------------------------------------- admission
+    def _prefill_prefix(self, c: Cohort) -> None:
+        """A cohort's shared prefix through the model once, at the first free slot; its KV kept aside."""
+        P, dev, slot = c.P, self.e.device, self.live
         ar = torch.arange(P)
-        self.e.cache.prefill_into(torch.zeros(1, dtype=torch.long, device=dev))
+        self.e.cache.prefill_into(torch.tensor([slot], device=dev))
         causal = (ar[None, :] <= ar[:, None])[None, None]
-        self.e.last_logits(torch.tensor([self.prefix], device=dev), ar[None].to(dev),
-                        _additive(causal, self.e.dtype).to(dev))
-        self.prefix_kv = self.e.cache.read(0, P)
+        self.e.last_logits(torch.tensor([c.prefix], device=dev), ar[None].to(dev),
+                           _additive(causal, self.e.dtype).to(dev))
+        c.kv = self.e.cache.read(slot, P)
 
     def admit(self) -> None:
-        """Prefill as many whole prompt groups as free slots allow, one forward for all of them."""
+        """Prefill as many whole prompt groups of one cohort as free slots allow, one forward for all of them."""
         n, S = self.p.n, self.e.max_batch_size
         take = []
-        while self.queue and self.live + (len(take) + 1) * n <= S:
+        while (self.queue and self.live + (len(take) + 1) * n <= S
+               and self.cohort[self.queue[0]] == self.cohort[take[0] if take else self.queue[0]]):
             take.append(self.queue.popleft())
         if not take:
             return
-        dev, m, P = self.e.device, len(take), self.P
-        if P and self.prefix_kv is None:
-            self._prefill_prefix()
+        c = self.cohorts[self.cohort[take[0]]]
+        dev, m, P = self.e.device, len(take), c.P
+        if P and c.kv is None:
+            self._prefill_prefix(c)
         q = max(len(self.prompts[i]) for i in take)                  # prefix + the longest rest
         ids = torch.full((m, q - P), self.e.pad_id, dtype=torch.long)
         start = torch.tensor([q - len(self.prompts[i]) + P for i in take])  # first column of each rest
@@ -127,7 +166,7 @@ class Run:
         # n = 1: the slots are one range, and a slice writes (and hands attention) views, not index_put copies
         rows = slice(self.live, self.live + m) if n == 1 else first.to(dev)
         if P:
-            self.e.cache.write(rows, self.prefix_kv)
+            self.e.cache.write(rows, c.kv)
         self.e.cache.prefill_into(rows, offset=P)
         vision = ({k: v.to(dev) for k, v in collate([self.vision[i] for i in take]).items()}
                   if self.vision else {})
@@ -135,31 +174,34 @@ class Run:
         if mrope := mrope_positions(self.e.model, ids, col[None, P:] >= start[:, None], vision):  # P = 0 here
             pos, delta = mrope
         logits = self.e.last_logits(ids.to(dev), pos.to(dev), _additive(allowed[:, None], self.e.dtype).to(dev),
-                                 **vision)
+                                    **vision)
         if n > 1:
             for r in range(m):
                 self.e.cache.copy(int(first[r]), slice(int(first[r]) + 1, int(first[r]) + n), q)
         slots = slice(self.live, self.live + m * n)
+        self.plen[slots] = P
         self.start[slots] = start.repeat_interleave(n).to(dev)
         self.pos[slots] = q
         self.delta[slots] = delta.repeat_interleave(n).to(dev)
         self.sample[slots] = [i * n + j for i in take for j in range(n)]
         self.live += m * n
-        self._draw_for(range(slots.start, slots.stop))
-        tok, logp = self.e.sample(logits.repeat_interleave(n, 0), self.p, self.gen)
-        self._record(range(slots.start, slots.stop), tok, logp)
+        live = range(slots.start, slots.stop)
+        tok, logp = self.e.sample(logits.repeat_interleave(n, 0), self.p, self._uniforms(live))
+        self._record(live, tok, logp)
 
+    # ---------------------------------------------------------------------------------------- decoding
     def decode_step(self) -> None:
         """One token for every live slot."""
         L = self.live
         if L == 0:
             return
-        pos, start = self.pos[:L], self.start[:L]
-        rope = pos - start + self.P + self.delta[:L]                 # each token's position (M-RoPE: + delta)
+        pos, start, plen = self.pos[:L], self.start[:L], self.plen[:L]
+        rope = pos - start + plen + self.delta[:L]                   # each token's position (M-RoPE: + delta)
         # fixed shapes (CUDA graphs) attend over the whole cache, masked; else up to the furthest position
         kv_len = self.e.cache.max_len if self.e.graphs is not None else int(pos.max()) + 1
         ar = torch.arange(kv_len, device=pos.device)
-        allowed = ((ar[None, :] >= start[:, None]) | (ar[None, :] < self.P)) & (ar[None, :] <= pos[:, None])
+        allowed = (((ar[None, :] >= start[:, None]) | (ar[None, :] < plen[:, None]))
+                   & (ar[None, :] <= pos[:, None]))
         mask = _additive(allowed[:, None, None], self.e.dtype)
         if self.e.graphs is not None:
             logits = self.e.graphs.decode(self.last[:L, None], pos, rope[:, None], mask)
@@ -167,28 +209,36 @@ class Run:
             self.e.cache.decode_at(pos, kv_len)
             logits = self.e.last_logits(self.last[:L, None], rope[:, None], mask)
         self.pos[:L] += 1
-        self._draw_for(range(L))
-        tok, logp = self.e.sample(logits, self.p, self.gen)
+        tok, logp = self.e.sample(logits, self.p, self._uniforms(range(L)))
         self._record(range(L), tok, logp)
 
+    def _uniforms(self, slots: range) -> torch.Tensor:
+        seqs = [self.sample[s] for s in slots]
+        return token_uniforms([self.seeds[i] for i in seqs], [len(self.tokens[i]) for i in seqs])
+
     def _record(self, slots: range, tok: torch.Tensor, logp: torch.Tensor) -> None:
-        """Append each slot's token; retire finished slots (EOS, length, stop string), moving the last live slot
-        into each hole so that live slots stay [0, live)."""
+        """Append each slot's token; retire finished slots (EOS, length, stop string)."""
         self.last[slots.start:slots.stop] = tok
         finished = []
         for k, (t, lp) in enumerate(zip(tok.tolist(), logp.tolist())):
             s = slots.start + k
-            out = self.tokens[self.sample[s]]
+            i = self.sample[s]
+            out = self.tokens[i]
             out.append(t)
-            self.logps[self.sample[s]].append(lp)
-            if t in self.eos or len(out) >= self.max_new[self.sample[s]] or (self.p.stop and self._hit_stop(out)):
+            self.logps[i].append(lp)
+            self.versions[i].append(self.version)
+            if t in self.eos or len(out) >= self.max_new[i] or (self.p.stop and self._hit_stop(out)):
                 finished.append(s)
-                self.finished.append(self.sample[s])
-        for s in sorted(finished, reverse=True):
+                self.finished.append(i)
+        self._retire(finished)
+
+    def _retire(self, slots: list[int]) -> None:
+        """Free these slots, moving the last live slot into each hole so that live slots stay [0, live)."""
+        for s in sorted(slots, reverse=True):
             last = self.live - 1
             if s != last:
                 self.e.cache.copy(last, s, int(self.pos[last]))
-                for t in (self.start, self.pos, self.last, self.delta):
+                for t in (self.plen, self.start, self.pos, self.last, self.delta):
                     t[s] = t[last]
                 self.sample[s] = self.sample[last]
             self.live -= 1
@@ -196,6 +246,53 @@ class Run:
     def _hit_stop(self, out: list[int]) -> bool:
         text = self.e.tokenizer.decode(out[-16:], skip_special_tokens=True)
         return any(stop in text for stop in self.p.stop)
+
+    # ---------------------------------------------------------------------------------------- a stream's controls
+    @torch.no_grad()
+    def reprefill(self) -> None:
+        """Recompute the KV of every live sequence (its prompt and the tokens drawn so far, all but the last, which
+        the next decode step feeds) with the weights the model holds now -- after a weight update, so the next
+        tokens come from the new weights alone (their log-probs are the new policy's on the whole prefix), or
+        after the cache was freed or used by another call. Rows sit at column 0, right-padded: a row's columns
+        past its own length hold padding's KV, which no later step attends (it writes there first)."""
+        if self.vision:
+            raise ValueError("a run with image prompts cannot recompute its sequences' KV (their vision inputs are "
+                             "given to the first prefill only)")
+        for c in self.cohorts:
+            c.kv = None  # a later admission prefills the prefix again, with these weights
+        L = self.live
+        if L == 0:
+            return
+        dev = self.e.device
+        rows = [self.prompts[self.sample[s] // self.p.n] + self.tokens[self.sample[s]][:-1] for s in range(L)]
+        q = max(map(len, rows))
+        ids = torch.full((L, q), self.e.pad_id, dtype=torch.long)
+        for r, row in enumerate(rows):
+            ids[r, :len(row)] = torch.tensor(row)
+        col = torch.arange(q)
+        allowed = col[None, None, :] <= col[None, :, None]
+        self.e.cache.prefill_into(slice(0, L))
+        self.e.last_logits(ids.to(dev), col[None].expand(L, q).to(dev),
+                           _additive(allowed[:, None].expand(L, 1, q, q), self.e.dtype).to(dev))
+        self.plen[:L], self.start[:L] = 0, 0
+        self.pos[:L] = torch.tensor(list(map(len, rows)), device=dev)
+
+    def abort(self, prompts: set[int]) -> None:
+        """Drop these prompts' sequences, queued or live (a stream's group that can no longer be used)."""
+        n = self.p.n
+        self.queue = deque(i for i in self.queue if i not in prompts)
+        self._retire([s for s in range(self.live) if self.sample[s] // n in prompts])
+
+    def pop(self, i: int) -> tuple[list[int], list[list[int]], list[list[float]], list[list[int]]]:
+        """Prompt ``i``'s ids and its n sequences' tokens, log-probs and versions, forgotten here (a stream's
+        finished group, handed out)."""
+        seqs = range(i * self.p.n, (i + 1) * self.p.n)
+        out = (self.prompts[i], [self.tokens[k] for k in seqs], [self.logps[k] for k in seqs],
+               [self.versions[k] for k in seqs])
+        self.prompts[i] = []
+        for k in seqs:
+            self.tokens[k], self.logps[k], self.versions[k] = [], [], []
+        return out
 
     def result(self) -> Batch:
         return assemble(self.prompts, self.tokens, self.logps, self.p.n, self.e.pad_id)

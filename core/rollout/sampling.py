@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
+import numpy as np
 import torch
 
 
@@ -27,28 +30,39 @@ def unnormalised_probs_(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return w, w.sum(-1)
 
 
-class RowGenerators:
-    """One CPU generator per row of the next draw (``rows``: set before each draw): a sequence's samples then
-    depend on its own seed only, not on which other sequences share its batch or when it was admitted (the agent
-    loop's continuous batching across turns)."""
-
-    def __init__(self) -> None:
-        self.rows: list[torch.Generator] = []
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
-def uniforms(gen: torch.Generator | RowGenerators, n: int) -> torch.Tensor:
-    """``n`` uniforms in [0, 1): from one generator, or one from each row's own."""
-    if isinstance(gen, RowGenerators):
-        if len(gen.rows) != n:
-            raise ValueError(f"{len(gen.rows)} row generators for a draw of {n} rows")
-        return torch.cat([torch.rand(1, generator=g) for g in gen.rows])
-    return torch.rand(n, generator=gen)
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 (wrapping arithmetic): every input bit reaches every output bit."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
 
 
-def sample_inverse_cdf(weights: torch.Tensor, gen: torch.Generator | RowGenerators, block: int = 256) -> torch.Tensor:
+def sequence_seeds(seed: int, count: int, first: int = 0) -> list[int]:
+    """The seeds of sequences ``first .. first + count - 1`` of a call sampled with ``seed``: distinct 64-bit
+    values, so that sequence i draws the same uniforms whichever other sequences run beside it."""
+    idx = np.arange(first, first + count, dtype=np.uint64)
+    return _mix(np.full(count, seed % 2**64, dtype=np.uint64) * _GOLDEN + idx).tolist()
+
+
+def token_uniforms(seeds: Sequence[int], steps: Sequence[int]) -> torch.Tensor:
+    """The uniforms in [0, 1) (float32, CPU) that token ``steps[b]`` of the sequence with seed ``seeds[b]`` is drawn
+    with: a hash of the pair (counter-based, like Philox), so a sequence's draws depend on its seed and token
+    index only -- not on its batch, its slot, when it was admitted, or whether it was paused and resumed (a
+    partial rollout across weight updates; a checkpointed stream). 24 bits: exact in float32, never 1.0.
+
+    >>> token_uniforms([7, 7], [0, 1]).tolist() != token_uniforms([7, 8], [0, 0]).tolist()
+    True"""
+    h = _mix(np.asarray(seeds, dtype=np.uint64) ^ _mix(np.asarray(steps, dtype=np.uint64) + _GOLDEN))
+    return torch.from_numpy((h >> np.uint64(40)).astype(np.float32) * np.float32(2.0 ** -24))
+
+
+def sample_inverse_cdf(weights: torch.Tensor, u: torch.Tensor, block: int = 256) -> torch.Tensor:
     """One index per row of non-negative ``weights`` (B, V), drawn with probability weight / row sum: the first
-    index whose cumulative weight exceeds u * total, one uniform u per row from ``gen`` (a CPU generator, or one
-    per row: ``RowGenerators``; on the CPU, so runs are reproducible on any device). Two levels keep it to one
+    index whose cumulative weight exceeds u * total, one uniform u (B,) per row (``token_uniforms``: drawn on the
+    CPU, so runs are reproducible on any device). Two levels keep it to one
     pass over V: the cumulative sums of ``block``-wide block totals find the block, a cumulative sum inside that
     block finds the index. ``torch.multinomial`` instead draws an exponential per vocabulary entry: measured
     49 ms per step for 64 x 49,152 on 2 cores."""
@@ -57,7 +71,7 @@ def sample_inverse_cdf(weights: torch.Tensor, gen: torch.Generator | RowGenerato
     w = torch.nn.functional.pad(weights, (0, pad)).view(B, -1, block) if pad else weights.view(B, -1, block)
     sums = w.sum(-1)                                                        # (B, V / block)
     cdf = sums.cumsum(-1)
-    u = uniforms(gen, B)[:, None].to(weights.device, weights.dtype) * cdf[:, -1:]
+    u = u[:, None].to(weights.device, weights.dtype) * cdf[:, -1:]
     blk = torch.searchsorted(cdf, u, right=True).clamp(max=cdf.shape[-1] - 1)  # (B, 1)
     rest = u - (cdf.gather(-1, blk) - sums.gather(-1, blk))                 # mass left inside the block
     inner = w[torch.arange(B, device=w.device), blk.squeeze(-1)].cumsum(-1)  # (B, block)

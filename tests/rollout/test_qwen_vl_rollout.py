@@ -85,7 +85,7 @@ def test_image_tokens_are_never_sampled_and_log_probs_stay_under_the_full_distri
     logits[:, banned] = 20.0                      # nearly all the mass on the image tokens
     logits[:, 7] = 5.0
     for temperature in (0.0, 1.0):
-        tok, logp = engine.sample(logits, SamplingParams(n=1, temperature=temperature), torch.Generator())
+        tok, logp = engine.sample(logits, SamplingParams(n=1, temperature=temperature), torch.rand(4))
         assert not set(tok.tolist()) & set(banned)
         full = logits.log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1)
         torch.testing.assert_close(logp, full)

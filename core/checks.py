@@ -18,8 +18,9 @@ are reported at once:
 - with the built-in rewards (no ``reward.path``), every ``data_source`` of the data files has a reward
   (``check_data_sources``, once the rows are loaded);
 - ``rollout.backend: sglang`` runs on a CUDA pool;
-- ``trainer.async.one_step_off``: the rollout on a pool of its own, on Ray; ``actor.ulysses_sp`` divides the actor
-  pool's ranks (and, once the model is located, its attention heads);
+- ``trainer.async.mode: one_step_off``: the rollout on a pool of its own, on Ray; ``streaming``: the embedded
+  engine, one-turn text prompts, no greedy-baseline estimator, prompts split evenly over the rollout's replicas;
+  ``actor.ulysses_sp`` divides the actor pool's ranks (and, once the model is located, its attention heads);
 - ``actor.strategy`` / ``critic.strategy: megatron``: tp x pp divides the role pool's ranks (what this version can
   run of the layout is ``core.train.megatron_actor.run_problem``, checked once the model is located);
 - PRIME's implicit PRM (``implicit_prm``) has a pool, starts from ``actor.model`` (the reference's);
@@ -33,7 +34,7 @@ from __future__ import annotations
 from collections import Counter
 
 from core.algos import ADVANTAGES, AGGREGATIONS, KL_KINDS, POLICY_LOSSES
-from core.algos.advantages import VALUE_ESTIMATORS
+from core.algos.advantages import BASELINE_ESTIMATORS, VALUE_ESTIMATORS
 from core.algos.losses import FIXED_AGGREGATION, REWARD_MODEL_LOSSES
 from core.config import ActorConfig, RunConfig
 from core.config.errors import ConfigError, did_you_mean
@@ -110,14 +111,36 @@ def problems(cfg: "RunConfig") -> list[str]:
                    f"{actor_pool.nnodes * actor_pool.slots_per_node} ranks ({actor_pool.nnodes} x "
                    f"{actor_pool.slots_per_node}): each sequence-parallel group is ulysses_sp of its ranks; change one")
     same_pool = cfg.placement.roles.get("rollout") == cfg.placement.roles["actor"]
-    if cfg.trainer.async_.one_step_off and (same_pool or cfg.trainer.backend != "ray"):
+    if cfg.trainer.async_.mode == "one_step_off" and (same_pool or cfg.trainer.backend != "ray"):
         why = (f"placement.roles.rollout is the actor's pool {cfg.placement.roles['actor']!r}" if same_pool
                else f"trainer.backend is {cfg.trainer.backend!r}")
-        out.append(f"trainer.async.one_step_off generates the next step's samples while the actor updates, so the "
-                   f"rollout needs processes of its own (a pool of its own, trainer.backend=ray), but {why}; add a "
-                   "pool for the rollout (placement.pools / placement.roles.rollout), or set "
-                   "trainer.async.one_step_off=false")
+        out.append(f"trainer.async.mode=one_step_off generates the next step's samples while the actor updates, so "
+                   f"the rollout needs processes of its own (a pool of its own, trainer.backend=ray), but {why}; add a "
+                   "pool for the rollout (placement.pools / placement.roles.rollout), or set trainer.async.mode=sync "
+                   "(or streaming, which also runs time-sliced on one pool)")
+    if cfg.trainer.async_.mode == "streaming":
+        out += _streaming_problems(cfg)
     out += _agent_problems(cfg) + _megatron_problems(cfg) + _implicit_prm_problems(cfg)
+    return out
+
+
+def _streaming_problems(cfg: "RunConfig") -> list[str]:
+    """``trainer.async.mode: streaming`` (``core.streaming``): what its rollout stream runs on."""
+    out, r = [], cfg.rollout
+    if r.backend != "embedded":
+        out.append(f"trainer.async.mode=streaming needs rollout.backend=embedded (weight updates between decode steps "
+                   f"of one engine run), got {r.backend}; use trainer.async.mode=one_step_off with {r.backend}")
+    if r.agent.enable:
+        out.append("trainer.async.mode=streaming generates one-turn responses; rollout.agent.enable=true needs "
+                   "trainer.async.mode=sync or one_step_off")
+    if cfg.algo.adv.estimator in BASELINE_ESTIMATORS:
+        out.append(f"algo.adv.estimator={cfg.algo.adv.estimator} generates a greedy baseline for the step's prompts, "
+                   "which a stream's batch does not have as one draw; use trainer.async.mode=sync")
+    pool = cfg.placement.pools.get(cfg.placement.roles.get("rollout", cfg.placement.roles["actor"]))
+    replicas = pool.nnodes * pool.slots_per_node // max(r.tensor_parallel_size, 1) if pool is not None else 0
+    if replicas and cfg.data.prompts_per_step % replicas:
+        out.append(f"trainer.async.mode=streaming adds each step's prompts evenly over the rollout's {replicas} "
+                   f"replicas: data.prompts_per_step={cfg.data.prompts_per_step} must divide by {replicas}")
     return out
 
 

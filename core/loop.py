@@ -26,6 +26,7 @@ from core.train.critic import ValueWorker
 from core.train.policy import PolicyWorker
 from core.train.reward_model import RewardModelWorker
 from core.one_step_off import RolloutAhead
+from core.streaming import RolloutStream
 from core.protocol import Batch
 from core.rewards import ScoredBatch, default_compute_score, sample_names, score_batch
 from core.roles import sync_across_pools
@@ -45,8 +46,10 @@ class Roles:
     reward_model: RoleGroup | None = None
     # PRIME's implicit process reward model (implicit_prm.enable; core.implicit_prm)
     prm: RoleGroup | None = None
-    # trainer.async.one_step_off: the rollout generating the next step's samples during this step's update
+    # trainer.async.mode=one_step_off: the rollout generating the next step's samples during this step's update
     ahead: RolloutAhead | None = None
+    # trainer.async.mode=streaming: the rollout generating continuously, across weight updates
+    stream: RolloutStream | None = None
 
 
 class Timer:
@@ -98,11 +101,14 @@ def step(roles: Roles, prompts: Batch, cfg: AlgoConfig, reward_fn: Callable = de
 # ---------------------------------------------------------------------------------------------- the step's phases
 def generate(roles: Roles, prompts: Batch, sampling: SamplingParams, timer: Timer) -> Batch:
     """n samples per prompt row: ``prompts``, ``responses``, masks, ``rollout_logprobs``; non-tensor keys repeated.
-    One step off (``roles.ahead``): the samples generated during the last step's update, ``policy_version`` and
-    ``staleness`` too; the next step's generation starts."""
+    One step off (``roles.ahead``): the samples generated during the last step's update, ``policy_version``,
+    ``staleness`` and ``rollout_versions`` too; the next step's generation starts. Streaming (``roles.stream``):
+    the stream's next batch of finished groups (``prompts`` is its ``draw()``, no rows of its own), the same keys."""
     with timer("gen"):
         if roles.ahead is not None:
             return roles.ahead.take(prompts, sampling)
+        if roles.stream is not None:
+            return roles.stream.take(sampling)
         return roles.rollout.dp_split(RolloutWorker.generate, prompts, sampling)
 
 
@@ -228,8 +234,9 @@ def update(roles: Roles, batch: Batch, cfg: AlgoConfig, timer: Timer, update_act
         with timer("update_critic"):
             out |= reduce_over_ranks(roles.critic.dp_split(ValueWorker.update, batch))
     if update_actor:
-        with timer("update_actor"):
-            out |= reduce_over_ranks(roles.actor.dp_split(PolicyWorker.update, batch))
+        with timer("update_actor"):  # streaming: the rollout decodes meanwhile
+            updating = roles.actor.dp_split_async(PolicyWorker.update, batch)
+            out |= reduce_over_ranks(roles.stream.overlap(updating) if roles.stream is not None else updating())
             if "old_from_update" in batch:  # the old log-probs the update filled in, for the step's metrics
                 rows = Batch({"old_from_update": batch["old_from_update"]})
                 batch["old_logprobs"] = roles.actor.dp_split(PolicyWorker.update_old_logprobs, rows)["old_logprobs"]
@@ -240,6 +247,8 @@ def update(roles: Roles, batch: Batch, cfg: AlgoConfig, timer: Timer, update_act
             out |= sync_rollout(roles, cfg.sync_timeout_s)
         if roles.ahead is not None:
             roles.ahead.synced()
+        if roles.stream is not None:
+            roles.stream.synced()
     return out
 
 
@@ -278,6 +287,7 @@ def step_metrics(batch: Batch, updates: dict[str, float], timer: Timer, num_fail
             "actor/kl_loss": 0.0, "actor/pg_loss": 0.0, **updates,
             **_reward_model_metrics(batch), **_agent_metrics(batch),
             **_off_policy_metrics(batch, cfg.tis_cap, cfg.off_policy_correction),
+            **{f"rollout/{k}": v for k, v in batch.meta.get("stream", {}).items()},
             **_explained_variance(batch),
             **{f"timing_s/{k}": v for k, v in timer.seconds.items()},
             "perf/throughput_tokens_per_s": tokens / timer.seconds["step"]}
@@ -322,9 +332,19 @@ def _off_policy_metrics(batch: Batch, tis_cap: float, correction: str) -> dict[s
     their ratio (clipped or masked)."""
     out = {}
     if "staleness" in batch:
+        mask = batch["response_mask"]
+        versions = torch.where(mask > 0, batch["rollout_versions"], batch["policy_version"][:, None])
         out = {"rollout/policy_version": float(batch["policy_version"].mean()),
                "rollout/staleness_mean": float(batch["staleness"].mean()),
-               "rollout/staleness_max": float(batch["staleness"].max())}
+               "rollout/staleness_max": float(batch["staleness"].max()),
+               # partial rollouts: samples whose tokens come from more than one weight version
+               "rollout/partial_frac": float((versions.amax(-1) > versions.amin(-1)).float().mean())}
+        if "old_logprobs" in batch:  # how far pi_old / pi_rollout strays from 1, by each token's staleness
+            ratio_dev = ((batch["old_logprobs"] - batch["rollout_logprobs"]).exp() - 1).abs()
+            token_staleness = (batch["policy_version"] + batch["staleness"])[:, None] - versions
+            for k in token_staleness[mask > 0].unique().tolist():
+                at = (token_staleness == k) & (mask > 0)
+                out[f"rollout/ratio_dev/staleness_{int(k)}"] = float(ratio_dev[at].mean())
     if tis_cap > 0:
         mask = batch["response_mask"]
         ratio = (batch["old_logprobs"] - batch["rollout_logprobs"]).exp()

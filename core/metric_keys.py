@@ -38,7 +38,7 @@ METRICS: list[tuple[str, str, list[tuple[str, str, str]]]] = [
           "trainer's (bf16 vs fp32 engines show their rounding here)")),
         ('rollout/logprob_diff_max', EVERY_STEP,
          'the largest such gap'),
-        ('rollout/policy_version', 'one step off (`trainer.async.one_step_off`)',
+        ('rollout/policy_version', 'one step off (`trainer.async.mode=one_step_off`)',
          'the weight version the samples came from'),
         ('rollout/staleness_mean', 'one step off',
          "updates between the samples' weights and the policy that trains on them"),

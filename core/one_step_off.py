@@ -1,4 +1,4 @@
-"""One-step-off-policy async training (``trainer.async.one_step_off``): the rollout pool generates step k+1's
+"""One-step-off-policy async training (``trainer.async.mode=one_step_off``): the rollout pool generates step k+1's
 samples while the actor pool updates on step k's, from the weights before that update -- one version stale.
 
     v_k = the actor after k updates; the rollout holds v_(k-1) while step k trains
@@ -75,14 +75,15 @@ class RolloutAhead:
         if pending is None:
             pending = Pending(prompts, sampling, self.version, self._start(prompts, sampling))
         elif pending.prompts is not prompts or pending.sampling != sampling:
-            raise RuntimeError("trainer.async.one_step_off: this step generates for prompts or sampling other than "
+            raise RuntimeError("trainer.async.mode=one_step_off: this step generates for prompts or sampling other than "
                                "those generated ahead (the batch draw() returned, with the step's sampling seed + 1); "
                                "a step that generates more than once per step (e.g. DAPO's dynamic sampling) cannot "
-                               "run one step off: set trainer.async.one_step_off=false")
+                               "run one step off: set trainer.async.mode=one_step_off=false")
         batch = pending.batch()
         # decoded now, before the next generation occupies the rollout's processes (``core.loop.score`` reads it)
         batch = batch.union(self.rollout.dp_split(RolloutWorker.decode, batch))
         batch["policy_version"] = torch.full((len(batch),), float(pending.version))
+        batch["rollout_versions"] = torch.full_like(batch["rollout_logprobs"], float(pending.version))
         batch["staleness"] = torch.full((len(batch),), float(self.version - pending.version))
         if self.overlap:
             self.start_next()

@@ -37,7 +37,11 @@ num_turns           (B,)         float   agent rollouts: model turns of each tra
 num_tool_calls      (B,)         float   ... tool calls it made
 num_tool_errors     (B,)         float   ... calls that failed (unparsable, unknown tool, error, timeout, flood)
 truncated           (B,)         float   ... 1 when its last turn did not end at EOS (a length limit, max_turns)
-policy_version      (B,)         float   one-step-off runs: the weight version (updates) that generated the sample
+rollout_seeds       (B,)         long    each sample's seed: its token t was drawn with ``token_uniforms(seed, t)``
+                                         (the embedded engine; ``core.rollout.sampling``)
+rollout_versions    (B, Tr)      float   one-step-off and streaming runs: the weight version (updates) that drew each
+                                         token (a streamed sample may span versions: a partial rollout)
+policy_version      (B,)         float   ... the version of the sample's oldest token
 staleness           (B,)         float   ... updates between that version and the policy that trains on it
 token_rewards       (B, Tr)      float   per-token reward: ``scores`` at the last valid token, minus KL penalty
 advantages          (B, Tr)      float   advantage estimate per token
@@ -87,8 +91,10 @@ KEYS: dict[str, str] = {
     "num_tool_calls": "(B,) float: agent rollouts, tool calls per trajectory",
     "num_tool_errors": "(B,) float: agent rollouts, failed tool calls per trajectory",
     "truncated": "(B,) float: agent rollouts, 1 when the last turn did not end at EOS",
-    "policy_version": "(B,) float: one-step-off runs, the weight version that generated the sample",
-    "staleness": "(B,) float: one-step-off runs, updates between that version and the training policy",
+    "rollout_seeds": "(B,) long: each sample's seed (token t drawn with token_uniforms(seed, t))",
+    "rollout_versions": "(B, Tr) float: async runs, the weight version that drew each token",
+    "policy_version": "(B,) float: async runs, the weight version of the sample's oldest token",
+    "staleness": "(B,) float: async runs, updates between that version and the training policy",
     "token_rewards": "(B, Tr) float: per-token reward",
     "advantages": "(B, Tr) float: advantages",
     "returns": "(B, Tr) float: value targets",

@@ -23,6 +23,7 @@ from core.config import ConfigError, RunConfig, reads
 from core.data.prompt_stream import PromptStream
 from core.loop import Roles, kl_controller, prompts_from_rows, step, validate
 from core.one_step_off import RolloutAhead
+from core.streaming import RolloutStream
 from core.plan_report import dp_size, effective_sizes
 from core.protocol import Batch
 from core.report import report
@@ -137,16 +138,22 @@ def epoch_steps(cfg: RunConfig, rows: int) -> int:
 
 def prompt_source(cfg: RunConfig, roles: Roles, rows: list[dict]) -> tuple[PromptStream, Callable[[], Batch]]:
     """The prompt stream over ``rows`` and the step's ``draw()``: the stream's next batch, or one step off
-    (``trainer.async.one_step_off``) the batch the rollout generated ahead, which draws from the stream itself."""
+    (``trainer.async.mode=one_step_off``) the batch the rollout generated ahead, or streaming the rollout stream's
+    next batch, which draw from the prompt stream themselves."""
     stream = PromptStream(rows, cfg.data.prompts_per_step, cfg.data.shuffle, cfg.trainer.seed)
 
     def draw() -> Batch:
         return prompts_from_rows(next(stream))
 
-    if not cfg.trainer.async_.one_step_off:
-        return stream, draw
-    roles.ahead = RolloutAhead(roles.rollout, draw, cfg.trainer.async_.overlap)
-    return stream, roles.ahead.draw
+    a = cfg.trainer.async_
+    if a.mode == "one_step_off":
+        roles.ahead = RolloutAhead(roles.rollout, draw, a.overlap)
+        return stream, roles.ahead.draw
+    if a.mode == "streaming":
+        roles.stream = RolloutStream(roles.rollout, draw, cfg.data.prompts_per_step, cfg.algo.sampling.seed,
+                                     a.max_staleness, a.on_stale, a.chunk_steps, a.overlap_steps)
+        return stream, roles.stream.draw
+    return stream, draw
 
 
 def held_out(cfg: RunConfig, roles: Roles, prompts: Batch, reward_fn: Callable, out: Path, step_no: int) -> dict:

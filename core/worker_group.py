@@ -132,6 +132,17 @@ def _merge(results: list[Any], pad: int) -> Any:
     return results
 
 
+class Pending:
+    """Calls started on some ranks: calling it waits for their results; ``ready()`` says, without waiting, whether
+    they have all ended."""
+
+    def __init__(self, wait: Callable[[], Any], ready: Callable[[], bool]):
+        self._wait, self.ready = wait, ready
+
+    def __call__(self) -> Any:
+        return self._wait()
+
+
 class RoleGroup:
     """One role's view of a worker group: the three dispatch modes, for that role's methods."""
 
@@ -160,9 +171,9 @@ class RoleGroup:
         first rank, and concatenate them back in row order with the padding removed."""
         return self.dp_split_async(method, batch, *args, **kwargs)()
 
-    def dp_split_async(self, method: Callable, batch: Batch, *args, **kwargs) -> Callable[[], Any]:
+    def dp_split_async(self, method: Callable, batch: Batch, *args, **kwargs) -> "Pending":
         """``dp_split`` started without waiting: returns the function that waits for its result (raising as
-        ``dp_split`` would). The driver goes on meanwhile; a later call to the same ranks runs after this one
+        ``dp_split`` would; ``ready()`` asks without waiting). The driver goes on meanwhile; a later call to the same ranks runs after this one
         (Ray runs an actor's calls in the order they were made). In-process (``LocalWorkerGroup``) it runs now."""
         name = _method_name(self.name, self.spec.cls, method)
         padded, pad = batch.pad_to_multiple(self.dp_size)
@@ -170,7 +181,7 @@ class RoleGroup:
         ranks = list(range(self.world_size))
         calls = [((chunks[r // self.mp_size], *args), kwargs) for r in ranks]
         wait = self.group.submit(self.name, name, ranks, calls)
-        return lambda: _merge(wait()[:: self.mp_size], pad)
+        return Pending(lambda: _merge(wait()[:: self.mp_size], pad), wait.ready)
 
 
 # never shipped with a working_dir runtime_env: environments, run outputs, git history (the rest of .gitignore too)
@@ -306,11 +317,14 @@ class WorkerGroup:
         return self.submit(role, method, ranks, calls, timeout_s)()
 
     def submit(self, role: str, method: str, ranks: list[int], calls: list[tuple[tuple, dict]],
-               timeout_s: float | None = None) -> Callable[[], list[Any]]:
+               timeout_s: float | None = None) -> Pending:
         """Start the calls; returns the function that waits for their results (the time limit counts from then)."""
+        import ray
+
         refs = [self._hosts[r].execute.remote(role, method, *a, **kw) for r, (a, kw) in zip(ranks, calls)]
-        return lambda: self._wait(refs, ranks, role, f"{self.specs[role].cls.__qualname__}.{method}",
-                                  self.timeout_s if timeout_s is None else timeout_s)
+        return Pending(lambda: self._wait(refs, ranks, role, f"{self.specs[role].cls.__qualname__}.{method}",
+                                          self.timeout_s if timeout_s is None else timeout_s),
+                       lambda: not ray.wait(refs, num_returns=len(refs), timeout=0)[1])
 
     def _wait(self, refs: list, ranks: list[int], role: str, method: str, timeout_s: float) -> list[Any]:
         """Results in order; the first failing rank raises at once, without waiting for its peers."""
@@ -411,9 +425,9 @@ class LocalWorkerGroup:
         return out
 
     def submit(self, role: str, method: str, ranks: list[int], calls: list[tuple[tuple, dict]],
-               timeout_s: float | None = None) -> Callable[[], list[Any]]:
+               timeout_s: float | None = None) -> Pending:
         out = self.run(role, method, ranks, calls, timeout_s)  # one process: nothing can run beside the driver
-        return lambda: out
+        return Pending(lambda: out, lambda: True)
 
     def shutdown(self) -> None:
         self._host.shutdown()

@@ -40,9 +40,15 @@ def test_a_consistent_config_has_no_problems():
     ({"algo__kl_in_reward__kind": "kl3"}, "algo.kl_in_reward.kind='kl3' is no KL kind"),
     ({"algo__adv__estimator": "gae"}, "algo.adv.estimator='gae' reads a critic's values but use_critic is false"),
     ({"use_critic": True}, "use_critic is true but algo.adv.estimator='grpo' never reads the critic's values"),
-    ({"trainer__async__one_step_off": True}, "trainer.async.one_step_off generates the next step's samples while the "
-     "actor updates, so the rollout needs processes of its own (a pool of its own, trainer.backend=ray), but "
-     "placement.roles.rollout is the actor's pool 'main'"),
+    ({"trainer__async__mode": "one_step_off"}, "trainer.async.mode=one_step_off generates the next step's samples "
+     "while the actor updates, so the rollout needs processes of its own (a pool of its own, trainer.backend=ray), "
+     "but placement.roles.rollout is the actor's pool 'main'"),
+    ({"trainer__async__mode": "streaming", "rollout__backend": "vllm"}, "trainer.async.mode=streaming needs "
+     "rollout.backend=embedded (weight updates between decode steps of one engine run), got vllm"),
+    ({"trainer__async__mode": "streaming", "algo__adv__estimator": "remax"}, "algo.adv.estimator=remax generates a "
+     "greedy baseline for the step's prompts"),
+    ({"trainer__async__mode": "streaming", "data__prompts_per_step": 3}, "trainer.async.mode=streaming adds each "
+     "step's prompts evenly over the rollout's 2 replicas: data.prompts_per_step=3 must divide by 2"),
     ({"actor__loss__name": "dro"}, "actor.loss.name=dro needs actor.loss.dro_beta > 0"),
     ({"actor__loss__reinforce_is": "seq"}, "actor.loss.reinforce_is='seq': one of '' (none), token, sequence"),
     ({"actor__ulysses_sp": 4}, "actor.ulysses_sp=4 does not divide the actor pool's 2 ranks (1 x 2)"),
@@ -179,12 +185,15 @@ def test_megatron_layout_must_fit_the_actor_pool_and_what_cannot_run_is_named_be
     assert "no vision tower path" in run_problem(mg, "qwen2", 4, images=True)
 
 
-def test_one_step_off_runs_turn_truncated_is_on_unless_the_run_sets_its_own():
-    """Its samples are one update stale: algo.tis_cap 0 becomes trainer.async.tis_cap (2); a cap set is kept;
+@pytest.mark.parametrize("mode", ["one_step_off", "streaming"])
+def test_async_runs_turn_truncated_is_on_unless_the_run_sets_its_own(mode):
+    """Their samples are stale: algo.tis_cap 0 becomes trainer.async.tis_cap (2); a cap set is kept;
     trainer.async.tis_cap=0 leaves it off. The YAML key is ``async`` (a Python keyword: the field is async_)."""
-    assert run_config(trainer__async__one_step_off=True).algo.tis_cap == 2.0
-    assert run_config(trainer__async__one_step_off=True, algo__tis_cap=5.0).algo.tis_cap == 5.0
-    assert run_config(trainer__async__one_step_off=True, trainer__async__tis_cap=0.0).algo.tis_cap == 0.0
+    assert run_config(trainer__async__mode=mode).algo.tis_cap == 2.0
+    assert run_config(trainer__async__mode=mode, algo__tis_cap=5.0).algo.tis_cap == 5.0
+    assert run_config(trainer__async__mode=mode, trainer__async__tis_cap=0.0).algo.tis_cap == 0.0
     assert run_config().algo.tis_cap == 0.0
-    with pytest.raises(ValueError, match=r"trainer.async.one_step_of: unknown key; did you mean 'one_step_off'\?"):
-        run_config(trainer__async__one_step_of=True)
+    with pytest.raises(ValueError, match=r"trainer.async.mdoe: unknown key; did you mean 'mode'\?"):
+        run_config(trainer__async__mdoe="sync")
+    with pytest.raises(ValueError, match=r"trainer.async.mode"):
+        run_config(trainer__async__mode="fully_async")

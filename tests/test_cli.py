@@ -50,7 +50,7 @@ def test_config_show_prints_the_resolved_config_with_a_recipes_own_sections(caps
     assert main(["config", "show", "dapo", "--config-name", "qwen32b", "actor.optim.lr=2e-6"]) == 0
     tree = yaml.safe_load(capsys.readouterr().out)
     assert tree["actor"]["optim"]["lr"] == 2e-6 and tree["trainer"]["nnodes"] == 16
-    assert tree["trainer"]["async"]["one_step_off"] is False  # every default filled in, under its yaml key
+    assert tree["trainer"]["async"]["mode"] == "sync"  # every default filled in, under its yaml key
     assert "dapo" in tree and "max_num_gen_batches" in tree["dapo"]  # the recipe's own section
     assert main(["config", "show", "grpo", "actor.optim.lrr=1"]) == 2  # a mistake: one line, as for plan
     assert "did you mean 'lr'" in capsys.readouterr().err

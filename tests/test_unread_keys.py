@@ -20,12 +20,12 @@ def test_reads_are_recorded_by_key_and_the_hooks_come_off():
     cfg = validate(RunConfig, {"trainer": {"n_gpus_per_node": 8}})
     reads.label(cfg)
     reads.start(cfg)
-    _ = cfg.trainer.total_steps, cfg.placement.pools["main"].slots_per_node, cfg.trainer.async_.one_step_off
+    _ = cfg.trainer.total_steps, cfg.placement.pools["main"].slots_per_node, cfg.trainer.async_.mode
     _ = cfg.rollout  # reaching a section is no read of its keys
     with reads.paused():
         dataclasses.asdict(cfg)  # a copy for config.json is no use
     got = reads.stop()
-    assert got == {"trainer.total_steps", "placement.pools.main.slots_per_node", "trainer.async.one_step_off"}
+    assert got == {"trainer.total_steps", "placement.pools.main.slots_per_node", "trainer.async.mode"}
     assert "__getattribute__" not in vars(RolloutConfig)  # after stop, reads cost what they did
     assert cfg.trainer.total_steps == 10 and reads.stop() == set()
 

@@ -90,7 +90,7 @@ class RunConfig:
         check_fields(self)
         a = self.trainer.async_
         # stale samples: truncated IS by default (not in bypass mode: the loss weighs by pi / pi_rollout there)
-        if a.one_step_off and self.algo.tis_cap == 0 and a.tis_cap > 0 and not self.algo.bypass_mode:
+        if a.mode != "sync" and self.algo.tis_cap == 0 and a.tis_cap > 0 and not self.algo.bypass_mode:
             object.__setattr__(self, "algo", replace(self.algo, tis_cap=a.tis_cap))
 
     def has_reference(self) -> bool:

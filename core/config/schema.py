@@ -57,14 +57,29 @@ class PlacementConfig:
 
 @dataclass(frozen=True)
 class AsyncConfig:
-    # generate step k+1's samples while step k updates the actor (core/one_step_off.py): the rollout needs a pool
-    # of its own; the samples are one update stale (rollout/staleness), corrected by truncated IS
-    one_step_off: bool = False
-    # false: the same loop with each generation started after the sync -- nothing stale, the synchronous run's
-    # metrics exactly (to tell whether a divergence comes from the staleness)
+    # sync: generate, then train on it. one_step_off: generate step k+1's samples while step k updates the actor
+    # (core/one_step_off.py), one update stale. streaming: the rollout generates continuously into a buffer of
+    # finished groups, takes weight updates between decode steps (in-flight sequences go on under the new
+    # weights) and the trainer takes a batch as soon as one is ready (core/streaming.py). Both need the rollout
+    # on a pool of its own to overlap; both correct the staleness by algo.off_policy_correction
+    mode: Literal["sync", "one_step_off", "streaming"] = "sync"
+    # one_step_off, false: the same loop with each generation started after the sync -- nothing stale, the
+    # synchronous run's metrics exactly (to tell whether a divergence comes from the staleness)
     overlap: bool = True
-    # algo.tis_cap in one-step-off runs that leave it at 0 (set this to 0 for none)
+    # algo.tis_cap in one_step_off and streaming runs that leave it at 0 (set this to 0 for none)
     tis_cap: NonNegative = 2.0
+    # streaming: the most weight versions a sample's oldest token may lag the policy that trains on it; 0 = the
+    # synchronous run exactly (nothing is generated ahead)
+    max_staleness: Count = 1
+    # streaming: a group over max_staleness is dropped (counted: rollout/stale_dropped), or the trainer waits for
+    # the groups whose bound ends at this step (none is ever dropped; the long tail holds the step as in sync)
+    on_stale: Literal["drop", "wait"] = "drop"
+    # streaming: decode steps per call to the rollout ranks (between two calls a weight update can land)
+    chunk_steps: PositiveInt = 8
+    # streaming: decode steps the rollout runs while the actor updates; 0 = as many as the update's time allows
+    # (fastest; the split of each sample between versions then depends on timing). A fixed number makes a run
+    # repeat exactly under the same seeds (and resume as the uninterrupted run would)
+    overlap_steps: Count = 0
 
     def __post_init__(self):
         check_fields(self)

@@ -176,12 +176,13 @@ class RolloutEngine:
     # ----------------------------------------------------------------------------------------- generation
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams,
-                 vision: Sequence[dict] | None = None) -> Batch:
+                 vision: Sequence[dict] | None = None, seeds: Sequence[int] | None = None) -> Batch:
         """n samples of every prompt by continuous batching over ``max_batch_size`` slots of a preallocated KV
         cache. A prompt is admitted when n slots are free: it is prefilled once (with the other admitted prompts)
         and its KV copied to its n slots; a finished sequence frees its slot at once for the queue. ``vision``:
         each prompt's vision inputs (``core.data.vision_inputs``), given to its prefill; no prefix is shared
-        then (equal image-token ids stand for different images)."""
+        then (equal image-token ids stand for different images). ``seeds``: each sample's (``token_uniforms``);
+        default ``sequence_seeds(params.seed, samples)``."""
         prompts = [list(p) for p in prompt_ids]
         n, S = params.n, self.max_batch_size
         if n > S:
@@ -189,7 +190,7 @@ class RolloutEngine:
         if any(len(p) == 0 for p in prompts):
             raise ValueError(f"prompt {next(i for i, p in enumerate(prompts) if not p)} is empty")
         self.wake(max(map(len, prompts)) + params.max_new_tokens)
-        run = Run(self, prompts, params, vision=vision)
+        run = Run(self, prompts, params, vision=vision, seeds=seeds)
         while run.queue or run.live:
             run.admit()
             run.decode_step()

@@ -53,7 +53,7 @@ class Run:
     drawn) of each of its tokens."""
 
     def __init__(self, engine: Engine, prompts: list[list[int]], params: SamplingParams, session: bool = False,
-                 vision: Sequence[dict] | None = None):
+                 vision: Sequence[dict] | None = None, seeds: Sequence[int] | None = None):
         self.e, self.p, self.vision = engine, params, vision
         self.prompts: list[list[int]] = []
         self.cohort: list[int] = []                                  # each prompt's, in self.cohorts
@@ -79,7 +79,8 @@ class Run:
             P = shared_prefix_length(prompts) if engine.share_prefix else 0
             self.cohorts.append(Cohort(P, prompts[0][:P] if prompts else []))
         elif prompts:
-            self.add_prompts(prompts, sequence_seeds(params.seed, len(prompts) * params.n), params.max_new_tokens)
+            seeds = sequence_seeds(params.seed, len(prompts) * params.n) if seeds is None else list(seeds)
+            self.add_prompts(prompts, seeds, params.max_new_tokens)
 
     # ---------------------------------------------------------------------------------------- queueing
     def add_prompts(self, prompts: list[list[int]], seeds: list[int], max_new_tokens: int) -> list[int]:
@@ -283,19 +284,22 @@ class Run:
         self.queue = deque(i for i in self.queue if i not in prompts)
         self._retire([s for s in range(self.live) if self.sample[s] // n in prompts])
 
-    def pop(self, i: int) -> tuple[list[int], list[list[int]], list[list[float]], list[list[int]]]:
-        """Prompt ``i``'s ids and its n sequences' tokens, log-probs and versions, forgotten here (a stream's
+    def pop(self, i: int) -> tuple[list[int], list[list[int]], list[list[float]], list[list[int]], list[int]]:
+        """Prompt ``i``'s ids and its n sequences' tokens, log-probs, versions and seeds, forgotten here (a stream's
         finished group, handed out)."""
         seqs = range(i * self.p.n, (i + 1) * self.p.n)
         out = (self.prompts[i], [self.tokens[k] for k in seqs], [self.logps[k] for k in seqs],
-               [self.versions[k] for k in seqs])
+               [self.versions[k] for k in seqs], [self.seeds[k] for k in seqs])
         self.prompts[i] = []
         for k in seqs:
             self.tokens[k], self.logps[k], self.versions[k] = [], [], []
         return out
 
     def result(self) -> Batch:
-        return assemble(self.prompts, self.tokens, self.logps, self.p.n, self.e.pad_id)
+        """The generate() Batch, with each sample's seed (``rollout_seeds``: its draws are token_uniforms(seed, t))."""
+        out = assemble(self.prompts, self.tokens, self.logps, self.p.n, self.e.pad_id)
+        out["rollout_seeds"] = torch.tensor(self.seeds, dtype=torch.long)
+        return out
 
 
 MIN_SHARED_PREFIX = 8

@@ -41,10 +41,11 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 
 def sequence_seeds(seed: int, count: int, first: int = 0) -> list[int]:
-    """The seeds of sequences ``first .. first + count - 1`` of a call sampled with ``seed``: distinct 64-bit
-    values, so that sequence i draws the same uniforms whichever other sequences run beside it."""
+    """The seeds of sequences ``first .. first + count - 1`` of a call sampled with ``seed``: distinct 63-bit
+    values (an int64 tensor holds them: ``rollout_seeds``), so that sequence i draws the same uniforms whichever
+    other sequences run beside it."""
     idx = np.arange(first, first + count, dtype=np.uint64)
-    return _mix(np.full(count, seed % 2**64, dtype=np.uint64) * _GOLDEN + idx).tolist()
+    return (_mix(np.full(count, seed % 2**64, dtype=np.uint64) * _GOLDEN + idx) >> np.uint64(1)).tolist()
 
 
 def token_uniforms(seeds: Sequence[int], steps: Sequence[int]) -> torch.Tensor:

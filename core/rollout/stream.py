@@ -68,14 +68,12 @@ class StreamState:
     def _finished(self, done: list[int]) -> Batch | None:
         if not done:
             return None
-        parts = [self.run.pop(i) for i in done]
-        prompts = [p for p, *_ in parts]
-        tokens = [t for _, ts, _, _ in parts for t in ts]
-        logps = [lp for _, _, lps, _ in parts for lp in lps]
-        versions = [v for *_, vs in parts for v in vs]
-        out = assemble(prompts, tokens, logps, self.params.n, self.engine.pad_id)
-        out["rollout_versions"] = assemble(prompts, tokens, [list(map(float, v)) for v in versions],
+        prompts, tokens, logps, versions, seeds = zip(*(self.run.pop(i) for i in done))
+        tokens, logps, versions = (sum(x, []) for x in (tokens, logps, versions))
+        out = assemble(list(prompts), tokens, logps, self.params.n, self.engine.pad_id)
+        out["rollout_versions"] = assemble(list(prompts), tokens, [list(map(float, v)) for v in versions],
                                            self.params.n, self.engine.pad_id)["rollout_logprobs"]
+        out["rollout_seeds"] = torch.tensor(sum(seeds, []), dtype=torch.long)
         out = merge_padded([out], self.engine.pad_id, *self.widths)
         keys = [self.key.pop(i) for i in done]
         for i in done:

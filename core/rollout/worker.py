@@ -15,6 +15,8 @@ from core.protocol import Batch
 from core.rollout.agent_loop import agent_generate
 from core.rollout.batch import decode_responses, merge_padded
 from core.rollout.engine import RolloutEngine, replica_seed
+from core.rollout.sampling import sequence_seeds
+from core.rollout.stream import StreamState
 from core.rollout.weight_sync import sync_weights
 from core.worker import WorkerContext
 
@@ -32,6 +34,7 @@ class RolloutWorker:
 
         self.ctx, self.cfg = ctx, cfg
         self.synced = False  # once a sync has sent every weight, later ones send only what an update can change
+        self.stream: StreamState | None = None  # trainer.async.mode=streaming: the run across steps
         # image prompts: placeholders expanded into image tokens, pixel values (a vision-language model's folder)
         self.processor = processor_for(cfg.model) if cfg.backend == "embedded" else None
         if cfg.backend == "sglang":  # CUDA only; not run in this project's CI (core/rollout/sglang_engine.py)
@@ -53,7 +56,6 @@ class RolloutWorker:
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """n samples for each prompt row (key ``prompt``: chat lists); every non-tensor column is repeated."""
         prompts.require("prompt")
-        params = replace(params, seed=replica_seed(self.ctx.rank, self.cfg.tensor_parallel_size, params.seed))
         # token ids when the data carries them (prompts truncated at load, data.truncation), else the chat template;
         # image prompts through the model's processor, with each prompt's vision inputs for its prefill
         vision = None
@@ -64,20 +66,23 @@ class RolloutWorker:
             if problem:
                 raise ValueError(problem)
             ids, vision = vision_prompt_ids(self.processor, list(prompts["prompt"]), list(prompts["images"]))
-        elif "prompt_ids" in prompts:
-            ids = list(map(list, prompts["prompt_ids"]))
         else:
-            ids = self.engine.chat_prompt_ids(list(prompts["prompt"]))
-        agent = self.cfg.agent
+            ids = self._prompt_ids(prompts)
+        agent, replica = self.cfg.agent, replace(params, seed=replica_seed(self.ctx.rank, self.cfg.tensor_parallel_size,
+                                                                           params.seed))
         if agent.enable:  # multi-turn: the engine generates each turn, tools answer in between (core.rollout.agent_loop);
             # continuous batching across turns where the engine has sessions (the embedded engine), else per turn
             out = agent_generate(self.engine.generate, self.engine.tokenizer, self._eos_ids(), self.engine.pad_id,
-                                 ids, params, agent, session=getattr(self.engine, "session", None))
-        elif vision is not None:
-            out = self.engine.generate(ids, params, vision=vision)
+                                 ids, replica, agent, session=getattr(self.engine, "session", None))
+        elif self.cfg.backend == "embedded":  # each sample seeded by its row of the whole batch (dp_split's chunks)
+            first = self.ctx.rank // self.cfg.tensor_parallel_size * len(ids) * params.n
+            out = self.engine.generate(ids, params, vision=vision,
+                                       seeds=sequence_seeds(params.seed, len(ids) * params.n, first))
         else:
-            out = self.engine.generate(ids, params)
-        if self.cfg.sleep_after_generate:
+            out = self.engine.generate(ids, replica)
+        if self.stream is not None:  # this call used the KV cache the stream's sequences were in
+            self.stream.stale_kv = True
+        elif self.cfg.sleep_after_generate:
             self.engine.sleep()
         out = merge_padded([out], self.engine.pad_id, self.cfg.max_prompt_length,
                            agent.max_response_tokens if agent.enable else params.max_new_tokens)
@@ -85,6 +90,39 @@ class RolloutWorker:
         if vision is not None:  # each sample's vision inputs, for the trainer's forward passes
             repeated["multi_modal_inputs"] = [v for v in vision for _ in range(params.n)]
         return Batch(out.tensors, repeated, prompts.meta)
+
+    def _prompt_ids(self, prompts: Batch) -> list[list[int]]:
+        """Token ids when the data carries them (prompts truncated at load, data.truncation), else the chat
+        template's."""
+        if "prompt_ids" in prompts:
+            return list(map(list, prompts["prompt_ids"]))
+        return self.engine.chat_prompt_ids(list(prompts["prompt"]))
+
+    # ----------------------------------------------------------------------------------------- streaming
+    def stream_add(self, prompts: Batch, params: SamplingParams) -> None:
+        """Queue prompt groups in this rank's stream (opened by the first call; ``core.rollout.stream``), keyed by
+        their ``stream_key`` column: the samples ``generate`` draws for these rows of a batch sampled with
+        ``params`` (their rows there: ``stream_index``)."""
+        if self.cfg.backend != "embedded" or self.cfg.agent.enable or "images" in prompts:
+            raise ValueError("trainer.async.mode=streaming runs on the embedded engine, text prompts, one turn "
+                             f"(rollout.backend={self.cfg.backend}, rollout.agent.enable={self.cfg.agent.enable})")
+        if self.stream is None:
+            self.stream = StreamState(self.engine, replace(params, seed=0), self.cfg.max_prompt_length)
+        elif replace(params, seed=0) != self.stream.params:
+            raise ValueError(f"a stream samples with one set of parameters: {self.stream.params} (seed aside), "
+                             f"then {params}")
+        n = params.n  # row i of its drawn batch: the seeds ``generate`` gives it (``stream_index``)
+        seeds = [s for i in prompts["stream_index"] for s in sequence_seeds(params.seed, n, int(i) * n)]
+        self.stream.add(self._prompt_ids(prompts), seeds, list(prompts["stream_key"]))
+
+    def stream_step(self, steps: int) -> tuple[Batch | None, dict]:
+        """Up to ``steps`` decode steps of this rank's stream: the groups that finished (padded, with
+        ``stream_key`` and ``rollout_versions``) or None, and {key: version} of the groups that started."""
+        return self.stream.advance(steps)
+
+    def stream_abort(self, keys: list) -> None:
+        """Drop these groups from this rank's stream (queued or in flight)."""
+        self.stream.abort(set(keys))
 
     def _eos_ids(self) -> list[int]:
         tok = self.engine.tokenizer
@@ -112,9 +150,12 @@ class RolloutWorker:
         return self.engine.update_weights(named_tensors)
 
     def finish_sync(self) -> None:
-        """After the last bucket from another pool (``RolloutEngine.finish_update``)."""
+        """After the last bucket from another pool (``RolloutEngine.finish_update``); a stream's next tokens are
+        the new version's."""
         self.engine.finish_update()
         self.synced = True
+        if self.stream is not None:
+            self.stream.reweighted()
 
     @torch.no_grad()
     def sync_weights(self) -> dict:
@@ -126,4 +167,6 @@ class RolloutWorker:
         metrics = sync_weights(actor, self.engine, self.cfg.sync_bucket_megabytes << 20, self.cfg.debug_sync,
                                changed_only=self.synced)
         self.synced = True
+        if self.stream is not None:
+            self.stream.reweighted()
         return metrics

@@ -329,7 +329,7 @@ TABLE: tuple[Key, ...] = (
     NA("trainer.ray_wait_register_center_timeout", "trainer.call_timeout_s bounds every worker call"),
     NA("trainer.use_v1", "one trainer"),
     NA("trainer.use_legacy_worker_impl", "one worker implementation"),
-    NA("trainer.v1.*", "one trainer: synchronous, or trainer.async.one_step_off"),
+    NA("trainer.v1.*", "one trainer: synchronous, or trainer.async.mode=one_step_off"),
     NA("trainer.profile_steps", "profiling: bench/"),
     NA("ray_kwargs.*", "Ray is started (or joined: trainer.ray_address) by the run"),
     NA("transfer_queue.*", "batches travel through Ray's object store"),
@@ -343,7 +343,7 @@ TABLE: tuple[Key, ...] = (
     NO("trainer.val_only", "score a model with hybridrl eval"),
     NO("trainer.esi_redundant_time", "no elastic server instances"),
     NO("distillation.*", "no on-policy distillation"),
-    NO("async_training.*", "one-step-off async is trainer.async.one_step_off"),
+    NO("async_training.*", "one-step-off async is trainer.async.mode=one_step_off"),
     NO("rollout.*", "a rollout pool of its own is placement.pools and placement.roles.rollout"),
 )
 

@@ -28,13 +28,13 @@ def test_one_step_off_equals_the_synchronous_loop_without_overlap_and_is_one_ste
     conf = write_run(tmp_path, tiny_model_dir, total_steps=3, save_freq=2, backend="ray")
     # the synchronous loop with the truncated IS a one-step-off run turns on by default (trainer.async.tis_cap)
     sync = run(conf, tmp_path / "sync", *SPLIT, "algo.tis_cap=2.0")
-    seq = run(conf, tmp_path / "seq", *SPLIT, "trainer.async.one_step_off=true", "trainer.async.overlap=false")
+    seq = run(conf, tmp_path / "seq", *SPLIT, "trainer.async.mode=one_step_off", "trainer.async.overlap=false")
     assert sorted(seq) == sorted(sync) == [1, 2, 3]
     assert all(seq[s]["rollout/staleness_max"] == 0 for s in seq)
     assert all(without(seq[s]) == sync[s] for s in sync)                      # exactly, every metric
     assert all(sync[s]["rollout/logprob_diff_max"] < 1e-4 for s in sync)     # the engine has the actor's weights
 
-    ahead = run(conf, tmp_path / "ahead", *SPLIT, "trainer.async.one_step_off=true")
+    ahead = run(conf, tmp_path / "ahead", *SPLIT, "trainer.async.mode=one_step_off")
     assert [ahead[s]["rollout/policy_version"] for s in (1, 2, 3)] == [0, 0, 1]
     assert [ahead[s]["rollout/staleness_max"] for s in (1, 2, 3)] == [0, 1, 1]
     assert all(ahead[s]["rollout/staleness_mean"] == ahead[s]["rollout/staleness_max"] for s in ahead)
@@ -43,6 +43,6 @@ def test_one_step_off_equals_the_synchronous_loop_without_overlap_and_is_one_ste
     assert all(ahead[s]["rollout/logprob_diff_max"] > 1e-3 for s in (2, 3))
     assert all(0 < ahead[s]["rollout/tis_weight_mean"] for s in (2, 3))
 
-    resumed = run(conf, tmp_path / "resumed", *SPLIT, "trainer.async.one_step_off=true",
+    resumed = run(conf, tmp_path / "resumed", *SPLIT, "trainer.async.mode=one_step_off",
                   f"trainer.resume_mode={tmp_path / 'ahead' / 'checkpoints' / 'step_000002'}")
     assert sorted(resumed) == [3] and resumed[3] == ahead[3]

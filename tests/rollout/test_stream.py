@@ -11,8 +11,9 @@ from core.config import SamplingParams
 from core.models import load_causal_lm, load_tokenizer
 from core.protocol import Batch
 from core.rollout.engine import RolloutEngine
-from core.rollout.sampling import sequence_seeds, token_uniforms
+from core.rollout.sampling import sequence_seeds
 from core.rollout.stream import StreamState, versions_tensor
+from tests.rollout.regenerate import check_regenerated, reference_models
 
 PROMPTS = ["hi", "a longer prompt here", "xyz 123, abc", "another one"]
 P = SamplingParams(n=2, temperature=1.0, max_new_tokens=12, seed=3, ignore_eos=True)
@@ -34,53 +35,16 @@ def engine(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir, weights):
-    """Plain transformers models of each version (their own objects: the engine switches its model's modules)."""
-    models = []
-    for w in weights:
-        m = load_causal_lm(str(tiny_model_dir))
-        missing = m.load_state_dict(w, strict=False).missing_keys  # tied weights: the parameters name each once
-        assert set(missing) <= {"lm_head.weight"}
-        models.append(m)
-    return models
+    return reference_models(tiny_model_dir, weights)
 
 
 def ids_of(engine, texts):
     return [engine.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
-@torch.no_grad()
-def regenerate(models, prompt, tokens, versions, seed, temperature=1.0):
-    """Token t drawn again by the model of version ``versions[t]`` on prompt + tokens[:t] with uniform
-    token_uniforms(seed, t): (tokens, log-probs) by the inverse CDF of the tempered softmax."""
-    out, logps = [], []
-    for t, v in enumerate(versions):
-        logits = models[v](input_ids=torch.tensor([prompt + tokens[:t]])).logits[0, -1].double() / temperature
-        probs = logits.softmax(-1)
-        u = float(token_uniforms([seed], [t])[0])
-        tok = int(torch.searchsorted(probs.cumsum(-1), torch.tensor([u * float(probs.sum())], dtype=torch.float64),
-                                     right=True).clamp(max=len(probs) - 1))
-        out.append(tok)
-        logps.append(float(logits.log_softmax(-1)[tok]))
-    return out, logps
-
-
-def check_regenerated(models, batch, prompts, seeds, shift=0):
-    """Every sample of ``batch`` (rows in prompt order, n per prompt) equals its regeneration; ``shift`` moves the
-    version tags (a fault the check must catch)."""
-    n = len(batch) // len(prompts)
-    for b in range(len(batch)):
-        m = batch["response_mask"][b] > 0
-        tokens = batch["responses"][b][m].tolist()
-        versions = [min(int(v) + shift, len(models) - 1) for v in batch["rollout_versions"][b][m]]
-        ref_tok, ref_logp = regenerate(models, prompts[b // n], tokens, versions, seeds[b])
-        assert ref_tok == tokens, f"sample {b}: regenerated {ref_tok} != streamed {tokens}"
-        torch.testing.assert_close(batch["rollout_logprobs"][b][m], torch.tensor(ref_logp, dtype=torch.float32),
-                                   atol=2e-4, rtol=0)
-
-
 def run_stream(engine, weights, prompts, update_after=None, chunk=3, reprefill=True):
     """Stream ``prompts`` (one cohort) to the end in chunks of ``chunk`` decode steps; after ``update_after`` decode
-    steps load the next weight version as a sync does. Returns the finished batch in prompt order and the seeds."""
+    steps load the next weight version as a sync does. Returns the finished batch in prompt order."""
     s = StreamState(engine, P, max_prompt_length=32)
     seeds = sequence_seeds(11, len(prompts) * P.n)
     s.add(prompts, seeds, keys=list(range(len(prompts))))
@@ -95,7 +59,7 @@ def run_stream(engine, weights, prompts, update_after=None, chunk=3, reprefill=T
             s.stale_kv = reprefill
     out = Batch.concat(parts)
     order = sorted(range(len(out)), key=lambda b: (out["stream_key"][b], b))
-    return out.index(order), seeds
+    return out.index(order)
 
 
 def test_a_stream_without_updates_equals_generate_bit_for_bit(engine, weights):
@@ -121,52 +85,60 @@ def test_a_stream_without_updates_equals_generate_bit_for_bit(engine, weights):
 def test_every_streamed_token_is_what_its_version_samples_across_an_update(engine, weights, reference):
     ids = ids_of(engine, PROMPTS)
     engine.update_weights(weights[0].items())
-    out, seeds = run_stream(engine, weights, ids, update_after=6)
+    out = run_stream(engine, weights, ids, update_after=6)
     v = out["rollout_versions"][out["response_mask"] > 0]
     assert set(v.tolist()) == {0.0, 1.0}                       # partial rollouts: tokens of both versions
     spanning = [(r[m > 0] == 0).any() and (r[m > 0] == 1).any()
                 for r, m in zip(out["rollout_versions"], out["response_mask"])]
     assert any(spanning)
     assert torch.equal(versions_tensor(out), out["rollout_versions"][:, 0])
-    check_regenerated(reference, out, ids, seeds)
+    check_regenerated(reference, out)
 
 
 def test_the_regeneration_check_catches_a_version_tag_off_by_one(engine, weights, reference):
     ids = ids_of(engine, PROMPTS[:2])
     engine.update_weights(weights[0].items())
-    out, seeds = run_stream(engine, weights, ids, update_after=6)
+    out = run_stream(engine, weights, ids, update_after=6)
     with pytest.raises(AssertionError):
-        check_regenerated(reference, out, ids, seeds, shift=1)
+        check_regenerated(reference, out, shift=1)
 
 
 def test_the_regeneration_check_catches_a_kv_cache_left_from_the_old_weights(engine, weights, reference):
     ids = ids_of(engine, PROMPTS[:2])
     engine.update_weights(weights[0].items())
-    out, seeds = run_stream(engine, weights, ids, update_after=6, reprefill=False)
+    out = run_stream(engine, weights, ids, update_after=6, reprefill=False)
     with pytest.raises(AssertionError):
-        check_regenerated(reference, out, ids, seeds)
+        check_regenerated(reference, out)
 
 
-def test_cohorts_added_while_others_run_and_aborted_groups(engine, weights, reference):
-    """Groups added mid-stream (another shared prefix) join the running batch; an aborted group frees its slots
-    and never comes back; every finished sample still regenerates."""
+def test_cohorts_added_while_others_run_an_update_and_aborted_groups(engine, weights, reference):
+    """Groups added mid-stream (another shared prefix, prefilled at a free slot while others decode) join the
+    running batch; a weight update lands while some are in flight and some still queued (their prefix is prefilled
+    again, with the new weights); an aborted group frees its slots and never comes back; every finished sample
+    regenerates from the versions its tokens name."""
     engine.update_weights(weights[0].items())
-    first, second = ids_of(engine, PROMPTS[:2]), ids_of(engine, ["zz " + p for p in PROMPTS[2:]])
-    s = StreamState(engine, P, max_prompt_length=32)
-    seeds = sequence_seeds(5, 8)
+    first = ids_of(engine, ["one shared preamble: " + p for p in PROMPTS[:2]])
+    second = ids_of(engine, ["a different preamble: " + p for p in PROMPTS])
+    s = StreamState(engine, P, max_prompt_length=48)
+    seeds = sequence_seeds(5, 12)
     s.add(first, seeds[:4], keys=["a", "b"])
+    assert s.run.cohorts[0].P >= 8                      # the prefix is shared: the cohort path runs
     got, started = [], {}
-    done, st = s.advance(4)
-    started |= st
-    s.add(second, seeds[4:], keys=["c", "d"])
-    s.abort({"b"})
-    while s.run.queue or s.run.live:
-        done, st = s.advance(3)
+    for k in range(40):
+        if k == 1:
+            s.add(second, seeds[4:], keys=["c", "d", "e", "f"])
+            s.abort({"b"})
+        if k == 3:
+            engine.update_weights(weights[1].items())
+            s.reweighted()
+        done, st = s.advance(2)
         started |= st
         got += [done] if done is not None else []
+        if k > 3 and not (s.run.queue or s.run.live):
+            break
+    assert not (s.run.queue or s.run.live)
     out = Batch.concat(got)
-    assert sorted(set(out["stream_key"])) == ["a", "c", "d"] and set(started) == {"a", "b", "c", "d"}
-    by_key = {"a": (first[0], seeds[0:2]), "c": (second[0], seeds[4:6]), "d": (second[1], seeds[6:8])}
-    for key, (prompt, sd) in by_key.items():
-        rows = [b for b in range(len(out)) if out["stream_key"][b] == key]
-        check_regenerated(reference, out.index(rows), [prompt], sd)
+    assert sorted(set(out["stream_key"])) == ["a", "c", "d", "e", "f"] and set(started) == {"a", "b", "c", "d", "e", "f"}
+    assert sorted(out["rollout_seeds"].tolist()) == sorted(seeds[0:2] + seeds[4:])
+    assert set(started.values()) == {0, 1}              # groups started under each version
+    check_regenerated(reference, out)

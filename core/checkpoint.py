@@ -7,6 +7,8 @@ Layout under ``<output_dir>/checkpoints/``::
                           every rank, plus scheduler.pt and rng_rank<r>.pt (torch, numpy, python RNG per rank)
         trainer.json      the driver's state: step, prompt-stream position, the validation rows so far
         rollout_ahead.pt  one-step-off runs (core/one_step_off.py): the next step's samples, generated ahead
+        rollout_stream.pt streaming runs (core/streaming.py): the buffer, the groups in flight, their tokens and
+                          versions on every rollout rank
     latest                the name of the newest complete checkpoint ("step_000004")
 
 A save writes ``.step_000004.tmp`` first, renames it to ``step_000004`` once every rank and the driver are done,

@@ -287,7 +287,7 @@ def step_metrics(batch: Batch, updates: dict[str, float], timer: Timer, num_fail
             "actor/kl_loss": 0.0, "actor/pg_loss": 0.0, **updates,
             **_reward_model_metrics(batch), **_agent_metrics(batch),
             **_off_policy_metrics(batch, cfg.tis_cap, cfg.off_policy_correction),
-            **{f"rollout/{k}": v for k, v in batch.meta.get("stream", {}).items()},
+            **batch.meta.get("stream", {}),  # streaming: the stream's counters (core.streaming)
             **_explained_variance(batch),
             **{f"timing_s/{k}": v for k, v in timer.seconds.items()},
             "perf/throughput_tokens_per_s": tokens / timer.seconds["step"]}

@@ -19,7 +19,8 @@ from core.worker_group import RoleGroup, WorkerError
 
 def resume(cfg: RunConfig, out: Path, roles: Roles, stream: PromptStream, kl_ctrl) -> tuple[int, list[dict]]:
     """The checkpoint ``trainer.resume_mode`` names, if any, restored: weights, optimizer, RNG, the prompt stream's
-    position, the KL controller, a one-step-off run's samples generated ahead; the engine synced, metrics.jsonl
+    position, the KL controller, a one-step-off run's samples generated ahead, a streaming run's stream; the engine
+    synced, metrics.jsonl
     rewound. Else a fresh start (an earlier run's metrics moved aside). Returns (first step, metrics so far)."""
     resumed = checkpoint.find(out, cfg.trainer.resume_mode)
     if resumed is None:  # a fresh run starts a fresh file: appending would mix two runs in one history and report
@@ -32,6 +33,8 @@ def resume(cfg: RunConfig, out: Path, roles: Roles, stream: PromptStream, kl_ctr
     stream.restore(state["stream"])
     if roles.ahead is not None:
         roles.ahead.restore(resumed, state["step"])
+    if roles.stream is not None:
+        roles.stream.restore(resumed)
     if kl_ctrl is not None:
         kl_ctrl.load_state_dict(state["kl_ctrl"])
     print(f"resumed from {resumed} (step {state['step']})", flush=True)
@@ -51,6 +54,8 @@ def save(out: Path, step_no: int, roles: Roles, stream: PromptStream, kl_ctrl, c
         state["kl_ctrl"] = kl_ctrl.state_dict()
     if roles.ahead is not None:  # one step off: the next step's samples, already generated
         roles.ahead.save(tmp)
+    if roles.stream is not None:  # streaming: the buffer, the sequences in flight and their versions
+        roles.stream.save(tmp)
     checkpoint.commit(tmp, state, keep, saved_ranks(roles))
 
 

@@ -25,7 +25,8 @@ carries over. The rollout's KV cache stays allocated across the update then.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
@@ -34,6 +35,9 @@ from core.protocol import Batch
 from core.rollout.stream import versions_tensor
 from core.rollout.worker import RolloutWorker
 from core.worker_group import Pending, RoleGroup
+
+
+FILE = "rollout_stream.pt"  # in a checkpoint: the stream's state (``RolloutStream.save``)
 
 
 @dataclass
@@ -86,9 +90,10 @@ class RolloutStream:
         batch = Batch.concat([self._samples(key) for key in sorted(picked)])
         batch["policy_version"] = versions_tensor(batch)
         batch["staleness"] = self.version - batch["policy_version"]
-        batch.meta["stream"] = {"stale_dropped": float(self.dropped), "buffered_groups": float(sum(
-            g.samples is not None for g in self.groups.values())), "in_flight_groups": float(sum(
-                g.samples is None for g in self.groups.values()))}
+        buffered = sum(g.samples is not None for g in self.groups.values())
+        batch.meta["stream"] = {"rollout/stale_dropped": float(self.dropped),
+                                "rollout/buffered_groups": float(buffered),
+                                "rollout/in_flight_groups": float(len(self.groups) - buffered)}
         self.dropped = 0
         return batch
 
@@ -118,6 +123,30 @@ class RolloutStream:
             self.counted -= len(gone)
             self.dropped += len(gone)
         self._admit()
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The driver's side (groups admitted, the buffer, prompts drawn ahead, counters) and every rollout rank's
+        stream: its sequences in flight, their tokens and versions (``RolloutWorker.stream_state``)."""
+        mine = {k: getattr(self, k) for k in ("version", "groups", "waiting", "next_key", "draws", "counted",
+                                              "dropped", "sampling")}
+        return {"driver": mine, "ranks": self.rollout.call_all(RolloutWorker.stream_state)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, value in state["driver"].items():
+            setattr(self, key, value)
+        ranks = state["ranks"]
+        if len(ranks) != self.rollout.world_size:
+            raise ValueError(f"the checkpoint's stream has {len(ranks)} rollout ranks, this run {self.rollout.world_size}: "
+                             "resume a streaming run on the same rollout layout")
+        self.rollout.call_each(RolloutWorker.stream_load, [(part,) for part in ranks])  # each rank its own
+
+    def save(self, folder: Path) -> None:
+        torch.save(self.state_dict(), folder / FILE)
+
+    def restore(self, folder: Path) -> None:
+        """From a checkpoint's folder, after the rollout holds its weights (the run resumed syncs them first)."""
+        self.load_state_dict(torch.load(folder / FILE, weights_only=False))
 
     # ------------------------------------------------------------------------------------------ inside
     def _pick(self) -> list[int] | None:

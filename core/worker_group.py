@@ -160,6 +160,14 @@ class RoleGroup:
         ranks = list(range(self.world_size))
         return self.group.run(self.name, name, ranks, [(args, kwargs)] * len(ranks), timeout_s)
 
+    def call_each(self, method: Callable, per_rank: list[tuple], timeout_s: float | None = None) -> list[Any]:
+        """Rank r runs ``method(*per_rank[r])`` (its own arguments: e.g. its part of a checkpoint); results in rank
+        order."""
+        name = _method_name(self.name, self.spec.cls, method)
+        if len(per_rank) != self.world_size:
+            raise ValueError(f"role {self.name!r}: {len(per_rank)} argument tuples for {self.world_size} ranks")
+        return self.group.run(self.name, name, list(range(self.world_size)), [(a, {}) for a in per_rank], timeout_s)
+
     def call_rank0(self, method: Callable, *args, timeout_s: float | None = None, **kwargs) -> Any:
         """Only rank 0 runs it (no collectives inside: the other ranks are not called)."""
         name = _method_name(self.name, self.spec.cls, method)

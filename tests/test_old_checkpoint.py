@@ -1,6 +1,8 @@
 """A checkpoint written by an older version of the code resumes with today's: ``tests/fixtures/checkpoint_v1`` (made
 by ``tests/fixtures/make_checkpoint_v1.py``, before the training and rollout engines moved to ``core/train`` and
-``core/rollout``) is step 3 of a 4-step GRPO run; resumed here, step 4 has that run's metrics again."""
+``core/rollout``) is step 3 of a 4-step GRPO run; resumed here, step 4 has the recorded metrics again. (The step 4
+row was recorded anew when the sampler's uniforms became a hash of each sequence's seed and token index, which
+draws other tokens from the same RNG state; the checkpoint files are the old layout's, untouched.)"""
 
 import shutil
 import sys

@@ -295,6 +295,25 @@ class Run:
             self.tokens[k], self.logps[k], self.versions[k] = [], [], []
         return out
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of a stream's run: every sequence so far and the order of the live ones (their KV
+        is not kept: ``load_state_dict`` leaves it to ``reprefill``, which the stream runs before its next step)."""
+        return {"prompts": self.prompts, "cohort": self.cohort, "cohorts": [(c.P, c.prefix) for c in self.cohorts],
+                "queue": list(self.queue), "seeds": self.seeds, "tokens": self.tokens, "logps": self.logps,
+                "versions": self.versions, "max_new": self.max_new, "version": self.version,
+                "live": self.sample[:self.live]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """A run as ``state_dict`` left it, its live sequences back in their slots in the same order; call
+        ``reprefill`` before the next step."""
+        for key in ("prompts", "cohort", "seeds", "tokens", "logps", "versions", "max_new", "version"):
+            setattr(self, key, state[key])
+        self.cohorts = [Cohort(P, prefix) for P, prefix in state["cohorts"]]
+        self.queue = deque(state["queue"])
+        self.live = len(state["live"])
+        self.sample[:self.live] = state["live"]
+        self.last[:self.live] = torch.tensor([self.tokens[i][-1] for i in state["live"]], dtype=torch.long)
+
     def result(self) -> Batch:
         """The generate() Batch, with each sample's seed (``rollout_seeds``: its draws are token_uniforms(seed, t))."""
         out = assemble(self.prompts, self.tokens, self.logps, self.p.n, self.e.pad_id)

@@ -87,6 +87,20 @@ class StreamState:
         self.run.version += 1
         self.stale_kv = True
 
+    def state_dict(self) -> dict:
+        """For a checkpoint: the sampling, the run's sequences (``Run.state_dict``) and the groups' keys."""
+        return {"params": self.params, "widths": self.widths, "run": self.run.state_dict(), "key": self.key,
+                "left": self.left}
+
+    @staticmethod
+    def from_state(engine, state: dict) -> "StreamState":
+        """The stream ``state_dict`` saved, on ``engine`` with the weights it holds now: the in-flight sequences'
+        KV is recomputed from their tokens before the next step, as after a weight sync."""
+        out = StreamState(engine, state["params"], state["widths"][0])
+        out.run.load_state_dict(state["run"])
+        out.key, out.left, out.stale_kv = state["key"], state["left"], True
+        return out
+
     def abort(self, keys: set) -> None:
         """Drop these groups, queued or in flight (over the staleness bound: they would never be trained on)."""
         gone = {i for i, k in self.key.items() if k in keys}

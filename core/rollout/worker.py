@@ -124,6 +124,14 @@ class RolloutWorker:
         """Drop these groups from this rank's stream (queued or in flight)."""
         self.stream.abort(set(keys))
 
+    def stream_state(self) -> dict | None:
+        """This rank's stream for a checkpoint (``StreamState.state_dict``), None without one."""
+        return self.stream.state_dict() if self.stream is not None else None
+
+    def stream_load(self, state: dict | None) -> None:
+        """This rank's stream from a checkpoint, on the weights the engine holds now (the checkpoint's)."""
+        self.stream = StreamState.from_state(self.engine, state) if state is not None else None
+
     def _eos_ids(self) -> list[int]:
         tok = self.engine.tokenizer
         return list(getattr(self.engine, "eos_ids", None) or [tok.eos_token_id])

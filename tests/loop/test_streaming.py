@@ -75,3 +75,18 @@ def test_streamed_samples_regenerate_from_the_versions_they_name(tmp_path, tiny_
     with pytest.raises(AssertionError):
         for b in batches[1:]:
             check_regenerated(models, b, shift=1)
+
+
+def test_a_resumed_stream_continues_as_the_uninterrupted_one(tmp_path, tiny_model_dir):
+    """A checkpoint after step 2 holds the buffer, the groups in flight (tokens of two versions) and the counters;
+    the run resumed from it logs steps 3-4 exactly as the uninterrupted run, and a fixed overlap repeats a run."""
+    conf = write_run(tmp_path, tiny_model_dir, total_steps=4, save_freq=2)
+    opts = ("trainer.async.mode=streaming", *LONG, "trainer.async.max_staleness=2", "trainer.async.chunk_steps=3",
+            "trainer.async.overlap_steps=6")
+    whole = run(conf, tmp_path / "whole", *opts)
+    again = run(conf, tmp_path / "again", *opts)
+    assert again == whole                                                      # repeatable
+    assert max(whole[s]["rollout/partial_frac"] for s in whole) > 0 and whole[2]["rollout/in_flight_groups"] > 0
+    resumed = run(conf, tmp_path / "resumed", *opts,
+                  f"trainer.resume_mode={tmp_path / 'whole' / 'checkpoints' / 'step_000002'}")
+    assert sorted(resumed) == [3, 4] and all(resumed[s] == whole[s] for s in (3, 4))

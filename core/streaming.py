@@ -9,7 +9,8 @@ minus the version of its oldest token. With ``max_staleness`` s:
 * **admission**: a group is queued only while the groups admitted (and not dropped) are fewer than
   (v + s + 1) x B (B = ``data.prompts_per_step``): the groups steps up to v + s + 1 take. Nothing is generated that
   the bound would forbid if groups were taken in order; s = 0 admits only step k's groups, after the sync of v:
-  the synchronous run exactly (``tests/loop/test_streaming.py``).
+  the synchronous run exactly (``tests/loop/test_streaming.py``). A step that takes more (DAPO's redraws) gets
+  fresh groups on demand, and the next steps' s batches are sized at the rate the last step took.
 * **take**: the B finished groups with the oldest first tokens (then the earliest admitted), in admission order.
   A long response does not hold the step: it goes on into a later step's batch.
 * **the bound**: ``on_stale: drop`` drops a group, finished or in flight (aborted on its rank), as soon as the
@@ -63,6 +64,8 @@ class RolloutStream:
         self.groups: dict[int, Group] = {}       # admitted, not yet taken or dropped, by key (admission order)
         self.waiting: list[Group] = []           # drawn, not yet admitted
         self.next_key = self.draws = self.counted = 0  # keys handed out; batches drawn; admitted and not dropped
+        self.taken = self.taken_before = 0       # groups taken in all; and before this version
+        self.rate = per_step                     # groups the last version's step took
         self.dropped = 0                         # since the last take
         self.sampling: SamplingParams | None = None
 
@@ -87,6 +90,7 @@ class RolloutStream:
                 raise RuntimeError(f"the rollout stream stalled: {len(self.groups)} groups admitted, none in flight "
                                    f"and fewer than {self.B} ready")
             self._advance(self.chunk)
+        self.taken += len(picked)
         batch = Batch.concat([self._samples(key) for key in sorted(picked)])
         batch["policy_version"] = versions_tensor(batch)
         batch["staleness"] = self.version - batch["policy_version"]
@@ -113,6 +117,7 @@ class RolloutStream:
         """After a weight sync: the rollout holds one more version (its ranks recompute the in-flight sequences'
         KV); with ``on_stale: drop``, the groups the new version puts over the bound go now."""
         self.version += 1
+        self.rate, self.taken_before = max(self.B, self.taken - self.taken_before), self.taken
         if self.on_stale == "drop":
             gone = {k for k, g in self.groups.items() if g.oldest is not None and g.oldest < self.version - self.s}
             in_flight = [k for k in gone if self.groups[k].samples is None]
@@ -129,7 +134,7 @@ class RolloutStream:
         """The driver's side (groups admitted, the buffer, prompts drawn ahead, counters) and every rollout rank's
         stream: its sequences in flight, their tokens and versions (``RolloutWorker.stream_state``)."""
         mine = {k: getattr(self, k) for k in ("version", "groups", "waiting", "next_key", "draws", "counted",
-                                              "dropped", "sampling")}
+                                              "dropped", "sampling", "taken", "taken_before", "rate")}
         return {"driver": mine, "ranks": self.rollout.call_all(RolloutWorker.stream_state)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -163,8 +168,10 @@ class RolloutStream:
         return picked if len(picked) >= self.B else None
 
     def _room(self) -> int:
-        """Groups the bound lets in now: those steps up to v + s + 1 take, less those admitted (not dropped)."""
-        return (self.version + self.s + 1) * self.B - self.counted
+        """Groups the bound lets in now: this step's B and s more steps' worth (at the rate the last step took:
+        B, more with DAPO's redraws), beyond those taken before this version, less those admitted (not dropped).
+        Taking B a step, that is (v + s + 1) x B admitted in all."""
+        return self.taken_before + self.B + self.s * self.rate - self.counted
 
     def _busy(self) -> bool:
         self._admit()

@@ -63,6 +63,26 @@ def test_dynamic_sampling_keeps_train_groups_from_several_gen_batches(tmp_path, 
             assert key in m, key
 
 
+@pytest.mark.parametrize("on_stale", ["drop", "wait"])
+def test_dynamic_sampling_draws_more_groups_from_a_stream(tmp_path, tiny_model_dir, on_stale):
+    """trainer.async.mode=streaming: each of a step's draws takes the stream's next finished groups (a redraw gets
+    fresh groups, admitted at the current version); every trained sample within max_staleness."""
+    from core.trainer import fit
+
+    dapo = dapo_module()
+    conf = tiny_dapo_run(tmp_path, tiny_model_dir, train_groups=3)
+    cfg, sections = load_recipe_config(conf, overrides=[
+        "trainer.async.mode=streaming", "trainer.async.max_staleness=1", f"trainer.async.on_stale={on_stale}",
+        "trainer.total_steps=3", "trainer.async.overlap_steps=4", "trainer.async.chunk_steps=2"],
+        sections={"dapo": dapo.DAPOConfig})
+    history = fit(cfg, dapo.make_step(cfg, sections))
+    assert len(history) == 3
+    for m in history:
+        assert m["dapo/num_gen_batches"] >= 2 and m["rollout/staleness_max"] <= 1
+        assert m["rollout/stale_dropped"] == 0 or on_stale == "drop"
+    assert max(m["rollout/staleness_max"] for m in history) == 1        # later steps train on groups made ahead
+
+
 def test_a_step_that_cannot_find_varying_groups_says_so(tmp_path, tiny_model_dir):
     from core.trainer import fit
 

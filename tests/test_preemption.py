@@ -45,10 +45,10 @@ def ray_workers(session: int) -> list[int]:
     return pids
 
 
-def resumed_equals_whole(conf: Path, tmp_path: Path, out: Path) -> None:
-    whole = start(conf, tmp_path / "whole")
+def resumed_equals_whole(conf: Path, tmp_path: Path, out: Path, *overrides: str) -> None:
+    whole = start(conf, tmp_path / "whole", *overrides)
     assert whole.wait(timeout=300) == 0, whole.stderr.read()[-3000:]
-    resumed = start(conf, out)  # trainer.resume_mode=auto
+    resumed = start(conf, out, *overrides)  # trainer.resume_mode=auto
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read()[-3000:]
     want, got = steady(read_metrics(tmp_path / "whole" / "metrics.jsonl")), steady(read_metrics(out / "metrics.jsonl"))
     assert sorted(got) == sorted(want) == [1, 2, 3, 4, 5, 6]

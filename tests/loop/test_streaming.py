@@ -9,8 +9,12 @@
 - with a fixed overlap the run repeats exactly, and a run preempted and resumed from a checkpoint equals the
   uninterrupted one (the buffer, the in-flight sequences and their versions are in the checkpoint)."""
 
-import pytest
+import signal
 
+import pytest
+import torch
+
+from core import checkpoint
 from core.loop import step
 from core.rollout.worker import RolloutWorker
 from core.streaming import RolloutStream
@@ -90,3 +94,46 @@ def test_a_resumed_stream_continues_as_the_uninterrupted_one(tmp_path, tiny_mode
     resumed = run(conf, tmp_path / "resumed", *opts,
                   f"trainer.resume_mode={tmp_path / 'whole' / 'checkpoints' / 'step_000002'}")
     assert sorted(resumed) == [3, 4] and all(resumed[s] == whole[s] for s in (3, 4))
+
+
+SPLIT = ("placement.pools.main={nnodes: 1, slots_per_node: 1}", "placement.pools.gen={nnodes: 1, slots_per_node: 1}",
+         "placement.roles={actor: main, ref: main, rollout: gen}")
+
+
+@pytest.mark.heavy  # two Ray runs, ~40 s
+@pytest.mark.ray
+@pytest.mark.parametrize("mode", ["streaming", "one_step_off"])
+def test_async_samples_on_their_own_pool_regenerate_from_the_versions_they_name(ray_module_session, tmp_path,
+                                                                                tiny_model_dir, mode):
+    """The rollout on a pool of its own, decoding while the actor updates (streaming: as many steps as the update's
+    time allows); every trained sample regenerates from the weights its tags name, and not with the tags off by
+    one."""
+    conf = write_run(tmp_path, tiny_model_dir, total_steps=4, save_freq=0, backend="ray")
+    batches, weights = recorded_fit(conf, tmp_path / mode, *SPLIT, f"trainer.async.mode={mode}", *LONG,
+                                    "trainer.async.chunk_steps=2")
+    models = reference_models(tiny_model_dir, weights)
+    assert max(float(b["staleness"].max()) for b in batches) == 1
+    assert sum(check_regenerated(models, b) for b in batches) == sum(int(b["response_mask"].sum()) for b in batches)
+    with pytest.raises(AssertionError):
+        for b in batches[1:]:
+            check_regenerated(models, b, shift=1)
+
+
+@pytest.mark.heavy  # three Ray runs in processes of their own, ~1 min
+def test_a_preempted_stream_resumes_to_the_uninterrupted_metrics(tmp_path, tiny_model_dir):
+    """SIGTERM during a streaming run (the rollout on its own pool, groups in flight across steps): the checkpoint
+    after the step in progress holds the stream; the rerun of the same command equals the uninterrupted run."""
+    from core.preemption import EXIT_PREEMPTED
+    from tests.test_preemption import resumed_equals_whole, start, wait_for_step
+
+    conf = write_run(tmp_path, tiny_model_dir, total_steps=6, save_freq=0, backend="ray")
+    opts = (*SPLIT, "trainer.async.mode=streaming", *LONG, "trainer.async.max_staleness=2",
+            "trainer.async.chunk_steps=3", "trainer.async.overlap_steps=6")
+    out = tmp_path / "preempted"
+    run = start(conf, out, *opts)
+    wait_for_step(run, out, 2)
+    run.send_signal(signal.SIGTERM)
+    assert run.wait(timeout=120) == EXIT_PREEMPTED, run.stderr.read()[-3000:]
+    saved = torch.load(checkpoint.find(out, "auto") / "rollout_stream.pt", weights_only=False)
+    assert saved["ranks"][0]["run"]["live"] and saved["driver"]["groups"]      # sequences in flight were saved
+    resumed_equals_whole(conf, tmp_path, out, *opts)

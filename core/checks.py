@@ -19,7 +19,7 @@ are reported at once:
   (``check_data_sources``, once the rows are loaded);
 - ``rollout.backend: sglang`` runs on a CUDA pool;
 - ``trainer.async.mode: one_step_off``: the rollout on a pool of its own, on Ray; ``streaming``: the embedded
-  engine, one-turn text prompts, no greedy-baseline estimator, prompts split evenly over the rollout's replicas;
+  engine, text prompts, no greedy-baseline estimator, prompts split evenly over the rollout's replicas;
   ``actor.ulysses_sp`` divides the actor pool's ranks (and, once the model is located, its attention heads);
 - ``actor.strategy`` / ``critic.strategy: megatron``: tp x pp divides the role pool's ranks (what this version can
   run of the layout is ``core.train.megatron_actor.run_problem``, checked once the model is located);
@@ -130,9 +130,6 @@ def _streaming_problems(cfg: "RunConfig") -> list[str]:
     if r.backend != "embedded":
         out.append(f"trainer.async.mode=streaming needs rollout.backend=embedded (weight updates between decode steps "
                    f"of one engine run), got {r.backend}; use trainer.async.mode=one_step_off with {r.backend}")
-    if r.agent.enable:
-        out.append("trainer.async.mode=streaming generates one-turn responses; rollout.agent.enable=true needs "
-                   "trainer.async.mode=sync or one_step_off")
     if cfg.algo.adv.estimator in BASELINE_ESTIMATORS:
         out.append(f"algo.adv.estimator={cfg.algo.adv.estimator} generates a greedy baseline for the step's prompts, "
                    "which a stream's batch does not have as one draw; use trainer.async.mode=sync")

@@ -103,11 +103,13 @@ class RolloutWorker:
         """Queue prompt groups in this rank's stream (opened by the first call; ``core.rollout.stream``), keyed by
         their ``stream_key`` column: the samples ``generate`` draws for these rows of a batch sampled with
         ``params`` (their rows there: ``stream_index``)."""
-        if self.cfg.backend != "embedded" or self.cfg.agent.enable or "images" in prompts:
-            raise ValueError("trainer.async.mode=streaming runs on the embedded engine, text prompts, one turn "
-                             f"(rollout.backend={self.cfg.backend}, rollout.agent.enable={self.cfg.agent.enable})")
+        if self.cfg.backend != "embedded" or "images" in prompts:
+            raise ValueError("trainer.async.mode=streaming runs on the embedded engine, with text prompts "
+                             f"(rollout.backend={self.cfg.backend})")
         if self.stream is None:
-            self.stream = StreamState(self.engine, replace(params, seed=0), self.cfg.max_prompt_length)
+            agent = self.cfg.agent if self.cfg.agent.enable else None
+            self.stream = StreamState(self.engine, replace(params, seed=0), self.cfg.max_prompt_length, agent,
+                                      self._eos_ids())
         elif replace(params, seed=0) != self.stream.params:
             raise ValueError(f"a stream samples with one set of parameters: {self.stream.params} (seed aside), "
                              f"then {params}")
@@ -130,7 +132,7 @@ class RolloutWorker:
 
     def stream_load(self, state: dict | None) -> None:
         """This rank's stream from a checkpoint, on the weights the engine holds now (the checkpoint's)."""
-        self.stream = StreamState.from_state(self.engine, state) if state is not None else None
+        self.stream = StreamState.from_state(self.engine, state, self._eos_ids()) if state is not None else None
 
     def _eos_ids(self) -> list[int]:
         tok = self.engine.tokenizer

@@ -1,6 +1,7 @@
 """Sync vs one step off vs streaming (``trainer.async.mode``) on the CPU GRPO and agent workloads, split placement
 (the actor and reference on one 1-slot pool, the rollout on another: each on a core of its own), responses with a
-long tail (GRPO: up to 96 tokens where most answers take 10-20; agent: turns and tool rounds of uneven count).
+long tail (GRPO: up to 96 tokens where most answers take 10-20, or up to 256 (``grpo_tail``), where a few rambling
+samples hold a synchronous step; agent: turns and tool rounds of uneven count).
 
 Each mode is one real run of the recipe (``python -m core.cli train``), one after another; from its
 ``metrics.jsonl``: seconds per step (steps 2 on: step 1 holds the start-up), samples/s and response tokens/s, the
@@ -8,7 +9,7 @@ staleness and partial-rollout share, and the held-out score after equal wall tim
 within the fastest mode's whole training time (the sum of its steps' times; evaluations not counted).
 
     PYTHONPATH=. python -m bench.async_modes                     # both workloads, all three modes
-    PYTHONPATH=. python -m bench.async_modes --workload grpo --steps 6
+    PYTHONPATH=. python -m bench.async_modes --workload grpo agent --steps 6
 
 Writes ``bench/results/async_modes.json`` and prints a markdown table per workload. Not collected by pytest.
 """
@@ -27,11 +28,15 @@ SPLIT = ["placement.pools.main={nnodes: 1, slots_per_node: 1, device: cpu, cpus_
 WORKLOADS = {
     "grpo": ("recipes/grpo", "demo_cpu", ["placement.roles={actor: main, ref: main, rollout: gen}",
                                           "algo.sampling.max_new_tokens=96", "trainer.test_freq=4"]),
+    "grpo_tail": ("recipes/grpo", "demo_cpu", ["placement.roles={actor: main, ref: main, rollout: gen}",
+                                               "algo.sampling.max_new_tokens=256", "trainer.test_freq=4"]),
     "agent": ("recipes/agent", "config", ["placement.roles={actor: main, rollout: gen}", "trainer.test_freq=4"]),
 }
-STEPS = {"grpo": 12, "agent": 8}
+STEPS = {"grpo": 12, "grpo_tail": 10, "agent": 6}
 MODES = {"sync": ["algo.tis_cap=2.0"], "one_step_off": ["trainer.async.mode=one_step_off"],
-         "streaming": ["trainer.async.mode=streaming", "trainer.async.max_staleness=1"]}
+         "streaming": ["trainer.async.mode=streaming", "trainer.async.max_staleness=1"],
+         "streaming_keep_kv": ["trainer.async.mode=streaming", "trainer.async.max_staleness=1",
+                               "trainer.async.partial_kv=keep"]}
 
 
 def run_mode(workload: str, mode: str, steps: int, out: Path) -> list[dict]:
@@ -65,15 +70,15 @@ def summary(rows: list[dict], budget: float | None) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
-    p.add_argument("--steps", type=int, default=0, help="steps per run (default: GRPO 12, agent 8)")
+    p.add_argument("--workload", choices=[*WORKLOADS, "all"], nargs="+", default=["all"])
+    p.add_argument("--steps", type=int, default=0, help="steps per run (default: GRPO 12, its tail 10, agent 6)")
     p.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench_async")
     a = p.parse_args(argv)
     from bench.regress import machine_kind
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     report = {"commit": commit, "machine_kind": machine_kind(), "workloads": {}}
-    for workload in WORKLOADS if a.workload == "all" else [a.workload]:
+    for workload in WORKLOADS if "all" in a.workload else a.workload:
         rows = {}
         for mode in MODES:
             got = run_mode(workload, mode, a.steps or STEPS[workload], a.out / workload / mode)
@@ -84,7 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         report["workloads"][workload] = {mode: summary(r, budget) for mode, r in rows.items()}
         print(table(workload, report["workloads"][workload], budget))
     (ROOT / "bench" / "results").mkdir(exist_ok=True)
-    (ROOT / "bench" / "results" / "async_modes.json").write_text(json.dumps(report, indent=1))
+    path = ROOT / "bench" / "results" / "async_modes.json"  # one file, the workloads of every run kept
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    if old.get("commit") == commit and old.get("machine_kind") == report["machine_kind"]:
+        report["workloads"] = {**old.get("workloads", {}), **report["workloads"]}
+    path.write_text(json.dumps(report, indent=1))
     return 0
 
 

@@ -19,7 +19,7 @@ are reported at once:
   (``check_data_sources``, once the rows are loaded);
 - ``rollout.backend: sglang`` runs on a CUDA pool;
 - ``trainer.async.mode: one_step_off``: the rollout on a pool of its own, on Ray; ``streaming``: the embedded
-  engine, text prompts, no greedy-baseline estimator, prompts split evenly over the rollout's replicas;
+  engine or vLLM (no agent there), text prompts, no greedy-baseline estimator, prompts split evenly over the rollout's replicas;
   ``actor.ulysses_sp`` divides the actor pool's ranks (and, once the model is located, its attention heads);
 - ``actor.strategy`` / ``critic.strategy: megatron``: tp x pp divides the role pool's ranks (what this version can
   run of the layout is ``core.train.megatron_actor.run_problem``, checked once the model is located);
@@ -127,9 +127,13 @@ def problems(cfg: "RunConfig") -> list[str]:
 def _streaming_problems(cfg: "RunConfig") -> list[str]:
     """``trainer.async.mode: streaming`` (``core.streaming``): what its rollout stream runs on."""
     out, r = [], cfg.rollout
-    if r.backend != "embedded":
-        out.append(f"trainer.async.mode=streaming needs rollout.backend=embedded (weight updates between decode steps "
-                   f"of one engine run), got {r.backend}; use trainer.async.mode=one_step_off with {r.backend}")
+    if r.backend == "sglang":
+        out.append("trainer.async.mode=streaming runs on rollout.backend=embedded (updates between decode steps) or "
+                   "vllm (between chunks of trainer.async.chunk_steps tokens), got sglang; use "
+                   "trainer.async.mode=one_step_off with sglang")
+    if r.backend == "vllm" and r.agent.enable:
+        out.append("trainer.async.mode=streaming with rollout.agent needs rollout.backend=embedded (an agent's turns "
+                   "are sequences of one engine run); use trainer.async.mode=one_step_off with vllm")
     if cfg.algo.adv.estimator in BASELINE_ESTIMATORS:
         out.append(f"algo.adv.estimator={cfg.algo.adv.estimator} generates a greedy baseline for the step's prompts, "
                    "which a stream's batch does not have as one draw; use trainer.async.mode=sync")

@@ -20,7 +20,7 @@ from core.algos import (AdaptiveKLController, FixedKLController, apply_kl_reward
                         scores_to_token_rewards, value_targets_explained_variance)
 from core.algos.advantages import BASELINE_ESTIMATORS
 from core.algos.filters import pf_ppo_rows
-from core.algos.off_policy import OFF_POLICY
+from core.algos.off_policy import OFF_POLICY, off_policy_metrics
 from core.config import AlgoConfig, SamplingParams
 from core.train.critic import ValueWorker
 from core.train.policy import PolicyWorker
@@ -31,7 +31,7 @@ from core.protocol import Batch
 from core.rewards import ScoredBatch, default_compute_score, sample_names, score_batch
 from core.roles import sync_across_pools
 from core.rollout.worker import RolloutWorker
-from core.worker_group import RoleGroup
+from core.worker_group import Pending, RoleGroup
 
 
 @dataclass
@@ -176,10 +176,12 @@ def logprobs(roles: Roles, batch: Batch, cfg: AlgoConfig, timer: Timer, update_a
             batch["old_logprobs"] = batch["rollout_logprobs"]
         else:
             leave = _old_left_to_update(cfg, update_actor, kl_ctrl)
-            batch = batch.union(roles.actor.dp_split(PolicyWorker.compute_logprobs, batch, leave_to_update=leave))
+            batch = batch.union(overlapped(roles, roles.actor.dp_split_async(PolicyWorker.compute_logprobs, batch,
+                                                                             leave_to_update=leave)))
     if roles.ref is not None:
         with timer("ref"):
-            batch["ref_logprobs"] = roles.ref.dp_split(PolicyWorker.compute_logprobs, batch)["old_logprobs"]
+            batch["ref_logprobs"] = overlapped(roles, roles.ref.dp_split_async(PolicyWorker.compute_logprobs,
+                                                                               batch))["old_logprobs"]
     return batch
 
 
@@ -234,9 +236,8 @@ def update(roles: Roles, batch: Batch, cfg: AlgoConfig, timer: Timer, update_act
         with timer("update_critic"):
             out |= reduce_over_ranks(roles.critic.dp_split(ValueWorker.update, batch))
     if update_actor:
-        with timer("update_actor"):  # streaming: the rollout decodes meanwhile
-            updating = roles.actor.dp_split_async(PolicyWorker.update, batch)
-            out |= reduce_over_ranks(roles.stream.overlap(updating) if roles.stream is not None else updating())
+        with timer("update_actor"):
+            out |= reduce_over_ranks(overlapped(roles, roles.actor.dp_split_async(PolicyWorker.update, batch)))
             if "old_from_update" in batch:  # the old log-probs the update filled in, for the step's metrics
                 rows = Batch({"old_from_update": batch["old_from_update"]})
                 batch["old_logprobs"] = roles.actor.dp_split(PolicyWorker.update_old_logprobs, rows)["old_logprobs"]
@@ -250,6 +251,11 @@ def update(roles: Roles, batch: Batch, cfg: AlgoConfig, timer: Timer, update_act
         if roles.stream is not None:
             roles.stream.synced()
     return out
+
+
+def overlapped(roles: Roles, calls: Pending):
+    """The result of a trainer phase's calls; streaming (``roles.stream``), the rollout decodes meanwhile."""
+    return roles.stream.overlap(calls) if roles.stream is not None else calls()
 
 
 def kl_controller(cfg: AlgoConfig) -> FixedKLController | AdaptiveKLController | None:
@@ -286,7 +292,7 @@ def step_metrics(batch: Batch, updates: dict[str, float], timer: Timer, num_fail
             "rollout/logprob_diff_max": float(diff.max()),
             "actor/kl_loss": 0.0, "actor/pg_loss": 0.0, **updates,
             **_reward_model_metrics(batch), **_agent_metrics(batch),
-            **_off_policy_metrics(batch, cfg.tis_cap, cfg.off_policy_correction),
+            **off_policy_metrics(batch, cfg.tis_cap, cfg.off_policy_correction),
             **batch.meta.get("stream", {}),  # streaming: the stream's counters (core.streaming)
             **_explained_variance(batch),
             **{f"timing_s/{k}": v for k, v in timer.seconds.items()},
@@ -324,35 +330,6 @@ def _agent_metrics(batch: Batch) -> dict[str, float]:
             "agent/tokens_per_turn_mean": float((batch["response_mask"].sum(-1)
                                                  / batch["num_turns"].clamp(min=1)).mean()),
             "agent/truncated_rate": float(batch["truncated"].mean())}
-
-
-def _off_policy_metrics(batch: Batch, tis_cap: float, correction: str) -> dict[str, float]:
-    """One step off: the weight version the samples came from and their staleness (updates behind the policy that
-    trains on them); with an off-policy correction, the mean weight and the share of tokens whose weight is not
-    their ratio (clipped or masked)."""
-    out = {}
-    if "staleness" in batch:
-        mask = batch["response_mask"]
-        versions = torch.where(mask > 0, batch["rollout_versions"], batch["policy_version"][:, None])
-        out = {"rollout/policy_version": float(batch["policy_version"].mean()),
-               "rollout/staleness_mean": float(batch["staleness"].mean()),
-               "rollout/staleness_max": float(batch["staleness"].max()),
-               # partial rollouts: samples whose tokens come from more than one weight version
-               "rollout/partial_frac": float((versions.amax(-1) > versions.amin(-1)).float().mean())}
-        if "old_logprobs" in batch:  # how far pi_old / pi_rollout strays from 1, by each token's staleness
-            ratio_dev = ((batch["old_logprobs"] - batch["rollout_logprobs"]).exp() - 1).abs()
-            token_staleness = (batch["policy_version"] + batch["staleness"])[:, None] - versions
-            for k in token_staleness[mask > 0].unique().tolist():
-                at = (token_staleness == k) & (mask > 0)
-                out[f"rollout/ratio_dev/staleness_{int(k)}"] = float(ratio_dev[at].mean())
-    if tis_cap > 0:
-        mask = batch["response_mask"]
-        ratio = (batch["old_logprobs"] - batch["rollout_logprobs"]).exp()
-        weights = OFF_POLICY[correction](batch["old_logprobs"], batch["rollout_logprobs"], mask, tis_cap)
-        changed = ((weights - ratio).abs() > 1e-6 * ratio.abs().clamp(min=1)).float() * mask
-        out |= {"rollout/tis_weight_mean": float((weights * mask).sum() / mask.sum().clamp(min=1)),
-                "rollout/tis_clip_frac": float(changed.sum() / mask.sum().clamp(min=1))}
-    return out
 
 
 def _explained_variance(batch: Batch) -> dict[str, float]:

@@ -17,8 +17,9 @@ minus the version of its oldest token. With ``max_staleness`` s:
   next version would put it over s (``rollout/stale_dropped``); ``wait`` makes the take wait for every group whose
   bound ends at this step, so none is dropped.
 
-While the actor updates, the rollout goes on: ``trainer.async.overlap_steps`` decode steps, or (0) as many as the
-update's time allows. With the rollout on the actor's pool (colocated) the calls run one after another on the same
+While the trainer computes (old log-probs, reference, update), the rollout goes on, admitting up to the bound:
+``trainer.async.overlap_steps`` decode steps per phase, or (0) as many as the phase's time allows. A take admits only
+what it lacks (groups for later steps would share its decode steps and slow it). With the rollout on the actor's pool (colocated) the calls run one after another on the same
 processes -- time-sliced: nothing overlaps, but a step still takes the first B groups to finish and the long tail
 carries over. The rollout's KV cache stays allocated across the update then.
 """
@@ -57,8 +58,10 @@ class RolloutStream:
     """The driver's side of the stream: admission, the buffer, the take, the staleness bound, the overlap."""
 
     def __init__(self, rollout: RoleGroup, draw: Callable[[], Batch], per_step: int, base_seed: int,
-                 max_staleness: int, on_stale: str, chunk_steps: int, overlap_steps: int, version: int = 0):
+                 max_staleness: int, on_stale: str, chunk_steps: int, overlap_steps: int, recompute_kv: bool = True,
+                 version: int = 0):
         self.rollout, self._draw, self.B, self.base_seed = rollout, draw, per_step, base_seed
+        self.recompute_kv = recompute_kv
         self.s, self.on_stale, self.chunk, self.overlap_steps = max_staleness, on_stale, chunk_steps, overlap_steps
         self.version = version                   # weight versions the rollout has taken (syncs)
         self.groups: dict[int, Group] = {}       # admitted, not yet taken or dropped, by key (admission order)
@@ -84,8 +87,10 @@ class RolloutStream:
             raise ValueError(f"trainer.async.mode=streaming samples with one set of parameters: {self.sampling} "
                              f"(seed aside), then {sampling}")
         while (picked := self._pick()) is None:
-            if not self._busy():  # a step that takes more than one batch (DAPO): more groups, fresh ones
-                self._admit(at_least=self.B - sum(g.samples is not None for g in self.groups.values()))
+            # only what this take lacks: groups for later steps would slow this one's (they share the decode steps);
+            # those start while the trainer computes (``overlap``). DAPO's redraws: fresh groups, beyond the bound
+            need = self.B - len(self.groups)
+            self._admit(at_most=need, at_least=0 if self._busy() else need)
             if not self._busy():
                 raise RuntimeError(f"the rollout stream stalled: {len(self.groups)} groups admitted, none in flight "
                                    f"and fewer than {self.B} ready")
@@ -102,7 +107,9 @@ class RolloutStream:
         return batch
 
     def overlap(self, update: Pending):
-        """``update``'s result, the rollout decoding meanwhile (``overlap_steps``, or until the update ends)."""
+        """``update``'s result (a trainer phase's calls: old log-probs, reference, update), the rollout decoding
+        meanwhile, up to the bound (``overlap_steps``, or until the calls end)."""
+        self._admit()
         if self.overlap_steps:
             left = self.overlap_steps
             while left > 0 and self._busy():
@@ -127,7 +134,6 @@ class RolloutStream:
                 del self.groups[k]
             self.counted -= len(gone)
             self.dropped += len(gone)
-        self._admit()
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -156,7 +162,6 @@ class RolloutStream:
     # ------------------------------------------------------------------------------------------ inside
     def _pick(self) -> list[int] | None:
         """The keys of the batch to take now, or None while it is not there yet."""
-        self._admit()
         v, bound = self.version, self.version - self.s
         started = {k: (g.oldest if g.oldest is not None else v) for k, g in self.groups.items()}
         if self.on_stale == "wait":
@@ -174,13 +179,13 @@ class RolloutStream:
         return self.taken_before + self.B + self.s * self.rate - self.counted
 
     def _busy(self) -> bool:
-        self._admit()
         return any(g.samples is None for g in self.groups.values())
 
-    def _admit(self, at_least: int = 0) -> None:
-        """Queue groups on the rollout while the staleness bound allows (or ``at_least`` this many, which a take
-        waits for: they start at the current version), in whole shares for its replicas."""
-        dp, room = self.rollout.dp_size, self._room()
+    def _admit(self, at_most: int | None = None, at_least: int = 0) -> None:
+        """Queue groups on the rollout while the staleness bound allows (no more than ``at_most``; at least
+        ``at_least``, which a take waits for: they start at the current version), in whole shares for its
+        replicas."""
+        dp, room = self.rollout.dp_size, self._room() if at_most is None else min(self._room(), at_most)
         room = max(room - room % dp, -(-at_least // dp) * dp)
         if room <= 0:
             return
@@ -194,13 +199,11 @@ class RolloutStream:
         self.counted += len(admit)
         for key, g in zip(keys, admit):
             self.groups[key] = g
-        # one call per drawn batch's seed: each rank's share of it, its samples seeded as ``generate`` seeds them
-        for seed in dict.fromkeys(g.seed for g in admit):
-            part = [(k, g) for k, g in zip(keys, admit) if g.seed == seed]
-            rows = Batch.concat([g.row for _, g in part])
-            rows["stream_key"] = [k for k, _ in part]
-            rows["stream_index"] = [g.index for _, g in part]
-            self.rollout.dp_split(RolloutWorker.stream_add, rows, replace(self.sampling, seed=seed))
+        # each rank its share; each row's samples seeded as ``generate`` seeds them (its batch's seed, its row there)
+        rows = Batch.concat([g.row for g in admit])
+        rows["stream_key"], rows["stream_seed"] = keys, [g.seed for g in admit]
+        rows["stream_index"] = [g.index for g in admit]
+        self.rollout.dp_split(RolloutWorker.stream_add, rows, self.sampling, self.recompute_kv)
 
     def _advance(self, steps: int) -> None:
         """``steps`` decode steps on every rollout rank; the groups that started and finished recorded."""

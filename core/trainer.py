@@ -151,7 +151,8 @@ def prompt_source(cfg: RunConfig, roles: Roles, rows: list[dict]) -> tuple[Promp
         return stream, roles.ahead.draw
     if a.mode == "streaming":
         roles.stream = RolloutStream(roles.rollout, draw, cfg.data.prompts_per_step, cfg.algo.sampling.seed,
-                                     a.max_staleness, a.on_stale, a.chunk_steps, a.overlap_steps)
+                                     a.max_staleness, a.on_stale, a.chunk_steps, a.overlap_steps,
+                                     a.partial_kv == "recompute")
         return stream, roles.stream.draw
     return stream, draw
 

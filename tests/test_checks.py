@@ -43,8 +43,11 @@ def test_a_consistent_config_has_no_problems():
     ({"trainer__async__mode": "one_step_off"}, "trainer.async.mode=one_step_off generates the next step's samples "
      "while the actor updates, so the rollout needs processes of its own (a pool of its own, trainer.backend=ray), "
      "but placement.roles.rollout is the actor's pool 'main'"),
-    ({"trainer__async__mode": "streaming", "rollout__backend": "vllm"}, "trainer.async.mode=streaming needs "
-     "rollout.backend=embedded (weight updates between decode steps of one engine run), got vllm"),
+    ({"trainer__async__mode": "streaming", "rollout__backend": "sglang"}, "trainer.async.mode=streaming runs on "
+     "rollout.backend=embedded (updates between decode steps) or vllm (between chunks of trainer.async.chunk_steps "
+     "tokens), got sglang"),
+    ({"trainer__async__mode": "streaming", "rollout__backend": "vllm", "rollout__agent__enable": True},
+     "trainer.async.mode=streaming with rollout.agent needs rollout.backend=embedded"),
     ({"trainer__async__mode": "streaming", "algo__adv__estimator": "remax"}, "algo.adv.estimator=remax generates a "
      "greedy baseline for the step's prompts"),
     ({"trainer__async__mode": "streaming", "data__prompts_per_step": 3}, "trainer.async.mode=streaming adds each "

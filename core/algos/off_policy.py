@@ -79,3 +79,35 @@ def seq_mask(old_logprobs, rollout_logprobs, mask, cap):
     bound = math.log(cap)
     keep = (mean >= -bound) & (mean <= bound)
     return _ratio(old_logprobs, rollout_logprobs, mask) * keep[:, None] * valid
+
+
+def off_policy_metrics(batch, tis_cap: float, correction: str) -> dict[str, float]:
+    """The metrics of a step's off-policy samples. Async runs (one step off, streaming): the weight version of the
+    samples' oldest tokens and their staleness (updates behind the policy that trains on them), the share of
+    samples spanning versions (partial rollouts), and mean |pi_old / pi_rollout - 1| of the tokens of each
+    staleness; with a correction (``tis_cap`` > 0), its mean weight and the share of tokens whose weight is not
+    their ratio (clipped or masked). ``batch``: a step's ``core.protocol.Batch`` (``response_mask``,
+    ``rollout_logprobs``, ``old_logprobs``; ``staleness``, ``policy_version``, ``rollout_versions`` when async)."""
+    out = {}
+    if "staleness" in batch:
+        mask = batch["response_mask"]
+        versions = torch.where(mask > 0, batch["rollout_versions"], batch["policy_version"][:, None])
+        out = {"rollout/policy_version": float(batch["policy_version"].mean()),
+               "rollout/staleness_mean": float(batch["staleness"].mean()),
+               "rollout/staleness_max": float(batch["staleness"].max()),
+               # partial rollouts: samples whose tokens come from more than one weight version
+               "rollout/partial_frac": float((versions.amax(-1) > versions.amin(-1)).float().mean())}
+        if "old_logprobs" in batch:  # how far pi_old / pi_rollout strays from 1, by each token's staleness
+            ratio_dev = ((batch["old_logprobs"] - batch["rollout_logprobs"]).exp() - 1).abs()
+            token_staleness = (batch["policy_version"] + batch["staleness"])[:, None] - versions
+            for k in token_staleness[mask > 0].unique().tolist():
+                at = (token_staleness == k) & (mask > 0)
+                out[f"rollout/ratio_dev/staleness_{int(k)}"] = float(ratio_dev[at].mean())
+    if tis_cap > 0:
+        mask = batch["response_mask"]
+        ratio = (batch["old_logprobs"] - batch["rollout_logprobs"]).exp()
+        weights = OFF_POLICY[correction](batch["old_logprobs"], batch["rollout_logprobs"], mask, tis_cap)
+        changed = ((weights - ratio).abs() > 1e-6 * ratio.abs().clamp(min=1)).float() * mask
+        out |= {"rollout/tis_weight_mean": float((weights * mask).sum() / mask.sum().clamp(min=1)),
+                "rollout/tis_clip_frac": float(changed.sum() / mask.sum().clamp(min=1))}
+    return out

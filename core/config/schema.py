@@ -74,11 +74,17 @@ class AsyncConfig:
     # streaming: a group over max_staleness is dropped (counted: rollout/stale_dropped), or the trainer waits for
     # the groups whose bound ends at this step (none is ever dropped; the long tail holds the step as in sync)
     on_stale: Literal["drop", "wait"] = "drop"
+    # streaming: what the sequences in flight attend to after a weight update. recompute: their KV is computed again
+    # with the new weights (a prefill of every sequence in flight per update), so each token is exactly what its
+    # version samples on the whole prefix; keep: the KV the earlier versions wrote stays (no prefill; the later
+    # tokens are drawn by the new weights over keys and values of the old -- rollout_logprobs are still what was
+    # sampled, and the off-policy correction weighs them)
+    partial_kv: Literal["recompute", "keep"] = "recompute"
     # streaming: decode steps per call to the rollout ranks (between two calls a weight update can land)
     chunk_steps: PositiveInt = 8
-    # streaming: decode steps the rollout runs while the actor updates; 0 = as many as the update's time allows
-    # (fastest; the split of each sample between versions then depends on timing). A fixed number makes a run
-    # repeat exactly under the same seeds (and resume as the uninterrupted run would)
+    # streaming: decode steps the rollout runs during each trainer phase (old log-probs, reference, update); 0 = as
+    # many as the phase's time allows (fastest; the split of each sample between versions then depends on timing).
+    # A fixed number makes a run repeat exactly under the same seeds (and resume as the uninterrupted run would)
     overlap_steps: Count = 0
 
     def __post_init__(self):

@@ -14,6 +14,7 @@ have ended.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, Sequence
 
 import torch
@@ -23,6 +24,7 @@ from core.protocol import Batch
 from core.rollout.agent_loop import ContinuousAgents, Trajectory, TurnRules, trajectories_batch, turn_params
 from core.rollout.batch import assemble, merge_padded
 from core.rollout.run import Run
+from core.rollout.sampling import sequence_seeds
 from core.tools.parsers import TOOL_CALL_PARSERS
 
 
@@ -30,11 +32,18 @@ class StreamState:
     """The embedded engine's run across calls, and which group (the driver's key) each of its prompts belongs to."""
 
     def __init__(self, engine, params: SamplingParams, max_prompt_length: int, agent: AgentConfig | None = None,
-                 eos_ids: Sequence[int] = ()):
-        self.engine, self.params, self.agent = engine, params, agent
+                 eos_ids: Sequence[int] = (), recompute_kv: bool = True):
+        self.engine, self.params, self.agent, self.recompute_kv = engine, params, agent, recompute_kv
         width = agent.max_response_tokens if agent is not None else params.max_new_tokens
         self.max_len, self.widths = max_prompt_length + width, (max_prompt_length, width)
-        self.run: Run = engine.stream(turn_params(params, agent) if agent is not None else params, self.max_len)
+        if hasattr(engine, "stream"):
+            self.run: Run | ChunkedRun = engine.stream(turn_params(params, agent) if agent is not None else params,
+                                                       self.max_len)
+        elif agent is None:
+            self.run = ChunkedRun(engine, params)
+        else:
+            raise ValueError("an agent's rollout streams on the embedded engine only (its turns are sequences of "
+                             "one engine run); use trainer.async.mode=one_step_off with this backend")
         self.group: dict[int, Any] = {}          # run prompt index (an agent's turn) -> group key
         self.members: dict[Any, list[int]] = {}  # group key -> its run prompts (agent: its trajectories)
         self.left: dict[Any, int] = {}           # group key -> its samples not yet finished
@@ -86,6 +95,17 @@ class StreamState:
             run.reprefill()
             self.stale_kv = False
         started, done, self.ready = {}, self.ready, []
+        if isinstance(run, ChunkedRun):  # one engine call of ``steps`` tokens for every sequence in flight
+            for key in dict.fromkeys(self.group[i] for i in run.queue):
+                if key not in self.started:
+                    self.started.add(key)
+                    started[key] = run.version
+            for seq in run.step(steps):
+                key = self.group[seq // self.params.n]
+                self.left[key] -= 1
+                if self.left[key] == 0:
+                    done.append(key)
+            return self._finished(done), started
         for _ in range(steps):
             if not (run.queue or run.live or (self.agents is not None and self.agents.busy())):
                 break
@@ -142,9 +162,9 @@ class StreamState:
 
     def reweighted(self) -> None:
         """After a weight sync: the next tokens are the next version's; the in-flight sequences' KV is recomputed
-        with the new weights before the next step."""
+        with the new weights before the next step (unless ``recompute_kv`` is off: the old KV stays)."""
         self.run.version += 1
-        self.stale_kv = True
+        self.stale_kv = self.stale_kv or self.recompute_kv
 
     def abort(self, keys: set) -> None:
         """Drop these groups, queued or in flight (over the staleness bound: they would never be trained on)."""
@@ -167,7 +187,8 @@ class StreamState:
                 self.left[key] -= 1
                 if self.left[key] == 0:
                     self.ready.append(key)
-        state = {"params": self.params, "widths": self.widths, "agent": self.agent, "group": self.group,
+        state = {"params": self.params, "widths": self.widths, "agent": self.agent, "recompute_kv": self.recompute_kv,
+                 "group": self.group,
                  "members": self.members, "left": self.left, "started": self.started, "ready": self.ready}
         if self.agents is not None:
             a = self.agents
@@ -179,7 +200,7 @@ class StreamState:
     def from_state(engine, state: dict, eos_ids: Sequence[int] = ()) -> "StreamState":
         """The stream ``state_dict`` saved, on ``engine`` with the weights it holds now: the in-flight sequences'
         KV is recomputed from their tokens before the next step, as after a weight sync."""
-        out = StreamState(engine, state["params"], state["widths"][0], state["agent"], eos_ids)
+        out = StreamState(engine, state["params"], state["widths"][0], state["agent"], eos_ids, state["recompute_kv"])
         out.run.load_state_dict(state["run"])
         for key in ("group", "members", "left", "started", "ready"):
             setattr(out, key, state[key])
@@ -189,6 +210,97 @@ class StreamState:
                                                                                     a["traj_group"])
         out.stale_kv = True
         return out
+
+
+class ChunkedRun:
+    """A stream's run on an engine that takes weights only between ``generate`` calls (vLLM's offline engine):
+    every call generates up to k more tokens of every sequence in flight, its prompt being the sequence so far
+    (abort and re-queue at chunk boundaries). A weight update lands between two calls; the next chunk's prefill is
+    computed with the new weights (vLLM resets its prefix cache on every update, so within a version the re-queued
+    prefix is a cache hit, not a recompute). Chunk c of a sequence samples with its own seed, (seed, c) hashed: a
+    sequence draws the same tokens whichever others share its calls. The same attributes as ``Run`` where a
+    stream reads them."""
+
+    def __init__(self, engine, params: SamplingParams):
+        self.e, self.p = engine, params
+        self.prompts: list[list[int]] = []
+        self.seeds: list[int] = []
+        self.tokens: list[list[int]] = []
+        self.logps: list[list[float]] = []
+        self.versions: list[list[int]] = []
+        self.max_new: list[int] = []
+        self.chunks: list[int] = []
+        self.queue: list[int] = []           # prompts not yet started
+        self.live_seqs: list[int] = []       # sequences in flight
+        self.version = 0
+        self.eos = set() if params.ignore_eos else set(getattr(engine, "eos_ids", None)
+                                                       or [engine.tokenizer.eos_token_id])
+
+    @property
+    def live(self) -> int:
+        return len(self.live_seqs)
+
+    def add_prompts(self, prompts: list[list[int]], seeds: list[int], max_new_tokens: int) -> list[int]:
+        first = len(self.prompts)
+        for k, ids in enumerate(prompts):
+            self.prompts.append(list(ids))
+            self.queue.append(first + k)
+            for seed in seeds[k * self.p.n:(k + 1) * self.p.n]:
+                for column, value in ((self.seeds, seed), (self.tokens, []), (self.logps, []), (self.versions, []),
+                                      (self.max_new, max_new_tokens), (self.chunks, 0)):
+                    column.append(value)
+        return list(range(first, len(self.prompts)))
+
+    def step(self, k: int) -> list[int]:
+        """Up to ``k`` tokens of every queued and live sequence in one engine call; the sequences that finished."""
+        n = self.p.n
+        self.live_seqs += [i * n + j for i in self.queue for j in range(n)]
+        self.queue = []
+        if not self.live_seqs:
+            return []
+        seqs = self.live_seqs
+        ids = [self.prompts[s // n] + self.tokens[s] for s in seqs]
+        seeds = [sequence_seeds(self.seeds[s], 1, self.chunks[s])[0] for s in seqs]
+        out = self.e.generate(ids, replace(self.p, n=1, max_new_tokens=k), seeds=seeds)
+        keep = out["response_mask"] > 0
+        finished = []
+        for s, row, lp, m in zip(seqs, out["responses"], out["rollout_logprobs"], keep):
+            room = self.max_new[s] - len(self.tokens[s])
+            got = row[m].tolist()[:room]
+            self.tokens[s] += got
+            self.logps[s] += lp[m].tolist()[:room]
+            self.versions[s] += [self.version] * len(got)
+            self.chunks[s] += 1
+            # fewer than k: the engine stopped it (EOS, a stop string); a stop string across two chunks goes unseen
+            ended = len(got) < k or got[-1] in self.eos or len(self.tokens[s]) >= self.max_new[s]
+            if ended:
+                finished.append(s)
+        self.live_seqs = [s for s in seqs if s not in set(finished)]
+        return finished
+
+    def reprefill(self) -> None:
+        """Nothing to recompute: every chunk prefills its sequences again."""
+
+    def abort(self, prompts: set[int]) -> None:
+        self.queue = [i for i in self.queue if i not in prompts]
+        self.live_seqs = [s for s in self.live_seqs if s // self.p.n not in prompts]
+
+    def pop(self, i: int):
+        seqs = range(i * self.p.n, (i + 1) * self.p.n)
+        out = (self.prompts[i], [self.tokens[k] for k in seqs], [self.logps[k] for k in seqs],
+               [self.versions[k] for k in seqs], [self.seeds[k] for k in seqs])
+        self.prompts[i] = []
+        for k in seqs:
+            self.tokens[k], self.logps[k], self.versions[k] = [], [], []
+        return out
+
+    def state_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("prompts", "seeds", "tokens", "logps", "versions", "max_new", "chunks",
+                                              "queue", "live_seqs", "version")}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
 
 
 def versions_tensor(batch: Batch) -> torch.Tensor:

@@ -281,10 +281,11 @@ class VLLMEngine:
                          "not have: run it with rollout.backend=embedded")
 
     # ------------------------------------------------------------------------------------- generation
-    def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> Batch:
+    def generate(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams,
+                 seeds: Sequence[int] | None = None) -> Batch:
         """n samples of every prompt, in the embedded engine's Batch layout (``core.rollout.batch.assemble``);
-        prompt i samples with seed ``request_seeds(params.seed, ...)[i]``: the same call draws the same samples, and
-        no two samples of a call share a random stream."""
+        prompt i samples with seed ``request_seeds(params.seed, ...)[i]`` (or ``seeds[i]``): the same call draws the
+        same samples, and no two samples of a call share a random stream."""
         from vllm import SamplingParams as VLLMSamplingParams
 
         self._wake("weights")
@@ -292,7 +293,9 @@ class VLLMEngine:
         self._wake("kv_cache")
         prompts = [list(p) for p in prompt_ids]
         base = sampling_kwargs(params)
-        per_prompt = [VLLMSamplingParams(**base, seed=s) for s in request_seeds(params.seed, len(prompts), params.n)]
+        seeds = request_seeds(params.seed, len(prompts), params.n) if seeds is None else [
+            s % (2**31 - 1 - params.n) for s in seeds]
+        per_prompt = [VLLMSamplingParams(**base, seed=s) for s in seeds]
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], per_prompt, use_tqdm=False)
         tokens, logps = completion_rows(outputs)
         return assemble(prompts, tokens, logps, params.n, self.pad_id)

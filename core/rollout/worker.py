@@ -99,22 +99,24 @@ class RolloutWorker:
         return self.engine.chat_prompt_ids(list(prompts["prompt"]))
 
     # ----------------------------------------------------------------------------------------- streaming
-    def stream_add(self, prompts: Batch, params: SamplingParams) -> None:
+    def stream_add(self, prompts: Batch, params: SamplingParams, recompute_kv: bool = True) -> None:
         """Queue prompt groups in this rank's stream (opened by the first call; ``core.rollout.stream``), keyed by
-        their ``stream_key`` column: the samples ``generate`` draws for these rows of a batch sampled with
-        ``params`` (their rows there: ``stream_index``)."""
-        if self.cfg.backend != "embedded" or "images" in prompts:
-            raise ValueError("trainer.async.mode=streaming runs on the embedded engine, with text prompts "
+        their ``stream_key`` column: the samples ``generate`` draws for row ``stream_index`` of a batch sampled
+        with seed ``stream_seed`` and ``params`` (its seed aside). ``recompute_kv``: the sequences in flight at a
+        weight update get their KV computed again with the new weights (``trainer.async.partial_kv``)."""
+        if self.cfg.backend == "sglang" or "images" in prompts:
+            raise ValueError("trainer.async.mode=streaming runs on the embedded engine or vLLM, with text prompts "
                              f"(rollout.backend={self.cfg.backend})")
         if self.stream is None:
             agent = self.cfg.agent if self.cfg.agent.enable else None
             self.stream = StreamState(self.engine, replace(params, seed=0), self.cfg.max_prompt_length, agent,
-                                      self._eos_ids())
+                                      self._eos_ids(), recompute_kv)
         elif replace(params, seed=0) != self.stream.params:
             raise ValueError(f"a stream samples with one set of parameters: {self.stream.params} (seed aside), "
                              f"then {params}")
-        n = params.n  # row i of its drawn batch: the seeds ``generate`` gives it (``stream_index``)
-        seeds = [s for i in prompts["stream_index"] for s in sequence_seeds(params.seed, n, int(i) * n)]
+        n = params.n  # row i of a batch drawn with seed s: the seeds ``generate`` gives it
+        seeds = [x for s, i in zip(prompts["stream_seed"], prompts["stream_index"])
+                 for x in sequence_seeds(int(s), n, int(i) * n)]
         self.stream.add(self._prompt_ids(prompts), seeds, list(prompts["stream_key"]))
 
     def stream_step(self, steps: int) -> tuple[Batch | None, dict]:

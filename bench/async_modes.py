@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workload", choices=[*WORKLOADS, "all"], nargs="+", default=["all"])
     p.add_argument("--steps", type=int, default=0, help="steps per run (default: GRPO 12, its tail 10, agent 6)")
+    p.add_argument("--modes", choices=MODES, nargs="+", default=list(MODES))
     p.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench_async")
     a = p.parse_args(argv)
     from bench.regress import machine_kind
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"commit": commit, "machine_kind": machine_kind(), "workloads": {}}
     for workload in WORKLOADS if "all" in a.workload else a.workload:
         rows = {}
-        for mode in MODES:
+        for mode in a.modes:
             got = run_mode(workload, mode, a.steps or STEPS[workload], a.out / workload / mode)
             for r in got:  # samples per step: prompts x n, from the run's config
                 r["_samples"] = samples_per_step(a.out / workload / mode)

@@ -96,22 +96,32 @@ class Run:
             self._queue(list(ids), seeds[k * n:(k + 1) * n], max_new_tokens)
         return list(range(first, len(self.prompts)))
 
-    def add(self, ids: list[int], max_new_tokens: int, seed: int) -> int:
-        """Queue one more sequence in a session (n = 1); returns its index (``step`` reports it when it finishes)."""
-        c = self.cohorts[-1]
+    def add_cohort(self, prompts: list[list[int]]) -> int:
+        """A cohort for sequences ``add`` queues later, each extending one of these prompts (an agent's turns): the
+        prompts' shared prefix -- a single prompt's: all of it but its last token -- is prefilled once per weight
+        version. Returns its index."""
+        P = shared_prefix_length(prompts) if len(prompts) > 1 else len(prompts[0]) - 1
+        P = P if self.e.share_prefix and not self.vision and P >= MIN_SHARED_PREFIX else 0
+        self.cohorts.append(Cohort(P, prompts[0][:P]))
+        return len(self.cohorts) - 1
+
+    def add(self, ids: list[int], max_new_tokens: int, seed: int, cohort: int = -1) -> int:
+        """Queue one more sequence (n = 1) extending a cohort's prompts (a session's first prompts; an agent's turn
+        in a stream: its trajectory's cohort); returns its index (``step`` reports it when it finishes)."""
+        c = self.cohorts[cohort]
         if self.p.n != 1:
             raise ValueError(f"a session samples each added prompt once (n = 1), got n = {self.p.n}")
         if list(ids[:c.P]) != c.prefix or len(ids) <= c.P:
-            raise ValueError(f"a session's prompt must extend the {c.P}-token prefix of its first prompts")
+            raise ValueError(f"a sequence added to a cohort must extend its {c.P}-token prefix")
         if max_new_tokens < 1 or len(ids) + max_new_tokens > self.e.cache.max_len:
             raise ValueError(f"{len(ids)} prompt + {max_new_tokens} new tokens do not fit the session's "
                              f"{self.e.cache.max_len} (or no new token asked)")
-        return self._queue(list(ids), [seed], max_new_tokens)
+        return self._queue(list(ids), [seed], max_new_tokens, cohort % len(self.cohorts))
 
-    def _queue(self, ids: list[int], seeds: list[int], max_new_tokens: int) -> int:
+    def _queue(self, ids: list[int], seeds: list[int], max_new_tokens: int, cohort: int = -1) -> int:
         i = len(self.prompts)
         self.prompts.append(ids)
-        self.cohort.append(len(self.cohorts) - 1)
+        self.cohort.append(cohort % len(self.cohorts))
         for seed in seeds:
             self.seeds.append(seed)
             self.tokens.append([])
@@ -131,9 +141,10 @@ class Run:
         return done
 
     # ---------------------------------------------------------------------------------------- admission
-    def _prefill_prefix(self, c: Cohort) -> None:
-        """A cohort's shared prefix through the model once, at the first free slot; its KV kept aside."""
-        P, dev, slot = c.P, self.e.device, self.live
+    def _prefill_prefix(self, c: Cohort, slot: int | None = None) -> None:
+        """A cohort's shared prefix through the model once, at ``slot`` (default the first free one); its KV kept
+        aside."""
+        P, dev, slot = c.P, self.e.device, self.live if slot is None else slot
         ar = torch.arange(P)
         self.e.cache.prefill_into(torch.tensor([slot], device=dev))
         causal = (ar[None, :] <= ar[:, None])[None, None]
@@ -254,29 +265,37 @@ class Run:
         """Recompute the KV of every live sequence (its prompt and the tokens drawn so far, all but the last, which
         the next decode step feeds) with the weights the model holds now -- after a weight update, so the next
         tokens come from the new weights alone (their log-probs are the new policy's on the whole prefix), or
-        after the cache was freed or used by another call. Rows sit at column 0, right-padded: a row's columns
-        past its own length hold padding's KV, which no later step attends (it writes there first)."""
+        after the cache was freed or used by another call. Per cohort: its shared prefix once, copied to its slots,
+        then the rest of each row from column P, right-padded (a row's columns past its own length hold padding's
+        KV, which no later step attends: it writes there first)."""
         if self.vision:
             raise ValueError("a run with image prompts cannot recompute its sequences' KV (their vision inputs are "
                              "given to the first prefill only)")
         for c in self.cohorts:
             c.kv = None  # a later admission prefills the prefix again, with these weights
-        L = self.live
-        if L == 0:
-            return
+        by_cohort: dict[int, list[int]] = {}
+        for s in range(self.live):
+            by_cohort.setdefault(self.cohort[self.sample[s] // self.p.n], []).append(s)
         dev = self.e.device
-        rows = [self.prompts[self.sample[s] // self.p.n] + self.tokens[self.sample[s]][:-1] for s in range(L)]
-        q = max(map(len, rows))
-        ids = torch.full((L, q), self.e.pad_id, dtype=torch.long)
-        for r, row in enumerate(rows):
-            ids[r, :len(row)] = torch.tensor(row)
-        col = torch.arange(q)
-        allowed = col[None, None, :] <= col[None, :, None]
-        self.e.cache.prefill_into(slice(0, L))
-        self.e.last_logits(ids.to(dev), col[None].expand(L, q).to(dev),
-                           _additive(allowed[:, None].expand(L, 1, q, q), self.e.dtype).to(dev))
-        self.plen[:L], self.start[:L] = 0, 0
-        self.pos[:L] = torch.tensor(list(map(len, rows)), device=dev)
+        for c, slots in by_cohort.items():
+            cohort = self.cohorts[c]
+            P = cohort.P
+            rows = [(self.prompts[self.sample[s] // self.p.n] + self.tokens[self.sample[s]][:-1])[P:] for s in slots]
+            at = torch.tensor(slots, device=dev)
+            if P:
+                self._prefill_prefix(cohort, slots[0])
+                self.e.cache.write(at, cohort.kv)
+            q = max(map(len, rows))
+            ids = torch.full((len(rows), q), self.e.pad_id, dtype=torch.long)
+            for r, row in enumerate(rows):
+                ids[r, :len(row)] = torch.tensor(row)
+            col = torch.arange(P + q)                                # key columns; queries are columns [P, P + q)
+            allowed = col[None, None, :] <= col[None, P:, None]
+            self.e.cache.prefill_into(at, offset=P)
+            self.e.last_logits(ids.to(dev), col[None, P:].expand(len(rows), q).to(dev),
+                               _additive(allowed[:, None].expand(len(rows), 1, q, P + q), self.e.dtype).to(dev))
+            self.plen[at], self.start[at] = P, P
+            self.pos[at] = torch.tensor([P + len(r) for r in rows], device=dev)
 
     def abort(self, prompts: set[int]) -> None:
         """Drop these prompts' sequences, queued or live (a stream's group that can no longer be used)."""

@@ -55,7 +55,8 @@ class StreamState:
             rules = TurnRules(engine.tokenizer, list(eos_ids), TOOL_CALL_PARSERS[agent.tool_parser], agent)
             self.pool = ThreadPoolExecutor(max(agent.tool_workers, 1))
             self.agents = ContinuousAgents(self._queue_turn, self.run, rules, self.run.p, self.pool)
-            self.traj_group: dict[int, Any] = {}
+            self.traj_group: dict[int, Any] = {}     # trajectory -> its group's key
+            self.traj_cohort: dict[int, int] = {}    # trajectory -> the run's cohort its turns extend
 
     @property
     def version(self) -> int:
@@ -66,11 +67,12 @@ class StreamState:
         n = self.params.n
         for key in keys:
             self.left[key], self.members[key] = n, []
-        if self.agents is not None:
+        if self.agents is not None:  # every turn extends its prompt: the call's shared prefix is prefilled once
+            cohort = self.run.add_cohort([list(p) for p in ids])
             for k, (prompt, key) in enumerate(zip(ids, keys)):
                 for seed in seeds[k * n:(k + 1) * n]:
                     i = len(self.agents.trajs)
-                    self.traj_group[i] = key
+                    self.traj_group[i], self.traj_cohort[i] = key, cohort
                     self.members[key].append(i)
                     self.agents.add(Trajectory(list(prompt)), seed)
             return
@@ -79,7 +81,7 @@ class StreamState:
             self.members[key].append(i)
 
     def _queue_turn(self, traj: int, ids: list[int], max_new_tokens: int, seed: int) -> int:
-        i = self.run.add_prompts([ids], [seed], max_new_tokens)[0]
+        i = self.run.add(ids, max_new_tokens, seed, self.traj_cohort[traj])
         self.group[i] = self.traj_group[traj]
         return i
 
@@ -192,7 +194,8 @@ class StreamState:
                  "members": self.members, "left": self.left, "started": self.started, "ready": self.ready}
         if self.agents is not None:
             a = self.agents
-            state["agents"] = {"trajs": a.trajs, "seeds": a.seeds, "owner": a.owner, "traj_group": self.traj_group}
+            state["agents"] = {"trajs": a.trajs, "seeds": a.seeds, "owner": a.owner, "traj_group": self.traj_group,
+                               "traj_cohort": self.traj_cohort}
         state["run"] = self.run.state_dict()
         return state
 
@@ -206,8 +209,8 @@ class StreamState:
             setattr(out, key, state[key])
         if "agents" in state:
             a = state["agents"]
-            out.agents.trajs, out.agents.seeds, out.agents.owner, out.traj_group = (a["trajs"], a["seeds"], a["owner"],
-                                                                                    a["traj_group"])
+            out.agents.trajs, out.agents.seeds, out.agents.owner = a["trajs"], a["seeds"], a["owner"]
+            out.traj_group, out.traj_cohort = a["traj_group"], a["traj_cohort"]
         out.stale_kv = True
         return out
 

@@ -43,7 +43,8 @@ def test_a_consistent_config_has_no_problems():
     ({"trainer__async__mode": "one_step_off"}, "trainer.async.mode=one_step_off generates the next step's samples "
      "while the actor updates, so the rollout needs processes of its own (a pool of its own, trainer.backend=ray), "
      "but placement.roles.rollout is the actor's pool 'main'"),
-    ({"trainer__async__mode": "streaming", "rollout__backend": "sglang"}, "trainer.async.mode=streaming runs on "
+    ({"trainer__async__mode": "streaming", "rollout__backend": "sglang", "placement__pools__main__device": "cuda"},
+     "trainer.async.mode=streaming runs on "
      "rollout.backend=embedded (updates between decode steps) or vllm (between chunks of trainer.async.chunk_steps "
      "tokens), got sglang"),
     ({"trainer__async__mode": "streaming", "rollout__backend": "vllm", "rollout__agent__enable": True},

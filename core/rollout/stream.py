@@ -90,12 +90,6 @@ class StreamState:
         finished, as one padded batch with a ``stream_key`` column and ``rollout_versions`` (B, Tr) -- or None --
         and the first version of each group that started in these steps (the driver's staleness bound)."""
         run = self.run
-        if self.engine.cache is None or self.engine.cache.max_len < self.max_len:
-            self.engine.wake(self.max_len)
-            self.stale_kv = True
-        if self.stale_kv:
-            run.reprefill()
-            self.stale_kv = False
         started, done, self.ready = {}, self.ready, []
         if isinstance(run, ChunkedRun):  # one engine call of ``steps`` tokens for every sequence in flight
             for key in dict.fromkeys(self.group[i] for i in run.queue):
@@ -108,6 +102,12 @@ class StreamState:
                 if self.left[key] == 0:
                     done.append(key)
             return self._finished(done), started
+        if self.engine.cache is None or self.engine.cache.max_len < self.max_len:
+            self.engine.wake(self.max_len)
+            self.stale_kv = True
+        if self.stale_kv:
+            run.reprefill()
+            self.stale_kv = False
         for _ in range(steps):
             if not (run.queue or run.live or (self.agents is not None and self.agents.busy())):
                 break

@@ -288,14 +288,7 @@ class ChunkedRun:
         self.queue = [i for i in self.queue if i not in prompts]
         self.live_seqs = [s for s in self.live_seqs if s // self.p.n not in prompts]
 
-    def pop(self, i: int):
-        seqs = range(i * self.p.n, (i + 1) * self.p.n)
-        out = (self.prompts[i], [self.tokens[k] for k in seqs], [self.logps[k] for k in seqs],
-               [self.versions[k] for k in seqs], [self.seeds[k] for k in seqs])
-        self.prompts[i] = []
-        for k in seqs:
-            self.tokens[k], self.logps[k], self.versions[k] = [], [], []
-        return out
+    pop = Run.pop  # the same columns as a Run's: a finished group's prompt, tokens, log-probs, versions, seeds
 
     def state_dict(self) -> dict:
         return {k: getattr(self, k) for k in ("prompts", "seeds", "tokens", "logps", "versions", "max_new", "chunks",

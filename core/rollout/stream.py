@@ -92,15 +92,8 @@ class StreamState:
         run = self.run
         started, done, self.ready = {}, self.ready, []
         if isinstance(run, ChunkedRun):  # one engine call of ``steps`` tokens for every sequence in flight
-            for key in dict.fromkeys(self.group[i] for i in run.queue):
-                if key not in self.started:
-                    self.started.add(key)
-                    started[key] = run.version
-            for seq in run.step(steps):
-                key = self.group[seq // self.params.n]
-                self.left[key] -= 1
-                if self.left[key] == 0:
-                    done.append(key)
+            self._admitted([self.group[i] for i in run.queue], started)
+            self._ended([self.group[seq // self.params.n] for seq in run.step(steps)], done)
             return self._finished(done), started
         if self.engine.cache is None or self.engine.cache.max_len < self.max_len:
             self.engine.wake(self.max_len)
@@ -113,19 +106,28 @@ class StreamState:
                 break
             queued = set(run.queue)
             if self.agents is not None:
-                ended = [self.traj_group[i] for i in self.agents.step()]
+                self._ended([self.traj_group[i] for i in self.agents.step()], done)
             else:
-                ended = [self.group[seq // self.params.n] for seq in run.step()]
-            for key in ended:
-                self.left[key] -= 1
-                if self.left[key] == 0:
-                    done.append(key)
-            for i in queued - set(run.queue):  # admitted in this step: its first token is this version's
-                key = self.group.pop(i) if self.agents is not None else self.group[i]
-                if key not in self.started:
-                    self.started.add(key)
-                    started[key] = run.version
+                self._ended([self.group[seq // self.params.n] for seq in run.step()], done)
+            # admitted in this step: its first token is this version's (an agent's turn is forgotten once admitted)
+            admitted = queued - set(run.queue)
+            self._admitted([self.group.pop(i) if self.agents is not None else self.group[i] for i in admitted],
+                           started)
         return self._finished(done), started
+
+    def _ended(self, keys: list, done: list) -> None:
+        """One sample of each of these groups finished; a group whose samples all have goes into ``done``."""
+        for key in keys:
+            self.left[key] -= 1
+            if self.left[key] == 0:
+                done.append(key)
+
+    def _admitted(self, keys: list, started: dict) -> None:
+        """These groups drew tokens now: the first time a group does, its version goes into ``started``."""
+        for key in keys:
+            if key not in self.started:
+                self.started.add(key)
+                started[key] = self.run.version
 
     def _finished(self, done: list) -> Batch | None:
         if not done:
@@ -184,11 +186,7 @@ class StreamState:
         trajectories, once every tool round in flight has answered (its answer is applied now, as it would be at
         the next step)."""
         if self.agents is not None:
-            for i in self.agents.drain():  # a trajectory that ended on its tools' answer
-                key = self.traj_group[i]
-                self.left[key] -= 1
-                if self.left[key] == 0:
-                    self.ready.append(key)
+            self._ended([self.traj_group[i] for i in self.agents.drain()], self.ready)  # ended on its tools' answer
         state = {"params": self.params, "widths": self.widths, "agent": self.agent, "recompute_kv": self.recompute_kv,
                  "group": self.group,
                  "members": self.members, "left": self.left, "started": self.started, "ready": self.ready}

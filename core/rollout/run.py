@@ -16,6 +16,15 @@ from core.rollout.sampling import sequence_seeds, token_uniforms
 from core.data.vision_inputs import collate, mrope_positions
 from core.protocol import Batch
 
+STOP_WINDOW = 16  # the last tokens decoded to look for a stop string (more than any stop string takes)
+
+
+def ends_in_stop(tokenizer, tokens: list[int], stops) -> bool:
+    """Whether the text of a response's last STOP_WINDOW tokens holds a stop string: checked after each token, the
+    response ends at the token that completes one (the stop string kept in the output)."""
+    text = tokenizer.decode(tokens[-STOP_WINDOW:], skip_special_tokens=True)
+    return any(stop in text for stop in stops)
+
 
 class Engine(Protocol):
     """What a ``Run`` reads of its engine (``core.rollout.engine.RolloutEngine``): the model, its KV cache (and the
@@ -256,8 +265,7 @@ class Run:
             self.live -= 1
 
     def _hit_stop(self, out: list[int]) -> bool:
-        text = self.e.tokenizer.decode(out[-16:], skip_special_tokens=True)
-        return any(stop in text for stop in self.p.stop)
+        return ends_in_stop(self.e.tokenizer, out, self.p.stop)
 
     # ---------------------------------------------------------------------------------------- a stream's controls
     @torch.no_grad()

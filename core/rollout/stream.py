@@ -23,7 +23,7 @@ from core.config import AgentConfig, SamplingParams
 from core.protocol import Batch
 from core.rollout.agent_loop import ContinuousAgents, Trajectory, TurnRules, trajectories_batch, turn_params
 from core.rollout.batch import assemble, merge_padded
-from core.rollout.run import Run
+from core.rollout.run import STOP_WINDOW, Run, ends_in_stop
 from core.rollout.sampling import sequence_seeds
 from core.tools.parsers import TOOL_CALL_PARSERS
 
@@ -266,18 +266,28 @@ class ChunkedRun:
         keep = out["response_mask"] > 0
         finished = []
         for s, row, lp, m in zip(seqs, out["responses"], out["rollout_logprobs"], keep):
-            room = self.max_new[s] - len(self.tokens[s])
-            got = row[m].tolist()[:room]
+            before = len(self.tokens[s])
+            got = row[m].tolist()[:self.max_new[s] - before]
+            cut = self._stop_across(self.tokens[s] + got, before) if self.p.stop and before else None
+            got = got[:None if cut is None else cut - before]
             self.tokens[s] += got
-            self.logps[s] += lp[m].tolist()[:room]
+            self.logps[s] += lp[m].tolist()[:len(got)]
             self.versions[s] += [self.version] * len(got)
             self.chunks[s] += 1
-            # fewer than k: the engine stopped it (EOS, a stop string); a stop string across two chunks goes unseen
-            ended = len(got) < k or got[-1] in self.eos or len(self.tokens[s]) >= self.max_new[s]
+            # fewer than k: the engine stopped it (EOS, a stop string inside the chunk), or one across two chunks
+            ended = cut is not None or len(got) < k or got[-1] in self.eos or len(self.tokens[s]) >= self.max_new[s]
             if ended:
                 finished.append(s)
         self.live_seqs = [s for s in seqs if s not in set(finished)]
         return finished
+
+    def _stop_across(self, tokens: list[int], start: int) -> int | None:
+        """The length at which a stop string begun in an earlier chunk ends within this one (the engine saw only the
+        chunk), or None: the embedded engine's rule (``ends_in_stop``) tried at each of this chunk's first tokens."""
+        for j in range(start + 1, min(len(tokens), start + STOP_WINDOW) + 1):
+            if ends_in_stop(self.e.tokenizer, tokens[:j], self.p.stop):
+                return j
+        return None
 
     def reprefill(self) -> None:
         """Nothing to recompute: every chunk prefills its sequences again."""

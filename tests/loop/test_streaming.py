@@ -104,19 +104,25 @@ SPLIT = ("placement.pools.main={nnodes: 1, slots_per_node: 1}", "placement.pools
          "placement.roles={actor: main, ref: main, rollout: gen}")
 
 
-@pytest.mark.heavy  # two Ray runs, ~40 s
+@pytest.mark.heavy  # three Ray runs, ~1 min
 @pytest.mark.ray
-@pytest.mark.parametrize("mode", ["streaming", "one_step_off"])
-def test_async_samples_on_their_own_pool_regenerate_from_the_versions_they_name(ray_module_session, tmp_path,
-                                                                                tiny_model_dir, mode):
+@pytest.mark.parametrize("mode, placement", [("streaming", SPLIT), ("one_step_off", SPLIT),
+                                             ("streaming", ("trainer.async.overlap_steps=3",))],
+                         ids=["streaming-split", "one_step_off-split", "streaming-colocated"])
+def test_async_samples_on_ray_regenerate_from_the_versions_they_name(ray_module_session, tmp_path, tiny_model_dir,
+                                                                     mode, placement):
     """The rollout on a pool of its own, decoding while the actor updates (streaming: as many steps as the update's
-    time allows); every trained sample regenerates from the weights its tags name, and not with the tags off by
-    one."""
+    time allows), or on the actor's workers (colocated: time-sliced, a fixed number of decode steps between the
+    trainer's phases, sequences carried across the update); every trained sample regenerates from the weights its
+    tags name, and not with the tags off by one."""
     conf = write_run(tmp_path, tiny_model_dir, total_steps=4, save_freq=0, backend="ray")
-    batches, weights = recorded_fit(conf, tmp_path / mode, *SPLIT, f"trainer.async.mode={mode}", *LONG,
+    batches, weights = recorded_fit(conf, tmp_path / mode, *placement, f"trainer.async.mode={mode}", *LONG,
                                     "trainer.async.chunk_steps=2")
     models = reference_models(tiny_model_dir, weights)
     assert max(float(b["staleness"].max()) for b in batches) == 1
+    if placement[0].startswith("trainer.async.overlap_steps"):   # colocated: partial rollouts still happen
+        assert max(len(set(r[m > 0].tolist())) for b in batches
+                   for r, m in zip(b["rollout_versions"], b["response_mask"])) == 2
     assert sum(check_regenerated(models, b) for b in batches) == sum(int(b["response_mask"].sum()) for b in batches)
     with pytest.raises(AssertionError):
         for b in batches[1:]:

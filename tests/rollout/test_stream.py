@@ -4,6 +4,8 @@ computed here by a plain transformers forward (no KV cache, no engine code) -- a
 (partial rollouts), cohorts added while others run, and chunked calls. Each check is shown to catch the fault it
 guards against (a version tag off by one, a KV cache left from the old weights)."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -143,3 +145,35 @@ def test_cohorts_added_while_others_run_an_update_and_aborted_groups(engine, wei
     assert sorted(out["rollout_seeds"].tolist()) == sorted(seeds[0:2] + seeds[4:])
     assert set(started.values()) == {0, 1}              # groups started under each version
     check_regenerated(reference, out)
+
+
+def test_a_stop_string_across_two_chunks_ends_the_sequence_at_the_token_that_completes_it(engine, weights):
+    """vLLM streams in chunks (``ChunkedRun``): each engine call sees its chunk's tokens only, so a stop string whose
+    first token closed one chunk and whose last opens the next escaped it. Run here on the embedded engine: with a
+    stop string made of such a pair, the sequence ends at the token that completes it (the rule of one call,
+    ``ends_in_stop``), its tokens those of the run without the stop string up to there."""
+    from core.rollout.run import ends_in_stop
+    from core.rollout.stream import ChunkedRun
+
+    engine.update_weights(weights[0].items())
+    ids = ids_of(engine, PROMPTS[:1])
+
+    def chunked(k, params):
+        run = ChunkedRun(engine, params)
+        run.add_prompts(ids, [7], params.max_new_tokens)
+        while run.live or run.queue:
+            run.step(k)
+        return run
+
+    k, plain = 3, replace(P, n=1)
+    free = chunked(k, plain).tokens[0]
+    assert len(free) == plain.max_new_tokens
+
+    def completed_at(stop):  # the first length whose text holds the stop string
+        return next(j for j in range(1, len(free) + 1) if ends_in_stop(engine.tokenizer, free[:j], (stop,)))
+
+    # the last token of a chunk and the first of the next, not completed before
+    b, stop = next((b, engine.tokenizer.decode(free[b - 1:b + 1])) for b in range(k, len(free) - 1, k)
+                   if completed_at(engine.tokenizer.decode(free[b - 1:b + 1])) == b + 1)
+    run = chunked(k, replace(plain, stop=(stop,)))
+    assert run.tokens[0] == free[:b + 1] and len(run.logps[0]) == len(run.versions[0]) == b + 1

@@ -111,6 +111,12 @@ def problems(cfg: "RunConfig") -> list[str]:
                    f"{actor_pool.nnodes * actor_pool.slots_per_node} ranks ({actor_pool.nnodes} x "
                    f"{actor_pool.slots_per_node}): each sequence-parallel group is ulysses_sp of its ranks; change one")
     same_pool = cfg.placement.roles.get("rollout") == cfg.placement.roles["actor"]
+    replicas = (rollout_pool.nnodes * rollout_pool.slots_per_node // cfg.rollout.tensor_parallel_size
+                if rollout_pool is not None else 0)
+    if cfg.rollout.min_replicas > 1 and (same_pool or cfg.rollout.min_replicas > replicas):
+        has = "shares the actor's processes (a lost rank stops the run)" if same_pool else f"has {replicas} replicas"
+        out.append(f"rollout.min_replicas={cfg.rollout.min_replicas}, but the rollout {has}; set it to at most the "
+                   "rollout pool's replicas (nnodes x slots_per_node / rollout.tensor_parallel_size), or 1")
     if cfg.trainer.async_.mode == "one_step_off" and (same_pool or cfg.trainer.backend != "ray"):
         why = (f"placement.roles.rollout is the actor's pool {cfg.placement.roles['actor']!r}" if same_pool
                else f"trainer.backend is {cfg.trainer.backend!r}")

@@ -245,6 +245,8 @@ API = [("core.protocol", ["Batch"], "The one batch type: tensors, non-tensor col
        ("core.worker_group", ["ResourcePool", "WorkerGroup", "RoleGroup", "WorkerError", "WorkerDiedError",
                               "WorkerTimeoutError"],
         "Resource pools and Ray worker groups; dispatch takes the worker method itself."),
+       ("core.replicas", ["RolloutReplicas"], "The rollout on a pool of its own: replicas that may be lost, their "
+        "rows run again on the others."),
        ("core.config", ["RunConfig", "AlgoConfig", "SamplingParams", "validate"],
         "The run config: validated once into frozen dataclasses ([config reference](reference/config.md))."),
        ("core.rewards", ["REWARDS", "default_compute_score"], "Rewards keyed by `data_source`, verl's signature."),

@@ -28,6 +28,7 @@ from core.train.reward_model import RewardModelWorker
 from core.one_step_off import RolloutAhead
 from core.streaming import RolloutStream
 from core.protocol import Batch
+from core.replicas import RolloutReplicas
 from core.rewards import ScoredBatch, default_compute_score, sample_names, score_batch
 from core.roles import sync_across_pools
 from core.rollout.worker import RolloutWorker
@@ -40,7 +41,8 @@ class Roles:
     for them."""
 
     actor: RoleGroup
-    rollout: RoleGroup
+    # on a pool of its own (Ray): replicas that may be lost (core.replicas)
+    rollout: RoleGroup | RolloutReplicas
     ref: RoleGroup | None = None
     critic: RoleGroup | None = None
     reward_model: RoleGroup | None = None

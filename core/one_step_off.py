@@ -78,7 +78,7 @@ class RolloutAhead:
             raise RuntimeError("trainer.async.mode=one_step_off: this step generates for prompts or sampling other than "
                                "those generated ahead (the batch draw() returned, with the step's sampling seed + 1); "
                                "a step that generates more than once per step (e.g. DAPO's dynamic sampling) cannot "
-                               "run one step off: set trainer.async.mode=one_step_off=false")
+                               "run one step off: set trainer.async.mode=streaming (its stream hands out more groups) or sync")
         batch = pending.batch()
         # decoded now, before the next generation occupies the rollout's processes (``core.loop.score`` reads it)
         batch = batch.union(self.rollout.dp_split(RolloutWorker.decode, batch))

@@ -70,6 +70,7 @@ class RolloutStream:
         self.taken = self.taken_before = 0       # groups taken in all; and before this version
         self.rate = per_step                     # groups the last version's step took
         self.dropped = 0                         # since the last take
+        self.lost_seen = 0                       # rollout replicas lost so far, their groups re-queued
         self.sampling: SamplingParams | None = None
 
     # ------------------------------------------------------------------------------------------ the step's calls
@@ -147,10 +148,12 @@ class RolloutStream:
         for key, value in state["driver"].items():
             setattr(self, key, value)
         ranks = state["ranks"]
-        if len(ranks) != self.rollout.world_size:
+        if len(ranks) > self.rollout.world_size:
             raise ValueError(f"the checkpoint's stream has {len(ranks)} rollout ranks, this run {self.rollout.world_size}: "
                              "resume a streaming run on the same rollout layout")
-        self.rollout.call_each(RolloutWorker.stream_load, [(part,) for part in ranks])  # each rank its own
+        # each rank its own; a run saved after losing replicas has fewer: the ranks past them start empty
+        ranks = ranks + [None] * (self.rollout.world_size - len(ranks))
+        self.rollout.call_each(RolloutWorker.stream_load, [(part,) for part in ranks])
 
     def save(self, folder: Path) -> None:
         torch.save(self.state_dict(), folder / FILE)
@@ -199,11 +202,21 @@ class RolloutStream:
         self.counted += len(admit)
         for key, g in zip(keys, admit):
             self.groups[key] = g
-        # each rank its share; each row's samples seeded as ``generate`` seeds them (its batch's seed, its row there)
-        rows = Batch.concat([g.row for g in admit])
-        rows["stream_key"], rows["stream_seed"] = keys, [g.seed for g in admit]
-        rows["stream_index"] = [g.index for g in admit]
-        self.rollout.dp_split(RolloutWorker.stream_add, rows, self.sampling, self.recompute_kv)
+        self._queue(keys)
+
+    def _queue(self, keys: list[int]) -> None:
+        """Queue these admitted groups on the rollout: each replica a consecutive share (the first ones one more
+        when they do not divide), each row's samples seeded as ``generate`` seeds them (its batch's seed, its row
+        there)."""
+        rows = Batch.concat([self.groups[k].row for k in keys])
+        rows["stream_key"], rows["stream_seed"] = keys, [self.groups[k].seed for k in keys]
+        rows["stream_index"] = [self.groups[k].index for k in keys]
+        dp, cuts = self.rollout.dp_size, [0]
+        for i in range(dp):
+            cuts.append(cuts[-1] + len(keys) // dp + (i < len(keys) % dp))
+        shares = [(rows.index(slice(cuts[i], cuts[i + 1])), self.sampling, self.recompute_kv) for i in range(dp)]
+        self.rollout.call_each(RolloutWorker.stream_add, [shares[r // self.rollout.mp_size]
+                                                          for r in range(self.rollout.world_size)])
 
     def _advance(self, steps: int) -> None:
         """``steps`` decode steps on every rollout rank; the groups that started and finished recorded."""
@@ -217,6 +230,21 @@ class RolloutStream:
             for key in dict.fromkeys(keys):
                 if key in self.groups:
                     self.groups[key].samples = finished.index([b for b, k in enumerate(keys) if k == key])
+        if getattr(self.rollout, "replicas_lost", 0) != self.lost_seen:  # a replica lost (core.replicas)
+            self.lost_seen = self.rollout.replicas_lost
+            self._requeue_lost()
+
+    def _requeue_lost(self) -> None:
+        """After a rollout replica was lost (``core.replicas``): the groups it held, queued or in flight, start again
+        on the replicas left -- from their first token, at the current version, with their own seeds."""
+        held = {k for keys in self.rollout.call_all(RolloutWorker.stream_keys) for k in keys}
+        lost = [k for k, g in self.groups.items() if g.samples is None and k not in held]
+        if not lost:
+            return
+        for k in lost:
+            self.groups[k].oldest = None
+        self._queue(lost)
+        self.rollout.requeued += len(lost)
 
     def _samples(self, key: int) -> Batch:
         """A taken group's samples with its row's columns (each prompt group's ``uid`` is its key)."""

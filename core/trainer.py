@@ -26,6 +26,7 @@ from core.one_step_off import RolloutAhead
 from core.streaming import RolloutStream
 from core.plan_report import dp_size, effective_sizes
 from core.protocol import Batch
+from core.replicas import RolloutReplicas
 from core.report import report
 from core.roles import role_specs
 from core.checkpoint import checkpoint_dir, find as find_checkpoint
@@ -86,6 +87,8 @@ def _fit(cfg: RunConfig, step_fn: Callable | None, given: reads.Given | None) ->
                 algo = replace(cfg.algo, sampling=replace(cfg.algo.sampling, seed=cfg.algo.sampling.seed + i))
                 _, metrics = run_step(roles, draw, algo, reward_fn, update_actor=i >= t.critic_warmup, kl_ctrl=kl_ctrl)
                 metrics = {"step": i + 1, **metrics}
+                if isinstance(roles.rollout, RolloutReplicas):
+                    metrics |= roles.rollout.metrics()
                 if val_prompts is not None and due(i + 1, t.test_freq, t.total_steps):
                     metrics |= held_out(cfg, roles, val_prompts, reward_fn, out, i + 1)
                 log.record(metrics)  # written before a stop below: nothing of the step is lost
@@ -221,7 +224,11 @@ def start_roles(cfg: RunConfig, trackers: list) -> tuple:
             init_ray(cfg.trainer.ray_address, env)
         placement = place(cfg.placement, role_specs(cfg), cfg.trainer.backend, cfg.trainer.call_timeout_s,
                           cfg.trainer.node_loss_timeout_s)
-        roles = Roles(actor=placement["actor"], rollout=placement["rollout"],
+        rollout, pools = placement["rollout"], cfg.placement.roles
+        if cfg.trainer.backend == "ray" and [r for r in role_specs(cfg) if pools[r] == pools["rollout"]] == ["rollout"]:
+            # on a pool of its own its replicas share nothing: one lost is dropped and its work goes to the others
+            rollout = RolloutReplicas(rollout, cfg.rollout.min_replicas, log=tqdm.write)
+        roles = Roles(actor=placement["actor"], rollout=rollout,
                       ref=placement["ref"] if "ref" in placement else None,
                       critic=placement["critic"] if "critic" in placement else None,
                       reward_model=placement["reward_model"] if "reward_model" in placement else None,

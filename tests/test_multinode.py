@@ -149,7 +149,9 @@ def test_two_nodes_give_the_metrics_of_one_node_and_split_placement_those_of_col
     assert colocated.returncode == 0, colocated.stderr[-3000:]
     s, c = (steady(read_metrics(tmp_path / d / "metrics.jsonl")) for d in ("split", "colocated"))
     assert all(s[k]["sync/megabytes"] > 0 for k in s)
-    drop = lambda m: {k: v for k, v in m.items() if not k.startswith("sync/")}  # bucket counts differ by design
+    # bucket counts differ by design; a rollout on a pool of its own counts replicas lost
+    drop = lambda m: {k: v for k, v in m.items() if not k.startswith(("sync/", "rollout/replicas_lost",
+                                                                      "rollout/groups_requeued"))}
     assert sorted(s) == [1, 2, 3] and {k: drop(v) for k, v in s.items()} == {k: drop(v) for k, v in c.items()}
     print(f"[multinode] {cluster.kind}: 2 nodes x 1 slot = 1 node x 2 slots on {len(a[3])} metrics x 3 steps; "
           f"split across nodes = colocated on {len(drop(s[3]))}; reward/mean {[a[i]['reward/mean'] for i in a]}")
@@ -216,6 +218,58 @@ def test_a_node_lost_mid_run_is_named_and_the_resumed_run_ends_as_the_uninterrup
     assert f"resumed from {out / 'checkpoints' / kept}" in resumed.stdout
     a, b = (steady(read_metrics(d / "metrics.jsonl")) for d in (tmp_path / "whole", out))
     assert sorted(b) == list(range(1, 9)) and b[8] == a[8] and b == a
+
+
+def test_a_node_lost_with_a_rollout_replica_on_it_and_the_run_ends_with_the_uninterrupted_metrics(cluster, tmp_path,
+                                                                                                   tiny_model_dir):
+    """3 nodes: the actor on one, 2 rollout replicas on the other two. A node with a rollout replica (not the head,
+    not the actor's) is stopped after step 1: the driver names the lost replica, its rows go to the other one, the
+    run ends; its metrics are the uninterrupted run's (the same samples and rewards; the rollout's own log-probs to
+    their last bits, ``tests/test_rollout_replicas.py``)."""
+    import subprocess
+    import time
+
+    if cluster.kind != "namespaces":
+        pytest.skip("needs a node that can be stopped on its own (network namespaces)")
+    conf = write_run(tmp_path, tiny_model_dir, total_steps=5, save_freq=0, backend="ray")
+    place = ("placement.pools.main={nnodes: 1, slots_per_node: 1, cpus_per_slot: 1}",
+             "placement.pools.gen={nnodes: 2, slots_per_node: 1, cpus_per_slot: 1}",
+             "placement.roles={actor: main, rollout: gen}")
+    cluster.start_node(2)
+    try:
+        whole = train(cluster, conf, tmp_path / "whole", *place)
+        assert whole.returncode == 0, whole.stderr[-3000:]
+        out = tmp_path / "lost"
+        args = [sys.executable, "-m", "core.run", "--config-dir", str(conf), f"trainer.output_dir={out}", *place]
+        log = open(tmp_path / "driver.log", "w")
+        driver = subprocess.Popen(cluster.command(args), cwd=ROOT, env=cluster.env | {"RAY_ADDRESS": cluster.address},
+                                  stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 240
+        while driver.poll() is None and time.time() < deadline and not (
+                (out / "metrics.jsonl").is_file() and '"step": 1' in (out / "metrics.jsonl").read_text()):
+            time.sleep(0.05)
+        text = (tmp_path / "driver.log").read_text()
+        where = text.split("placement: ", 1)[1].splitlines()[0]
+        actor_ip = re.search(r"pool main \(actor\): (\S+) ranks", where).group(1)
+        rollout = dict(re.findall(r"(\d+\.\d+\.\d+\.\d+) ranks \[(\d)\]", where.split("pool gen", 1)[1]))
+        node = next(i for i in (1, 2) if cluster.ips[i] in rollout and cluster.ips[i] != actor_ip)
+        cluster.stop_node(node)
+        assert driver.wait(timeout=180) == 0, (tmp_path / "driver.log").read_text()[-3000:]
+        log.close()
+        text = (tmp_path / "driver.log").read_text()
+        rank = rollout[cluster.ips[node]]
+        said = re.search(rf"rollout replica {rank} \(rank {rank}\) lost in .*", text)
+        assert said and f"on node {cluster.ips[node]}" in said.group(0), text[-3000:]
+        a, b = (steady(read_metrics(d / "metrics.jsonl")) for d in (tmp_path / "whole", out))
+        assert sorted(b) == [1, 2, 3, 4, 5] and b[5]["rollout/replicas_lost"] == 1
+        same = ("reward/", "response_length/", "actor/", "critic/")
+        assert all({k: v for k, v in b[s].items() if k.startswith(same)}
+                   == {k: v for k, v in a[s].items() if k.startswith(same)} for s in a)
+        print(f"[multinode] node {cluster.ips[node]} with rollout rank {rank} lost after step 1: {said.group(0)[:300]}")
+    finally:
+        cluster.stop_node(2)
+        if 1 not in cluster.procs:
+            cluster.start_node(1)
 
 
 def test_a_node_local_output_dir_stops_the_run_before_step_one_naming_the_rank(cluster, tmp_path, tiny_model_dir):

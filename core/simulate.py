@@ -1,0 +1,281 @@
+"""Step-time simulator: an RL run's step time, tokens/s per GPU and GPU idle time for ``sync``, ``one_step_off`` and
+``streaming``, colocated or split, at any GPU count -- predicted from per-phase costs (``Costs``: a calibration the
+bench measures on the machine at hand, or a table for the user's hardware) and a response-length distribution.
+
+Event-driven where it matters (the long tail): each rollout replica is simulated decode step by decode step with
+continuous batching -- up to ``slots`` sequences at once, a decode step of b sequences costing
+``decode_base_s + decode_per_seq_s * b + decode_per_ctx_s * (their context tokens)``, a sequence admitted when a
+slot frees (its prompt prefilled at ``prefill_tok_s``) -- so a batch whose last samples are long ends with a few
+sequences decoding at a batch size that wastes the replica. The trainer's phases are throughput-bound: tokens /
+(``*_tok_s`` x training ranks x ``scaling``).
+
+    sync          generate (all replicas) -> reward -> old log-probs, reference -> update -> sync weights
+    one_step_off  the next batch generates during this step's training (split placement): step = max(gen, train) + sync
+    streaming     the rollout decodes continuously, admitting groups up to (v + s + 1) x B; the trainer takes the B
+                  first finished groups; a sync pauses the rollout and re-prefills the sequences in flight
+                  (``partial_kv: recompute``); colocated: time-sliced, the rollout decodes only while the trainer waits
+
+What it leaves out, stated: data-parallel training scales by ``Costs.scaling`` (one number, not a network model);
+replicas are alike (no stragglers but the long tail); rewards cost a fixed ``reward_s`` per batch; weight sync is
+``sync_base_s + model bytes / sync_gb_s``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import dataclass, field
+
+MODES = ("sync", "one_step_off", "streaming")
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What one machine kind costs per phase (a rollout replica, a training rank)."""
+    decode_base_s: float            # a decode step's fixed part (weights read once per step)
+    decode_per_seq_s: float         # ... per sequence in the step
+    prefill_tok_s: float            # prompt (or re-prefill) tokens per second, one replica
+    forward_tok_s: float            # training forward tokens/s, one rank (old log-probs, reference)
+    update_tok_s: float             # forward + backward + optimizer tokens/s, one rank
+    decode_per_ctx_s: float = 0.0   # ... per context token of the sequences in the step (reading the KV cache)
+    sync_base_s: float = 0.0        # a weight sync's fixed part
+    sync_gb_s: float = 1.0          # its bandwidth, GB/s
+    reward_s: float = 0.0           # scoring one batch
+    scaling: float = 1.0            # data-parallel efficiency of the training ranks (1: linear)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One step's work: B prompt groups of n samples, prompts of ``prompt_tokens``, responses whose lengths are
+    drawn from ``lengths`` (an empirical sample: a run's, or the user's guess)."""
+    prompts_per_step: int
+    n: int
+    prompt_tokens: int
+    lengths: tuple[int, ...]
+    model_gb: float = 0.0           # weights sent per sync
+    reference: bool = True          # a reference forward each step
+    ppo_epochs: int = 1
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where it runs: ``train_gpus`` training ranks; ``replicas`` rollout replicas of ``gpus_per_replica`` each, on
+    GPUs of their own (split) or on the training GPUs (colocated); ``slots`` sequences per replica at once."""
+    train_gpus: int
+    replicas: int
+    gpus_per_replica: int = 1
+    colocated: bool = False
+    slots: int = 64
+
+    @property
+    def gpus(self) -> int:
+        return self.train_gpus if self.colocated else self.train_gpus + self.replicas * self.gpus_per_replica
+
+
+@dataclass
+class Prediction:
+    step_s: float
+    samples_per_s: float
+    tokens_per_s_per_gpu: float     # response tokens generated and trained, per second, per GPU
+    rollout_idle: float             # share of the step the rollout GPUs wait
+    train_idle: float               # ... the training GPUs wait
+    phases: dict[str, float] = field(default_factory=dict)  # mean seconds per step: gen, train, sync, gen_wait
+
+
+class Replica:
+    """One rollout replica decoding with continuous batching; time advances one decode step at a time."""
+
+    def __init__(self, costs: Costs, slots: int, prompt_tokens: int):
+        self.c, self.slots, self.prompt = costs, slots, prompt_tokens
+        self.queue: list[tuple[int, int]] = []       # (group, length) not yet started
+        self.live: list[list[int]] = []              # [group, tokens left, context tokens]
+        self.t = 0.0
+
+    def busy(self) -> bool:
+        return bool(self.queue or self.live)
+
+    def step(self) -> list[int]:
+        """Admit what fits, one decode step; the groups of the sequences that finished."""
+        while self.queue and len(self.live) < self.slots:
+            group, length = self.queue.pop(0)
+            self.t += self.prompt / self.c.prefill_tok_s
+            self.live.append([group, length, self.prompt])
+        if not self.live:
+            return []
+        ctx = sum(s[2] for s in self.live)
+        self.t += self.c.decode_base_s + self.c.decode_per_seq_s * len(self.live) + self.c.decode_per_ctx_s * ctx
+        done = []
+        for s in self.live:
+            s[1] -= 1
+            s[2] += 1
+            if s[1] <= 0:
+                done.append(s[0])
+        self.live = [s for s in self.live if s[1] > 0]
+        return done
+
+    def reprefill(self) -> None:
+        """A weight update landed: the sequences in flight recompute their KV (partial_kv: recompute)."""
+        self.t += sum(s[2] for s in self.live) / self.c.prefill_tok_s
+
+
+def train_s(costs: Costs, work: Workload, layout: Layout, response_tokens: float) -> float:
+    """Old log-probs (+ reference) forwards and the update, throughput-bound over the training ranks."""
+    tokens = work.prompts_per_step * work.n * work.prompt_tokens + response_tokens
+    ranks = layout.train_gpus * costs.scaling
+    forwards = 1 + work.reference
+    return tokens * (forwards / costs.forward_tok_s + work.ppo_epochs / costs.update_tok_s) / ranks
+
+
+def sync_s(costs: Costs, work: Workload) -> float:
+    return costs.sync_base_s + work.model_gb / costs.sync_gb_s
+
+
+def simulate(costs: Costs, work: Workload, layout: Layout, mode: str = "sync", steps: int = 20,
+             max_staleness: int = 1, seed: int = 0) -> Prediction:
+    """Predicted mean step of ``steps`` (the first left out: it starts cold in every mode)."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
+    if mode == "one_step_off" and layout.colocated:
+        raise ValueError("one_step_off generates during training: it needs the rollout on GPUs of its own")
+    rng = random.Random(seed)
+    draw = lambda: rng.choice(work.lengths)  # noqa: E731
+    reps = [Replica(costs, layout.slots, work.prompt_tokens) for _ in range(layout.replicas)]
+    run = _streaming if mode == "streaming" else _batched
+    ends, gen_busy, phases = run(costs, work, layout, reps, draw, steps + 1, mode, max_staleness)
+    span = ends[-1] - ends[0]
+    step = span / steps
+    samples = work.prompts_per_step * work.n
+    mean_len = sum(work.lengths) / len(work.lengths)
+    train = phases["train"] / steps
+    return Prediction(step_s=step, samples_per_s=samples / step,
+                      tokens_per_s_per_gpu=samples * mean_len / step / layout.gpus,
+                      rollout_idle=max(0.0, 1 - gen_busy / (layout.replicas * ends[-1])) if not layout.colocated
+                      else 0.0,
+                      train_idle=max(0.0, 1 - train / step),
+                      phases={k: v / steps for k, v in phases.items()})
+
+
+def _generate(reps: list[Replica], groups: list[tuple[int, list[int]]], start: float) -> tuple[float, float]:
+    """Every group's samples over the replicas (a group's n samples on one, groups dealt in turn), all from
+    ``start``: when the last sample ends, and the replicas' busy seconds."""
+    for r in reps:
+        r.t, r.queue, r.live = start, [], []
+    for i, (g, lengths) in enumerate(groups):
+        reps[i % len(reps)].queue += [(g, length) for length in lengths]
+    for r in reps:
+        while r.busy():
+            r.step()
+    return max(r.t for r in reps), sum(r.t - start for r in reps)
+
+
+def _batched(costs, work, layout, reps, draw, steps, mode, _s):
+    """sync and one_step_off: whole batches, one at a time (one_step_off: the next during this one's training)."""
+    B, n = work.prompts_per_step, work.n
+    t, ends, busy = 0.0, [], 0.0
+    phases = {"gen": 0.0, "train": 0.0, "sync": 0.0, "gen_wait": 0.0}
+    ahead = None  # one_step_off: (batch lengths, when its generation ends)
+    for k in range(steps):
+        if ahead is None:
+            batch = [[draw() for _ in range(n)] for _ in range(B)]
+            done, used = _generate(reps, list(enumerate(batch)), t)
+            busy += used
+            phases["gen"] += done - t
+            t = done
+        else:
+            batch, done = ahead
+            phases["gen_wait"] += max(0.0, done - t)
+            t = max(t, done)
+        tokens = sum(map(sum, batch))
+        if mode == "one_step_off":  # the next batch generates now, with the weights before this update
+            nxt = [[draw() for _ in range(n)] for _ in range(B)]
+            end, used = _generate(reps, list(enumerate(nxt)), t)
+            busy += used
+            ahead = (nxt, end)
+        tr = costs.reward_s + train_s(costs, work, layout, tokens)
+        t += tr
+        phases["train"] += tr
+        sy = sync_s(costs, work)
+        t += sy
+        phases["sync"] += sy
+        ends.append(t)
+        if k == 0:  # the first step starts cold: left out of the means
+            phases = dict.fromkeys(phases, 0.0)
+    return ends, busy, phases
+
+
+def _streaming(costs, work, layout, reps, draw, steps, _mode, s):
+    """The rollout decodes continuously; the trainer takes the B first finished groups (admission bound
+    (v + s + 1) x B); each sync pauses the rollout and re-prefills what is in flight. Colocated: the rollout
+    decodes only while the trainer waits for its batch."""
+    B, n = work.prompts_per_step, work.n
+    left: dict[int, int] = {}           # group -> samples not finished
+    finished: list[tuple[float, int]] = []  # (when, group) of the groups ready
+    admitted = taken = v = 0
+    t, ends, busy = 0.0, [], 0.0
+    phases = {"gen": 0.0, "train": 0.0, "sync": 0.0, "gen_wait": 0.0}
+    lengths: dict[int, list[int]] = {}
+    for r in reps:
+        r.t = 0.0
+
+    def admit(limit: int) -> None:
+        nonlocal admitted
+        while admitted < limit:
+            g = admitted
+            lengths[g] = [draw() for _ in range(n)]
+            left[g] = n
+            min(reps, key=lambda r: len(r.queue) + len(r.live)).queue += [(g, x) for x in lengths[g]]
+            admitted += 1
+
+    def decode_until(t_end: float | None) -> None:
+        """Step the replicas (earliest first) until each passes ``t_end``, or (None) until B groups are ready."""
+        nonlocal busy
+        heap = [(r.t, i) for i, r in enumerate(reps)]
+        heapq.heapify(heap)
+        while heap:
+            rt, i = heapq.heappop(heap)
+            r = reps[i]
+            if (t_end is not None and rt >= t_end) or (t_end is None and len(finished) >= B) or not r.busy():
+                if not r.busy() and t_end is not None:
+                    r.t = max(r.t, t_end)  # idle until then
+                continue
+            before = r.t
+            for g in r.step():
+                left[g] -= 1
+                if left[g] == 0:
+                    finished.append((r.t, g))
+            busy += r.t - before
+            heapq.heappush(heap, (r.t, i))
+
+    for k in range(steps):
+        admit((v + s + 1) * B)                         # the bound: what steps up to v + s + 1 take
+        start = t
+        for r in reps:
+            r.t = max(r.t, t)
+        decode_until(None)                             # the take waits for B finished groups
+        if len(finished) < B:
+            raise RuntimeError("the stream stalled")
+        finished.sort()
+        batch = finished[:B]
+        del finished[:B]
+        t = max(t, batch[-1][0])                       # when the B-th group finished
+        phases["gen_wait"] += t - start
+        taken += B
+        tokens = sum(sum(lengths.pop(g)) for _, g in batch)
+        tr = costs.reward_s + train_s(costs, work, layout, tokens)
+        if not layout.colocated:                       # the rollout decodes during the trainer's phases
+            decode_until(t + tr)
+        t += tr
+        phases["train"] += tr
+        sy = sync_s(costs, work)
+        t += sy
+        phases["sync"] += sy
+        v += 1
+        for r in reps:                                 # the update lands between two decode steps
+            r.t = max(r.t, t)
+            r.reprefill()
+        ends.append(t)
+        if k == 0:
+            phases = dict.fromkeys(phases, 0.0)
+    phases["gen"] = phases["gen_wait"]
+    return ends, busy, phases
+

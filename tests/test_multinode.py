@@ -250,7 +250,7 @@ def test_a_node_lost_with_a_rollout_replica_on_it_and_the_run_ends_with_the_unin
             time.sleep(0.05)
         text = (tmp_path / "driver.log").read_text()
         where = text.split("placement: ", 1)[1].splitlines()[0]
-        actor_ip = re.search(r"pool main \(actor\): (\S+) ranks", where).group(1)
+        actor_ip = re.search(r"pool main \([^)]*\): (\S+) ranks", where).group(1)
         rollout = dict(re.findall(r"(\d+\.\d+\.\d+\.\d+) ranks \[(\d)\]", where.split("pool gen", 1)[1]))
         node = next(i for i in (1, 2) if cluster.ips[i] in rollout and cluster.ips[i] != actor_ip)
         cluster.stop_node(node)

@@ -154,6 +154,12 @@ def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
     p.add_argument("--dry-run", action="store_true",
                    help="validate the config, print the effective batch sizes and the capacity plan (core.planner); "
                         "start nothing; exit 1 when the plan does not fit")
+    p.add_argument("--time", metavar="HARDWARE",
+                   help="with --dry-run (hybridrl plan): predict the step time of sync, one_step_off and streaming on "
+                        "HARDWARE -- h100, h200, a100 (data sheets, core.time_plan) or a yaml of measured costs")
+    p.add_argument("--lengths", metavar="SPEC",
+                   help="with --time: the response lengths, lognormal:median=M,sigma=S or a file of one length per "
+                        "line (default: lognormal, median an eighth of algo.sampling.max_new_tokens, sigma 1)")
     p.add_argument("--cfg", choices=["job", "hydra", "all"],
                    help="Hydra's flag: print the run's resolved config (every default filled in) and exit")
     p.add_argument("--info", action="store_true", help="Hydra's flag: where the config comes from, and exit")
@@ -166,6 +172,9 @@ def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
                         "(repeatable); default: each dataset's own (`python <recipe>/data.py --help`)")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.total_steps=5 actor.optim.lr=1e-5")
     a = p.parse_intermixed_args(argv)
+    if (a.time or a.lengths) and not a.dry_run:
+        raise ConfigError("--time and --lengths predict a run's step time: with --dry-run (hybridrl plan <recipe> "
+                          "--time h100), not with a run")
     if a.multirun:
         raise ConfigError("--multirun: a sweep is one `hybridrl train` per setting here (each run owns its Ray "
                           "cluster and output_dir); loop over them in the shell or submit each as a job")
@@ -199,6 +208,10 @@ def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
               + effective_sizes(cfg, dp))
         text, fits = plan_run(cfg)
         print(text)
+        if a.time:  # the step time too (core.time_plan): the three async modes on the config's placement
+            from core.time_plan import time_report
+
+            print("\n" + time_report(cfg, a.time, a.lengths or ""))
         return 0 if fits else 1
     reads.label(cfg)  # from here to the end of the first step, every key read is recorded (core.config.reads)
     for name, section in extra.items():

@@ -2,8 +2,8 @@
 ``streaming``, colocated or split, at any GPU count -- predicted from per-phase costs (``Costs``: a calibration the
 bench measures on the machine at hand, or a table for the user's hardware) and a response-length distribution.
 
-Event-driven where it matters (the long tail): each rollout replica is simulated decode step by decode step with
-continuous batching -- up to ``slots`` sequences at once, a decode step of b sequences costing
+Event-driven where it matters (the long tail): each rollout replica is simulated with continuous batching (from one
+sequence's end to the next, k decode steps at a time) -- up to ``slots`` sequences at once, a decode step of b sequences costing
 ``decode_base_s + decode_per_seq_s * b + decode_per_ctx_s * (their context tokens)``, a sequence admitted when a
 slot frees (its prompt prefilled at ``prefill_tok_s``) -- so a batch whose last samples are long ends with a few
 sequences decoding at a batch size that wastes the replica. The trainer's phases are throughput-bound: tokens /
@@ -23,7 +23,9 @@ replicas are alike (no stragglers but the long tail); rewards cost a fixed ``rew
 from __future__ import annotations
 
 import heapq
+import math
 import random
+from collections import deque
 from dataclasses import dataclass, field
 
 MODES = ("sync", "one_step_off", "streaming")
@@ -83,39 +85,59 @@ class Prediction:
 
 
 class Replica:
-    """One rollout replica decoding with continuous batching; time advances one decode step at a time."""
+    """One rollout replica decoding with continuous batching. The sequences in flight are a heap by the decode step
+    they end at, so time jumps from one sequence's end to the next (the batch is the same in between): k steps of b
+    sequences whose contexts grow by b tokens a step."""
 
     def __init__(self, costs: Costs, slots: int, prompt_tokens: int):
         self.c, self.slots, self.prompt = costs, slots, prompt_tokens
-        self.queue: list[tuple[int, int]] = []       # (group, length) not yet started
-        self.live: list[list[int]] = []              # [group, tokens left, context tokens]
         self.t = 0.0
+        self.reset()
+
+    def reset(self) -> None:
+        self.queue: deque[tuple[int, int]] = deque()   # (group, length) not yet started
+        self.live: list[tuple[int, int, int, int]] = []  # heap of (end step, id, group, start step)
+        self.steps = self.ids = self.starts = 0          # decode steps so far; sequences started; sum of live starts
 
     def busy(self) -> bool:
         return bool(self.queue or self.live)
 
-    def step(self) -> list[int]:
-        """Admit what fits, one decode step; the groups of the sequences that finished."""
+    def load(self) -> int:
+        return len(self.queue) + len(self.live)
+
+    def context(self) -> int:
+        """The live sequences' context tokens: each its prompt and the tokens it has drawn."""
+        b = len(self.live)
+        return b * (self.prompt + self.steps) - self.starts
+
+    def step(self, until: float | None = None) -> list[int]:
+        """Admit what fits, then decode until the next sequence ends, or fewer steps when the clock would pass
+        ``until``; the groups of the sequences that finished."""
         while self.queue and len(self.live) < self.slots:
-            group, length = self.queue.pop(0)
+            group, length = self.queue.popleft()
             self.t += self.prompt / self.c.prefill_tok_s
-            self.live.append([group, length, self.prompt])
+            heapq.heappush(self.live, (self.steps + length, self.ids, group, self.steps))
+            self.ids += 1
+            self.starts += self.steps
         if not self.live:
             return []
-        ctx = sum(s[2] for s in self.live)
-        self.t += self.c.decode_base_s + self.c.decode_per_seq_s * len(self.live) + self.c.decode_per_ctx_s * ctx
+        b, ctx = len(self.live), self.context()
+        per_step = self.c.decode_base_s + self.c.decode_per_seq_s * b
+        k = self.live[0][0] - self.steps
+        if until is not None and until > self.t:
+            k = max(1, min(k, math.ceil((until - self.t) / (per_step + self.c.decode_per_ctx_s * ctx))))
+        self.t += k * per_step + self.c.decode_per_ctx_s * (k * ctx + b * k * (k - 1) / 2)
+        self.steps += k
         done = []
-        for s in self.live:
-            s[1] -= 1
-            s[2] += 1
-            if s[1] <= 0:
-                done.append(s[0])
-        self.live = [s for s in self.live if s[1] > 0]
+        while self.live and self.live[0][0] <= self.steps:
+            _, _, group, start = heapq.heappop(self.live)
+            self.starts -= start
+            done.append(group)
         return done
 
     def reprefill(self) -> None:
         """A weight update landed: the sequences in flight recompute their KV (partial_kv: recompute)."""
-        self.t += sum(s[2] for s in self.live) / self.c.prefill_tok_s
+        self.t += self.context() / self.c.prefill_tok_s
 
 
 def train_s(costs: Costs, work: Workload, layout: Layout, response_tokens: float) -> float:
@@ -159,9 +181,10 @@ def _generate(reps: list[Replica], groups: list[tuple[int, list[int]]], start: f
     """Every group's samples over the replicas (a group's n samples on one, groups dealt in turn), all from
     ``start``: when the last sample ends, and the replicas' busy seconds."""
     for r in reps:
-        r.t, r.queue, r.live = start, [], []
+        r.t = start
+        r.reset()
     for i, (g, lengths) in enumerate(groups):
-        reps[i % len(reps)].queue += [(g, length) for length in lengths]
+        reps[i % len(reps)].queue.extend((g, length) for length in lengths)
     for r in reps:
         while r.busy():
             r.step()
@@ -223,7 +246,7 @@ def _streaming(costs, work, layout, reps, draw, steps, _mode, s):
             g = admitted
             lengths[g] = [draw() for _ in range(n)]
             left[g] = n
-            min(reps, key=lambda r: len(r.queue) + len(r.live)).queue += [(g, x) for x in lengths[g]]
+            min(reps, key=Replica.load).queue.extend((g, x) for x in lengths[g])
             admitted += 1
 
     def decode_until(t_end: float | None) -> None:
@@ -239,7 +262,8 @@ def _streaming(costs, work, layout, reps, draw, steps, _mode, s):
                     r.t = max(r.t, t_end)  # idle until then
                 continue
             before = r.t
-            for g in r.step():
+            # no further than the next replica's clock: groups finish in time order
+            for g in r.step(t_end if t_end is not None else (heap[0][0] if heap else None)):
                 left[g] -= 1
                 if left[g] == 0:
                     finished.append((r.t, g))

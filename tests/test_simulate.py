@@ -56,9 +56,51 @@ def test_with_a_long_tail_streaming_beats_one_step_off_which_beats_sync():
                          for m, s in (("sync", 1), ("one_step_off", 1), ("streaming", 1), ("streaming", 2)))
     assert sync.step_s > off.step_s > s1.step_s > s2.step_s
     assert off.step_s == pytest.approx(off.phases["train"] + off.phases["sync"] + off.phases["gen_wait"])
-    assert off.phases["gen_wait"] > 1.0 > s1.phases["gen_wait"]          # the tail held one step off, not streaming
+    assert off.phases["gen_wait"] > 2 * s1.phases["gen_wait"]             # the tail holds one step off, not streaming
     assert s1.train_idle < off.train_idle
     # without a tail (every sample 58 tokens, the same mean) one step off is as fast as streaming
     flat = Workload(prompts_per_step=8, n=4, prompt_tokens=50, lengths=(58,), model_gb=1.0)
     assert simulate(FAST_TRAIN, flat, layout, "one_step_off", steps=30).step_s == pytest.approx(
         simulate(FAST_TRAIN, flat, layout, "streaming", steps=30).step_s, rel=0.05)
+
+
+def test_costs_from_a_data_sheet_by_hand():
+    """H100 numbers for a made-up model of 1e9 parameters, 10 layers, 2 KV heads of 64: a decode step reads 2 GB of
+    weights at 0.6 x 3350 GB/s, 2 x 10 x 2 x 64 x 2 = 5120 bytes of KV per context token; prefill 0.5 x 989 TFLOP/s
+    over 2e9 FLOPs a token; training 0.4 x 989 over 2e9 (forward) and 8e9 (update)."""
+    from core.model_shapes import ModelShape
+    from core.time_plan import HARDWARE, costs_for
+
+    shape = ModelShape(params=1e9, layers=10, hidden=128, intermediate=256, heads=2, kv_heads=2, vocab=1000)
+    c = costs_for(HARDWARE["h100"], shape)
+    assert c.decode_base_s == pytest.approx(2e9 / (0.6 * 3350e9))
+    assert c.decode_per_ctx_s == pytest.approx(5120 / (0.6 * 3350e9))
+    assert c.prefill_tok_s == pytest.approx(0.5 * 989e12 / 2e9) and c.decode_per_seq_s == pytest.approx(1 / c.prefill_tok_s)
+    assert c.forward_tok_s == pytest.approx(0.4 * 989e12 / 2e9) and c.update_tok_s == pytest.approx(0.4 * 989e12 / 8e9)
+    two = costs_for(HARDWARE["h100"], shape, tp=2)                 # a replica of 2 GPUs: twice the bandwidth
+    assert two.decode_base_s == pytest.approx(c.decode_base_s / 2) and two.forward_tok_s == c.forward_tok_s
+
+
+def test_response_lengths_from_a_spec_or_a_file(tmp_path):
+    from core.config import ConfigError
+    from core.time_plan import lengths_from
+
+    got = lengths_from("lognormal:median=100,sigma=0.5", limit=150, count=2000)
+    assert max(got) == 150 and 90 < sorted(got)[1000] < 110          # clipped at the limit; the median
+    (tmp_path / "lengths.txt").write_text("5 7\n900\n")
+    assert lengths_from(str(tmp_path / "lengths.txt"), limit=100) == (5, 7, 100)
+    with pytest.raises(ConfigError, match="neither lognormal"):
+        lengths_from("uniform:1,2", limit=10)
+
+
+def test_hybridrl_plan_time_prints_the_three_modes_for_the_configs_placement(capsys):
+    from core.cli import main
+
+    assert main(["plan", "grpo", "--time", "h100", "--lengths", "lognormal:median=40,sigma=1",
+                 "trainer.total_steps=2"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| colocated") or line.startswith("| split")]
+    assert [r.split(" | ")[1] for r in rows] == ["sync", "streaming", "sync", "one_step_off", "streaming"]
+    assert "step time on h100 (H100 SXM5" in out and "responses mean" in out
+    assert main(["train", "grpo", "--time", "h100"]) == 2         # a prediction, not a run: one line, exit 2
+    assert "--time and --lengths predict a run's step time" in capsys.readouterr().err

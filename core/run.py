@@ -158,8 +158,9 @@ def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
                    help="with --dry-run (hybridrl plan): predict the step time of sync, one_step_off and streaming on "
                         "HARDWARE -- h100, h200, a100 (data sheets, core.time_plan) or a yaml of measured costs")
     p.add_argument("--lengths", metavar="SPEC",
-                   help="with --time: the response lengths, lognormal:median=M,sigma=S or a file of one length per "
-                        "line (default: lognormal, median an eighth of algo.sampling.max_new_tokens, sigma 1)")
+                   help="with --time: the response lengths, lognormal:median=M,sigma=S, a file of one length per "
+                        "line, or a run's output folder (its lengths.jsonl) (default: lognormal, median an eighth of "
+                        "algo.sampling.max_new_tokens, sigma 1)")
     p.add_argument("--cfg", choices=["job", "hydra", "all"],
                    help="Hydra's flag: print the run's resolved config (every default filled in) and exit")
     p.add_argument("--info", action="store_true", help="Hydra's flag: where the config comes from, and exit")

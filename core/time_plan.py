@@ -5,12 +5,13 @@ Costs come from a data sheet (``HARDWARE``: peak bf16 FLOP/s, memory bandwidth, 
 efficiencies assumed, stated in each entry) turned into per-phase costs for the config's model (``costs_for``), or
 from a yaml of ``core.simulate.Costs`` measured on the machine at hand (``bench/calibrate.py`` writes one).
 Response lengths: ``--lengths`` (a distribution: ``lognormal:median=4000,sigma=0.9``, clipped to the config's
-``algo.sampling.max_new_tokens``; or a file of one length per line, e.g. a run's), by default a lognormal whose
-median is an eighth of the limit.
+``algo.sampling.max_new_tokens``; a file of one length per line; or a run's output folder, whose ``lengths.jsonl``
+holds every step's), by default a lognormal whose median is an eighth of the limit.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from dataclasses import dataclass, fields
@@ -81,8 +82,14 @@ def lengths_from(spec: str, limit: int, count: int = 4000, seed: int = 0) -> tup
         rng = random.Random(seed)
         return tuple(min(limit, max(1, round(rng.lognormvariate(math.log(median), sigma)))) for _ in range(count))
     path = Path(spec)
+    if path.is_dir():  # a run's output folder: its lengths.jsonl
+        path = path / "lengths.jsonl"
     if not path.is_file():
-        raise ConfigError(f"--lengths {spec!r}: neither lognormal:median=M,sigma=S nor a file of lengths")
+        raise ConfigError(f"--lengths {spec!r}: neither lognormal:median=M,sigma=S, a file of lengths nor a run's "
+                          "output folder (its lengths.jsonl)")
+    if path.suffix == ".jsonl":  # a run's: every step's samples, the later line of a step logged twice
+        steps = {row["step"]: row["response_lengths"] for row in map(json.loads, path.read_text().splitlines())}
+        return tuple(min(limit, int(x)) for s in sorted(steps) for x in steps[s])
     out = tuple(min(limit, int(x)) for x in path.read_text().split())
     if not out:
         raise ConfigError(f"--lengths {spec}: no lengths in the file")

@@ -85,7 +85,9 @@ def _fit(cfg: RunConfig, step_fn: Callable | None, given: reads.Given | None) ->
             for i in range(start, t.total_steps):
                 # a fresh sampling seed each step: the same seed would replay the same uniforms every step
                 algo = replace(cfg.algo, sampling=replace(cfg.algo.sampling, seed=cfg.algo.sampling.seed + i))
-                _, metrics = run_step(roles, draw, algo, reward_fn, update_actor=i >= t.critic_warmup, kl_ctrl=kl_ctrl)
+                batch, metrics = run_step(roles, draw, algo, reward_fn, update_actor=i >= t.critic_warmup,
+                                          kl_ctrl=kl_ctrl)
+                log_lengths(out / LENGTHS, i + 1, batch, fresh=i == start == 0)
                 metrics = {"step": i + 1, **metrics}
                 if isinstance(roles.rollout, RolloutReplicas):
                     metrics |= roles.rollout.metrics()
@@ -121,6 +123,17 @@ def _fit(cfg: RunConfig, step_fn: Callable | None, given: reads.Given | None) ->
             tracker.close()
     print("summary:\n" + report(history, out / "curves.png"), flush=True)
     return history
+
+
+LENGTHS = "lengths.jsonl"  # every step's response lengths (for hybridrl plan --time --lengths)
+
+
+def log_lengths(path: Path, step_no: int, batch: Batch, fresh: bool) -> None:
+    """One line of the step's response lengths (model tokens): ``{"step": k, "response_lengths": [...]}``; a
+    fresh run starts the file anew, a resumed one appends (a step logged twice: the later line counts)."""
+    lengths = batch["response_mask"].sum(-1).long().tolist() if "response_mask" in batch else []
+    with path.open("w" if fresh else "a") as f:
+        f.write(json.dumps({"step": step_no, "response_lengths": lengths}) + "\n")
 
 
 def preempted_midstep(out: Path, signal_name: str, i: int | None, why: str) -> str:

@@ -1,6 +1,8 @@
 """The step-time simulator (``core.simulate``): hand-computed step times, the invariants between modes, and the
 long tail it exists to show."""
 
+import json
+
 import pytest
 
 from core.simulate import Costs, Layout, Workload, simulate
@@ -104,3 +106,16 @@ def test_hybridrl_plan_time_prints_the_three_modes_for_the_configs_placement(cap
     assert "step time on h100 (H100 SXM5" in out and "responses mean" in out
     assert main(["train", "grpo", "--time", "h100"]) == 2         # a prediction, not a run: one line, exit 2
     assert "--time and --lengths predict a run's step time" in capsys.readouterr().err
+
+
+def test_a_run_logs_each_steps_response_lengths_which_plan_time_reads(tmp_path, tiny_model_dir):
+    from core.time_plan import lengths_from
+    from tests.test_checkpoint import fit_run, write_run
+
+    conf = write_run(tmp_path, tiny_model_dir, total_steps=2, save_freq=0)
+    metrics = fit_run(conf, tmp_path / "run")
+    rows = [json.loads(line) for line in (tmp_path / "run" / "lengths.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(len(r["response_lengths"]) == 8 for r in rows)  # 2 x n=4
+    assert [sum(r["response_lengths"]) / 8 for r in rows] == pytest.approx(
+        [metrics[s]["response_length/mean"] for s in (1, 2)])
+    assert lengths_from(str(tmp_path / "run"), limit=6) == tuple(x for r in rows for x in r["response_lengths"])

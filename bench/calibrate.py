@@ -1,0 +1,123 @@
+"""Calibrate the step-time simulator (``core.simulate``) on one measured run, then predict others measured
+independently and report the error -- the check that ``hybridrl plan --time`` is not circular.
+
+A: the CPU GRPO recipe (responses up to 256 tokens), rollout on a pool of its own, ``sync``: its phase times give the
+costs -- a decode step's fixed and per-sequence parts and the prefill (least squares over its steps' generation
+times against each step's longest response and total response tokens, from ``lengths.jsonl``), the training
+forward and update tokens/s, the sync and reward times. B, C, D: the same recipe one step off, streaming, and
+colocated on 2 ranks (``sync``), each predicted from A's costs and its own response lengths (an input, as a user
+gives ``--lengths``), against its measured seconds per step (steps 2 on).
+
+    PYTHONPATH=. python -m bench.calibrate              # the four runs (about 12 min on 2 cores), then the table
+    PYTHONPATH=. python -m bench.calibrate --no-run     # the table from the runs already in --out
+
+Writes ``bench/results/costs.yaml`` (A's costs, with the commit and machine kind) and prints the table. Not collected
+by pytest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from core.simulate import Costs, Layout, Workload, simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+SPLIT = ["placement.pools.main={nnodes: 1, slots_per_node: 1, device: cpu, cpus_per_slot: 1.0}",
+         "placement.pools.gen={nnodes: 1, slots_per_node: 1, device: cpu, cpus_per_slot: 1.0}",
+         "placement.roles={actor: main, ref: main, rollout: gen}"]
+RUNS = {"A_split_sync": [*SPLIT], "B_split_one_step_off": [*SPLIT, "trainer.async.mode=one_step_off"],
+        "C_split_streaming": [*SPLIT, "trainer.async.mode=streaming"], "D_colocated_sync": []}
+
+
+def train(name: str, out: Path, steps: int) -> None:
+    cmd = [sys.executable, "-m", "core.cli", "train", str(ROOT / "recipes/grpo"), "--config-name", "demo_cpu",
+           f"trainer.output_dir={out / name}", f"trainer.total_steps={steps}", "trainer.test_freq=0",
+           "algo.sampling.max_new_tokens=256", *RUNS[name]]
+    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+
+
+def measured(run: Path) -> tuple[dict, list[dict], dict[int, list[int]]]:
+    """The run's config, its steps from the second on, and each step's response lengths."""
+    cfg = json.loads((run / "config.json").read_text())
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r.get("step", 0) >= 2 and "timing_s/step" in r]
+    lengths = {r["step"]: r["response_lengths"] for r in map(json.loads, (run / "lengths.jsonl").read_text().splitlines())}
+    return cfg, rows, lengths
+
+
+def prompt_tokens(rows: list[dict], lengths: dict[int, list[int]]) -> float:
+    """Mean prompt tokens per sample: a step's tokens (throughput x time) less its response tokens."""
+    per = [(r["perf/throughput_tokens_per_s"] * r["timing_s/step"] - sum(lengths[r["step"]])) / len(lengths[r["step"]])
+           for r in rows]
+    return float(np.mean(per))
+
+
+def fit(run: Path) -> Costs:
+    """A's costs from its phase times (one rollout replica whose slots hold the whole batch: a step's generation
+    is its longest response's decode steps, each of every sequence still running, plus the prefills)."""
+    cfg, rows, lengths = measured(run)
+    P = prompt_tokens(rows, lengths)
+    X = np.array([[max(lengths[r["step"]]), sum(lengths[r["step"]]), 1.0] for r in rows])
+    y = np.array([r["timing_s/gen"] for r in rows])
+    (base, per_seq, fixed), *_ = np.linalg.lstsq(X, y, rcond=None)
+    samples = len(lengths[rows[0]["step"]])
+    tokens = [samples * P + sum(lengths[r["step"]]) for r in rows]
+    fwd = np.mean([t / r["timing_s/old_logprob"] for t, r in zip(tokens, rows)] +
+                  [t / r["timing_s/ref"] for t, r in zip(tokens, rows) if "timing_s/ref" in r])
+    upd = np.mean([t / r["timing_s/update_actor"] for t, r in zip(tokens, rows)])
+    return Costs(decode_base_s=float(max(base, 1e-6)), decode_per_seq_s=float(max(per_seq, 0.0)),
+                 prefill_tok_s=float(samples * P / fixed) if fixed > 0 else 1e9, forward_tok_s=float(fwd),
+                 update_tok_s=float(upd), sync_base_s=float(np.mean([r["timing_s/sync_weights"] for r in rows])),
+                 reward_s=float(np.mean([r["timing_s/reward"] for r in rows])))
+
+
+def predict(costs: Costs, run: Path) -> tuple[float, float]:
+    """(predicted, measured) seconds per step of ``run`` from ``costs`` and its own response lengths."""
+    cfg, rows, lengths = measured(run)
+    pools, roles = cfg["placement"]["pools"], cfg["placement"]["roles"]
+    size = lambda p: pools[p]["nnodes"] * pools[p]["slots_per_node"]  # noqa: E731
+    colocated = roles["rollout"] == roles["actor"]
+    layout = Layout(train_gpus=size(roles["actor"]), replicas=size(roles["rollout"]), colocated=colocated,
+                    slots=cfg["rollout"]["max_batch_size"])
+    s = cfg["algo"]["sampling"]
+    work = Workload(cfg["data"]["prompts_per_step"], s["n"], round(prompt_tokens(rows, lengths)),
+                    tuple(x for k in sorted(lengths) if k >= 2 for x in lengths[k]), reference="ref" in roles)
+    mode = cfg["trainer"]["async_"]
+    p = simulate(costs, work, layout, mode["mode"], steps=40, max_staleness=mode["max_staleness"])
+    return p.step_s, float(np.mean([r["timing_s/step"] for r in rows]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench_calibrate")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--no-run", action="store_true", help="use the runs already in --out")
+    a = ap.parse_args(argv)
+    from bench.regress import machine_kind
+
+    if not a.no_run:
+        for name in RUNS:
+            train(name, a.out, a.steps)
+    costs = fit(a.out / "A_split_sync")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    (ROOT / "bench" / "results").mkdir(exist_ok=True)
+    lines = [f"# A's costs (bench/calibrate.py), commit {commit.strip()}, machine kind {machine_kind()}"]
+    lines += [f"{k}: {v:.6g}" for k, v in asdict(costs).items()]
+    (ROOT / "bench" / "results" / "costs.yaml").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print("\n| run | predicted s / step | measured s / step | error |\n|---|---|---|---|")
+    for name in RUNS:
+        pred, meas = predict(costs, a.out / name)
+        print(f"| {name} | {pred:.2f} | {meas:.2f} | {100 * (pred - meas) / meas:+.0f}% |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,5 +1,5 @@
 """Rollout replicas that may be lost: the rollout role on a pool of its own, driven so that a replica whose process
-dies (killed, OOM, a node gone) costs its work, not the run.
+dies (killed, OOM, a node gone), or whose vLLM engine dies under it, costs its work, not the run.
 
 The rollout's data-parallel replicas (``tensor_parallel_size`` ranks each) share no collective: each holds the
 weights the controller sends it and samples its rows. ``RolloutReplicas`` has ``RoleGroup``'s dispatch calls; when
@@ -25,7 +25,10 @@ from typing import Any, Callable
 import torch
 
 from core.protocol import Batch
-from core.worker_group import Pending, RoleGroup, WorkerDiedError, _merge, _method_name
+from core.worker_group import Pending, RoleGroup, WorkerDiedError, WorkerError, _merge, _method_name
+
+# a rank alive whose engine is not: vLLM's engine-core process died (killed, out of memory); the rank is ended too
+ENGINE_LOST = ("EngineDeadError",)
 
 
 class RolloutReplicas:
@@ -73,8 +76,8 @@ class RolloutReplicas:
         for r, wait in waits.items():
             try:
                 out += wait()
-            except WorkerDiedError as e:
-                self._lose(r, e, rows=0)
+            except WorkerError as e:
+                self._lose(r, self._gone(e), rows=0)
         return out
 
     def call_rank0(self, method: Callable, *args, timeout_s: float | None = None, **kwargs) -> Any:
@@ -84,8 +87,8 @@ class RolloutReplicas:
             r = self._first_live()
             try:
                 return self._submit(r, name, [(args, kwargs)], timeout_s, ranks=[r * self.mp_size])()[0]
-            except WorkerDiedError as e:
-                self._lose(r, e, rows=0)
+            except WorkerError as e:
+                self._lose(r, self._gone(e), rows=0)
 
     def dp_split(self, method: Callable, batch: Batch, *args, **kwargs) -> Any:
         return self.dp_split_async(method, batch, *args, **kwargs)()
@@ -110,8 +113,8 @@ class RolloutReplicas:
                     try:
                         out.append(result()[0])
                         break
-                    except WorkerDiedError as e:
-                        self._lose(r, e, rows=len(chunk) if prompts else 0)
+                    except WorkerError as e:
+                        self._lose(r, self._gone(e), rows=len(chunk) if prompts else 0)
                         r = self._first_live()
                         result = self._submit(r, name, [((chunk, *args), kwargs)] * self.mp_size)
             return _merge(out, pad)
@@ -126,7 +129,17 @@ class RolloutReplicas:
     def _first_live(self) -> int:
         return self.live[0]
 
-    def _lose(self, replica: int, error: WorkerDiedError, rows: int) -> None:
+    def _gone(self, error: WorkerError) -> WorkerError:
+        """``error`` when it says the replica is gone (its process died, or its engine's: then its process is ended
+        here), else raised on: any other failure stops the run as before."""
+        if isinstance(error, WorkerDiedError):
+            return error
+        if error.detail.startswith(ENGINE_LOST):
+            self.group.kill(error.rank)
+            return error
+        raise error
+
+    def _lose(self, replica: int, error: WorkerError, rows: int) -> None:
         """Drop ``replica`` (its process died: ``error``); stop the run if too few are left."""
         if replica in self.live:
             self.live.remove(replica)

@@ -394,6 +394,13 @@ class WorkerGroup:
                 continue
         return None
 
+    def kill(self, rank: int) -> None:
+        """End ``rank``'s process (a rollout replica whose engine died: ``core.replicas`` goes on without it)."""
+        import ray
+
+        ray.kill(self._hosts[rank], no_restart=True)
+        self.lost.add(rank)
+
     def shutdown(self) -> None:
         """Kill every rank's process and release the pool (safe after a failure, with ranks still hung)."""
         import ray

@@ -87,13 +87,13 @@ def cpu_binding(local_rank: int, threads: int, allowed: Sequence[int]) -> str | 
     return ",".join(map(str, cores)) if threads > 0 and len(cores) == threads else None
 
 
-def request_seeds(seed: int, count: int, n: int = 1) -> list[int]:
+def request_seeds(seed: int, count: int, n: int = 1, first: int = 0) -> list[int]:
     """One sampling seed per prompt of a generate call, from the call's (step's) seed and the prompt's position.
     vLLM draws a request's j-th of n samples with seed + j, so the seeds are n apart: seeds one apart gave prompt 0's
     second sample and prompt 1's first the same random stream (e.g. seed 3, count 2, n 4: 3000009 and 3000013; the
-    samples use 3000009..3000016, each once)."""
+    samples use 3000009..3000016, each once). ``first``: the prompts from that position on (a chunk of a batch)."""
     top = 2**31 - 1 - n  # + j stays below 2**31
-    return [(seed * 1_000_003 + i * n) % top for i in range(count)]
+    return [(seed * 1_000_003 + i * n) % top for i in range(first, first + count)]
 
 
 def sampling_kwargs(params: SamplingParams) -> dict:

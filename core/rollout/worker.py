@@ -17,6 +17,7 @@ from core.rollout.batch import decode_responses, merge_padded
 from core.rollout.engine import RolloutEngine, replica_seed
 from core.rollout.sampling import sequence_seeds
 from core.rollout.stream import StreamState
+from core.rollout.vllm_engine import request_seeds
 from core.rollout.weight_sync import sync_weights
 from core.worker import WorkerContext
 
@@ -76,6 +77,9 @@ class RolloutWorker:
                                  ids, replica, agent, session=getattr(self.engine, "session", None))
         elif self.cfg.backend == "embedded":  # each sample seeded by its row of the whole batch, on any replica
             out = self.engine.generate(ids, params, vision=vision, seeds=self._sample_seeds(prompts, params))
+        elif self.cfg.backend == "vllm" and "prompt_index" in prompts:  # seeded by the row, on any replica
+            out = self.engine.generate(ids, params, seeds=[request_seeds(params.seed, 1, params.n, int(i))[0]
+                                                           for i in prompts["prompt_index"].tolist()])
         else:
             out = self.engine.generate(ids, replica)
         if self.stream is not None:  # this call used the KV cache the stream's sequences were in

@@ -68,6 +68,8 @@ class Layout:
     gpus_per_replica: int = 1
     colocated: bool = False
     slots: int = 64
+    kv_tokens: float = 0.0          # a replica's KV cache, tokens (0: unbounded); a sequence is admitted only with room
+                                    # for its whole length (vLLM would preempt instead: an upper bound on the wait)
 
     @property
     def gpus(self) -> int:
@@ -89,8 +91,8 @@ class Replica:
     they end at, so time jumps from one sequence's end to the next (the batch is the same in between): k steps of b
     sequences whose contexts grow by b tokens a step."""
 
-    def __init__(self, costs: Costs, slots: int, prompt_tokens: int):
-        self.c, self.slots, self.prompt = costs, slots, prompt_tokens
+    def __init__(self, costs: Costs, slots: int, prompt_tokens: int, kv_tokens: float = 0.0):
+        self.c, self.slots, self.prompt, self.kv = costs, slots, prompt_tokens, kv_tokens
         self.t = 0.0
         self.reset()
 
@@ -98,6 +100,7 @@ class Replica:
         self.queue: deque[tuple[int, int]] = deque()   # (group, length) not yet started
         self.live: list[tuple[int, int, int, int]] = []  # heap of (end step, id, group, start step)
         self.steps = self.ids = self.starts = 0          # decode steps so far; sequences started; sum of live starts
+        self.reserved = 0                                # KV tokens the live sequences will hold at their end
 
     def busy(self) -> bool:
         return bool(self.queue or self.live)
@@ -113,12 +116,14 @@ class Replica:
     def step(self, until: float | None = None) -> list[int]:
         """Admit what fits, then decode until the next sequence ends, or fewer steps when the clock would pass
         ``until``; the groups of the sequences that finished."""
-        while self.queue and len(self.live) < self.slots:
+        while self.queue and len(self.live) < self.slots and (
+                not self.kv or not self.live or self.reserved + self.prompt + self.queue[0][1] <= self.kv):
             group, length = self.queue.popleft()
             self.t += self.prompt / self.c.prefill_tok_s
             heapq.heappush(self.live, (self.steps + length, self.ids, group, self.steps))
             self.ids += 1
             self.starts += self.steps
+            self.reserved += self.prompt + length
         if not self.live:
             return []
         b, ctx = len(self.live), self.context()
@@ -130,8 +135,9 @@ class Replica:
         self.steps += k
         done = []
         while self.live and self.live[0][0] <= self.steps:
-            _, _, group, start = heapq.heappop(self.live)
+            end, _, group, start = heapq.heappop(self.live)
             self.starts -= start
+            self.reserved -= self.prompt + end - start
             done.append(group)
         return done
 
@@ -161,7 +167,7 @@ def simulate(costs: Costs, work: Workload, layout: Layout, mode: str = "sync", s
         raise ValueError("one_step_off generates during training: it needs the rollout on GPUs of its own")
     rng = random.Random(seed)
     draw = lambda: rng.choice(work.lengths)  # noqa: E731
-    reps = [Replica(costs, layout.slots, work.prompt_tokens) for _ in range(layout.replicas)]
+    reps = [Replica(costs, layout.slots, work.prompt_tokens, layout.kv_tokens) for _ in range(layout.replicas)]
     run = _streaming if mode == "streaming" else _batched
     ends, gen_busy, phases = run(costs, work, layout, reps, draw, steps + 1, mode, max_staleness)
     span = ends[-1] - ends[0]

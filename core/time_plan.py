@@ -96,20 +96,25 @@ def lengths_from(spec: str, limit: int, count: int = 4000, seed: int = 0) -> tup
     return out
 
 
-def layout_of(cfg) -> tuple[Layout, int]:
-    """The config's placement: training ranks (the actor's pool), rollout replicas, colocated or not; and tp."""
+def layout_of(cfg, shape: ModelShape) -> tuple[Layout, int]:
+    """The config's placement: training ranks (the actor's pool), rollout replicas, colocated or not, and a replica's
+    KV cache from the memory plan (GPU pools); and tp."""
+    from core.plan_report import run_shape
+    from core.planner import plan
+
     pools, roles = cfg.placement.pools, cfg.placement.roles
     size = lambda name: pools[name].nnodes * pools[name].slots_per_node  # noqa: E731
     tp = cfg.rollout.tensor_parallel_size
     colocated = roles["rollout"] == roles["actor"]
+    kv = plan(shape, run_shape(cfg, roles["rollout"])).kv_tokens if pools[roles["rollout"]].device == "cuda" else 0.0
     return Layout(train_gpus=size(roles["actor"]), replicas=max(1, size(roles["rollout"]) // tp), gpus_per_replica=tp,
-                  colocated=colocated, slots=cfg.rollout.max_batch_size), tp
+                  colocated=colocated, slots=cfg.rollout.max_batch_size, kv_tokens=kv), tp
 
 
-def time_report(cfg, hardware: str, lengths: str = "", steps: int = 12) -> str:
+def time_report(cfg, hardware: str, lengths: str = "", steps: int = 8) -> str:
     """The predicted step of each mode, on the config's placement and, where it is colocated, split in two."""
     shape = model_shape(cfg.actor.model)
-    layout, tp = layout_of(cfg)
+    layout, tp = layout_of(cfg, shape)
     if hardware in HARDWARE:
         hw = HARDWARE[hardware]
         costs, where = costs_for(hw, shape, tp), f"{hardware} ({hw.source}; efficiencies: decode {hw.decode_bw_eff:g} " \
@@ -125,12 +130,13 @@ def time_report(cfg, hardware: str, lengths: str = "", steps: int = 12) -> str:
     layouts = [layout]
     if layout.colocated and layout.train_gpus >= 2:  # the same GPUs split in half between training and rollout
         half = layout.train_gpus // 2
-        layouts.append(Layout(half, max(1, (layout.train_gpus - half) // tp), tp, False, layout.slots))
+        layouts.append(Layout(half, max(1, (layout.train_gpus - half) // tp), tp, False, layout.slots, layout.kv_tokens))
     mean = sum(dist) / len(dist)
     lines = [f"step time on {where}",
              f"{cfg.actor.model}: {shape.params / 1e9:.2f}B parameters; {work.prompts_per_step} prompts x {work.n} "
              f"samples of prompts <= {work.prompt_tokens} tokens, responses mean {mean:.0f}, p99 "
-             f"{sorted(dist)[int(0.99 * len(dist))]}, limit {s.max_new_tokens} tokens",
+             f"{sorted(dist)[int(0.99 * len(dist))]}, limit {s.max_new_tokens} tokens; up to {layout.slots} sequences "
+             f"a replica" + (f", its KV cache {layout.kv_tokens:.0f} tokens (the memory plan)" if layout.kv_tokens else ""),
              "| placement | mode | s / step | samples/s | tokens/s/GPU | rollout idle | training idle |",
              "|---|---|---|---|---|---|---|"]
     for lay in layouts:

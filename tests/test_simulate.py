@@ -24,6 +24,9 @@ def test_a_synchronous_step_by_hand():
     # one slot: the two samples one after the other (each prefilled, then 3 steps of 1 sequence)
     one_slot = simulate(COSTS, ONE, Layout(train_gpus=1, replicas=1, slots=1), "sync", steps=5)
     assert one_slot.step_s == pytest.approx(2 * (0.1 + 3 * 0.11) + 3 + 0.5)
+    # a KV cache of 13 tokens holds one sequence whole (10 + 3): the same as one slot
+    kv = simulate(COSTS, ONE, Layout(train_gpus=1, replicas=1, kv_tokens=13), "sync", steps=5)
+    assert kv.step_s == pytest.approx(one_slot.step_s)
     # two training ranks halve the training; colocated, the same 2 GPUs generate (the one group on one replica)
     two = simulate(COSTS, ONE, Layout(train_gpus=2, replicas=2, colocated=True), "sync", steps=5)
     assert two.step_s == pytest.approx(0.56 + 1.5 + 0.5) and two.tokens_per_s_per_gpu == pytest.approx(6 / 2.56 / 2)

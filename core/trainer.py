@@ -131,7 +131,7 @@ LENGTHS = "lengths.jsonl"  # every step's response lengths (for hybridrl plan --
 def log_lengths(path: Path, step_no: int, batch: Batch, fresh: bool) -> None:
     """One line of the step's response lengths (model tokens): ``{"step": k, "response_lengths": [...]}``; a
     fresh run starts the file anew, a resumed one appends (a step logged twice: the later line counts)."""
-    lengths = batch["response_mask"].sum(-1).long().tolist() if "response_mask" in batch else []
+    lengths = batch["response_mask"].sum(-1).long().tolist() if batch is not None and "response_mask" in batch else []
     with path.open("w" if fresh else "a") as f:
         f.write(json.dumps({"step": step_no, "response_lengths": lengths}) + "\n")
 

@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -58,9 +59,13 @@ class Cluster:
         self.ips = [f"{self.subnet}.{10 + i}" for i in range(len(cpus))]
         self.ns = [f"{self.tag}n{i}" for i in range(len(cpus))]
         self.procs: dict[int, subprocess.Popen] = {}
-        home, self.temp = self.base / "home", self.base / "ray"
+        # Ray's temp dirs under a short path of their own: its socket paths must stay under 108 characters, and
+        # pytest's base (/tmp/pytest-of-root/pytest-123/cluster0/...) does not leave room for a restarted node's
+        self.short = Path(tempfile.mkdtemp(prefix="hrc-", dir="/tmp"))
+        home, self.temp = self.base / "home", self.short / "ray"
         home.mkdir(parents=True, exist_ok=True)
         self.temp.mkdir(exist_ok=True)
+        self.starts = 0  # node starts so far: a restarted node gets a temp dir of its own (no stale sockets)
         # nothing of this process's distributed or Ray settings (an in-process worker group sets RANK, ...)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k not in
                     ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME")}
@@ -126,7 +131,8 @@ class Cluster:
             [f"--dashboard-host={self.ips[0]}", "--dashboard-port=8265"] if self.dashboard else [])
         # each node its own temp dir, as each machine has its own /tmp: sharing one, a node's runtime-env agent
         # unpacks a job's working_dir over the folder another node's driver runs in
-        temp = self.temp if i == 0 else self.base / f"ray{i}"
+        temp = self.temp if i == 0 else self.short / f"ray{i}-{self.starts}"
+        self.starts += 1
         role = ["--head", "--port=6379", *dashboard] if i == 0 else [f"--address={self.address}"]
         role.append(f"--temp-dir={temp}")
         cmd = [RAY, "start", *role, *common]
@@ -162,6 +168,7 @@ class Cluster:
             self._utils = None
         if self.kind == "namespaces":
             self._cleanup_network()
+        shutil.rmtree(self.short, ignore_errors=True)
 
     def _cleanup_network(self) -> None:
         for ns in self.ns:

@@ -52,8 +52,9 @@ def submit(slurm: SlurmCluster, tmp_path: Path, model_dir: Path, out: Path, *ove
     """``sbatch deploy/slurm_ray.sbatch run.sh`` from the checkout, run.sh the tiny run on both nodes; the job id."""
     conf = write_run(tmp_path, model_dir, total_steps=STEPS, save_freq=2, backend="ray")
     script = tmp_path / "run.sh"
-    script.write_text(f'#!/usr/bin/env bash\nexec "{sys.executable}" -m core.run --config-dir "{conf}" '
-                      f'"trainer.output_dir={out}" "{TWO_NODES}" "$@"\n')
+    # RAY_DEDUP_LOGS=0: each node's worker lines show (Ray folds a line two nodes print alike into the first's)
+    script.write_text(f'#!/usr/bin/env bash\nexport RAY_DEDUP_LOGS=0\nexec "{sys.executable}" -m core.run --config-dir '
+                      f'"{conf}" "trainer.output_dir={out}" "{TWO_NODES}" "$@"\n')
     # a node here has 1 CPU: the script's default of 64 per task does not fit
     r = slurm.run("sbatch", "--parsable", "--cpus-per-task=1", f"--output={tmp_path}/slurm-%j.out", str(SBATCH),
                   str(script), *overrides, cwd=ROOT)

@@ -37,9 +37,12 @@ def test_a_replica_whose_vllm_engine_dies_is_dropped_and_its_prompts_draw_the_sa
                                                 for a in range(4)]})
         params = SamplingParams(n=2, temperature=0.7, max_new_tokens=16, seed=5)
         before = replicas.dp_split(RolloutWorker.generate, prompts, params)
-        cores = [p for p in psutil.Process(group.pids[1]).children(recursive=True)
-                 if "EngineCore" in " ".join(p.cmdline())]
-        assert cores, [p.cmdline() for p in psutil.Process(group.pids[1]).children(recursive=True)]
+        # the rank's child that vLLM spawned for its engine core ("VLLM::EngineCore" once it has set its title;
+        # multiprocessing's spawn_main before), not multiprocessing's resource tracker
+        kids = psutil.Process(group.pids[1]).children()
+        cores = [p for p in kids if "resource_tracker" not in " ".join(p.cmdline())
+                 and any(k in " ".join(p.cmdline()) for k in ("EngineCore", "VLLM", "spawn_main"))]
+        assert len(cores) == 1, [p.cmdline() for p in kids]
         os.kill(cores[0].pid, signal.SIGKILL)
         cores[0].wait(30)
         after = replicas.dp_split(RolloutWorker.generate, prompts, params)

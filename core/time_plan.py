@@ -96,6 +96,16 @@ def lengths_from(spec: str, limit: int, count: int = 4000, seed: int = 0) -> tup
     return out
 
 
+def run_prompt_tokens(spec: str) -> float | None:
+    """The mean prompt length of a run whose folder (or lengths.jsonl) ``spec`` names, None otherwise."""
+    path = Path(spec) / "lengths.jsonl" if Path(spec).is_dir() else Path(spec)
+    if path.suffix != ".jsonl" or not path.is_file():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    lengths = [x for row in rows for x in row.get("prompt_lengths", [])]
+    return sum(lengths) / len(lengths) if lengths else None
+
+
 def layout_of(cfg, shape: ModelShape) -> tuple[Layout, int]:
     """The config's placement: training ranks (the actor's pool), rollout replicas, colocated or not, and a replica's
     KV cache from the memory plan (GPU pools); and tp."""
@@ -125,7 +135,8 @@ def time_report(cfg, hardware: str, lengths: str = "", steps: int = 8) -> str:
         raise ConfigError(f"--time {hardware!r}: a hardware name ({', '.join(HARDWARE)}) or a yaml of costs")
     s = cfg.algo.sampling
     dist = lengths_from(lengths or f"lognormal:median={max(1, s.max_new_tokens // 8)},sigma=1.0", s.max_new_tokens)
-    work = Workload(cfg.data.prompts_per_step, s.n, cfg.rollout.max_prompt_length, dist,
+    measured = run_prompt_tokens(lengths) if lengths else None  # a run's prompts, else the limit (an upper bound)
+    work = Workload(cfg.data.prompts_per_step, s.n, round(measured or cfg.rollout.max_prompt_length), dist,
                     model_gb=2 * shape.params / 1e9, reference=cfg.has_reference(), ppo_epochs=cfg.actor.ppo_epochs)
     layouts = [layout]
     if layout.colocated and layout.train_gpus >= 2:  # the same GPUs split in half between training and rollout
@@ -134,7 +145,8 @@ def time_report(cfg, hardware: str, lengths: str = "", steps: int = 8) -> str:
     mean = sum(dist) / len(dist)
     lines = [f"step time on {where}",
              f"{cfg.actor.model}: {shape.params / 1e9:.2f}B parameters; {work.prompts_per_step} prompts x {work.n} "
-             f"samples of prompts <= {work.prompt_tokens} tokens, responses mean {mean:.0f}, p99 "
+             f"samples of prompts {'of the run: mean' if measured else '<='} {work.prompt_tokens} tokens, responses "
+             f"mean {mean:.0f}, p99 "
              f"{sorted(dist)[int(0.99 * len(dist))]}, limit {s.max_new_tokens} tokens; up to {layout.slots} sequences "
              f"a replica" + (f", its KV cache {layout.kv_tokens:.0f} tokens (the memory plan)" if layout.kv_tokens else ""),
              "| placement | mode | s / step | samples/s | tokens/s/GPU | rollout idle | training idle |",

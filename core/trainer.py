@@ -129,11 +129,17 @@ LENGTHS = "lengths.jsonl"  # every step's response lengths (for hybridrl plan --
 
 
 def log_lengths(path: Path, step_no: int, batch: Batch, fresh: bool) -> None:
-    """One line of the step's response lengths (model tokens): ``{"step": k, "response_lengths": [...]}``; a
-    fresh run starts the file anew, a resumed one appends (a step logged twice: the later line counts)."""
-    lengths = batch["response_mask"].sum(-1).long().tolist() if batch is not None and "response_mask" in batch else []
+    """One line of the step's response lengths (model tokens) and prompt lengths: ``{"step": k, "response_lengths":
+    [...], "prompt_lengths": [...]}``; a fresh run starts the file anew, a resumed one appends (a step logged twice:
+    the later line counts)."""
+    row = {"step": step_no, "response_lengths": [], "prompt_lengths": []}
+    if batch is not None and "response_mask" in batch:
+        row["response_lengths"] = batch["response_mask"].sum(-1).long().tolist()
+    if batch is not None and "prompts" in batch and "attention_mask" in batch:
+        Tp = batch["prompts"].shape[1]
+        row["prompt_lengths"] = batch["attention_mask"][:, :Tp].sum(-1).long().tolist()
     with path.open("w" if fresh else "a") as f:
-        f.write(json.dumps({"step": step_no, "response_lengths": lengths}) + "\n")
+        f.write(json.dumps(row) + "\n")
 
 
 def preempted_midstep(out: Path, signal_name: str, i: int | None, why: str) -> str:

@@ -112,7 +112,7 @@ def test_hybridrl_plan_time_prints_the_three_modes_for_the_configs_placement(cap
 
 
 def test_a_run_logs_each_steps_response_lengths_which_plan_time_reads(tmp_path, tiny_model_dir):
-    from core.time_plan import lengths_from
+    from core.time_plan import lengths_from, run_prompt_tokens
     from tests.test_checkpoint import fit_run, write_run
 
     conf = write_run(tmp_path, tiny_model_dir, total_steps=2, save_freq=0)
@@ -122,3 +122,8 @@ def test_a_run_logs_each_steps_response_lengths_which_plan_time_reads(tmp_path, 
     assert [sum(r["response_lengths"]) / 8 for r in rows] == pytest.approx(
         [metrics[s]["response_length/mean"] for s in (1, 2)])
     assert lengths_from(str(tmp_path / "run"), limit=6) == tuple(x for r in rows for x in r["response_lengths"])
+    # the prompts' lengths too ("a + a?" in the chat template of the tiny tokenizer: one length per sample)
+    assert all(len(r["prompt_lengths"]) == 8 and min(r["prompt_lengths"]) > 0 for r in rows)
+    assert run_prompt_tokens(str(tmp_path / "run")) == pytest.approx(
+        sum(x for r in rows for x in r["prompt_lengths"]) / 16)
+    assert run_prompt_tokens("lognormal:median=4") is None

@@ -239,12 +239,10 @@ def _streaming(costs, work, layout, reps, draw, steps, _mode, s):
     B, n = work.prompts_per_step, work.n
     left: dict[int, int] = {}           # group -> samples not finished
     finished: list[tuple[float, int]] = []  # (when, group) of the groups ready
-    admitted = taken = v = 0
+    admitted = 0
     t, ends, busy = 0.0, [], 0.0
     phases = {"gen": 0.0, "train": 0.0, "sync": 0.0, "gen_wait": 0.0}
     lengths: dict[int, list[int]] = {}
-    for r in reps:
-        r.t = 0.0
 
     def admit(limit: int) -> None:
         nonlocal admitted
@@ -276,11 +274,9 @@ def _streaming(costs, work, layout, reps, draw, steps, _mode, s):
             busy += r.t - before
             heapq.heappush(heap, (r.t, i))
 
-    for k in range(steps):
-        admit((v + s + 1) * B)                         # the bound: what steps up to v + s + 1 take
+    for k in range(steps):                             # step k trains version v = k (the syncs so far)
+        admit((k + s + 1) * B)                         # the bound: what steps up to v + s + 1 take
         start = t
-        for r in reps:
-            r.t = max(r.t, t)
         decode_until(None)                             # the take waits for B finished groups
         if len(finished) < B:
             raise RuntimeError("the stream stalled")
@@ -289,7 +285,6 @@ def _streaming(costs, work, layout, reps, draw, steps, _mode, s):
         del finished[:B]
         t = max(t, batch[-1][0])                       # when the B-th group finished
         phases["gen_wait"] += t - start
-        taken += B
         tokens = sum(sum(lengths.pop(g)) for _, g in batch)
         tr = costs.reward_s + train_s(costs, work, layout, tokens)
         if not layout.colocated:                       # the rollout decodes during the trainer's phases
@@ -299,7 +294,6 @@ def _streaming(costs, work, layout, reps, draw, steps, _mode, s):
         sy = sync_s(costs, work)
         t += sy
         phases["sync"] += sy
-        v += 1
         for r in reps:                                 # the update lands between two decode steps
             r.t = max(r.t, t)
             r.reprefill()

@@ -108,13 +108,15 @@ class RolloutReplicas:
 
         def wait():
             out = []
-            for r, chunk, result in jobs:
+            for i, (r, chunk, result) in enumerate(jobs):
+                # the chunk's rows of the batch (the padding repeats rows: not re-queued work)
+                real = max(0, min(len(chunk), len(batch) - i * len(chunk))) if prompts else 0
                 while True:
                     try:
                         out.append(result()[0])
                         break
                     except WorkerError as e:
-                        self._lose(r, self._gone(e), rows=len(chunk) if prompts else 0)
+                        self._lose(r, self._gone(e), rows=real)
                         r = self._first_live()
                         result = self._submit(r, name, [((chunk, *args), kwargs)] * self.mp_size)
             return _merge(out, pad)

@@ -243,10 +243,11 @@ def start_roles(cfg: RunConfig, trackers: list) -> tuple:
             init_ray(cfg.trainer.ray_address, env)
         placement = place(cfg.placement, role_specs(cfg), cfg.trainer.backend, cfg.trainer.call_timeout_s,
                           cfg.trainer.node_loss_timeout_s)
-        if placement.where():
-            print(f"placement: {placement.where()}", flush=True)
-        rollout, pools = placement["rollout"], cfg.placement.roles
-        if cfg.trainer.backend == "ray" and [r for r in role_specs(cfg) if pools[r] == pools["rollout"]] == ["rollout"]:
+        where = placement.where()
+        if where:
+            print(f"placement: {where}", flush=True)
+        rollout = placement["rollout"]
+        if cfg.trainer.backend == "ray" and list(rollout.group.specs) == ["rollout"]:
             # on a pool of its own its replicas share nothing: one lost is dropped and its work goes to the others
             rollout = RolloutReplicas(rollout, cfg.rollout.min_replicas, log=tqdm.write)
         roles = Roles(actor=placement["actor"], rollout=rollout,

@@ -78,6 +78,20 @@ def test_a_chunk_whose_replica_dies_runs_on_another_and_too_few_left_stops_the_r
         group.shutdown()
 
 
+def test_padding_rows_of_a_lost_chunk_are_not_counted_as_requeued(ray_module_session):
+    group = WorkerGroup(ResourcePool(slots_per_node=3), {"rollout": RoleSpec(Sampler)}, timeout_s=60)
+    try:
+        replicas = RolloutReplicas(group.role("rollout"), log=lambda _: None)
+        # 5 rows over 3 replicas: padded to 6, chunks [0, 1], [2, 3], [4, 0 again]; replica 2 holds one real row
+        pending = replicas.dp_split_async(Sampler.slow_generate, Batch({"x": torch.zeros(5)}), 2.0)
+        os.kill(group.pids[2], signal.SIGKILL)
+        out = pending()
+        assert out["y"].tolist() == [0, 10, 20, 30, 40] and out["rank"].tolist() == [0, 0, 1, 1, 0]
+        assert replicas.metrics() == {"rollout/replicas_lost": 1.0, "rollout/groups_requeued": 1.0}
+    finally:
+        group.shutdown()
+
+
 SPLIT = ("placement.pools.main={nnodes: 1, slots_per_node: 1}", "placement.pools.gen={nnodes: 1, slots_per_node: 2}",
          "placement.roles={actor: main, rollout: gen}")
 REPLICAS = ("rollout/replicas_lost", "rollout/groups_requeued")

@@ -26,7 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from core.simulate import Costs, Layout, Workload, simulate
+from core.config import RunConfig, validate
+from core.model_shapes import model_shape
+from core.simulate import Costs, Workload, simulate
+from core.time_plan import layout_of
 
 ROOT = Path(__file__).resolve().parents[1]
 SPLIT = ["placement.pools.main={nnodes: 1, slots_per_node: 1, device: cpu, cpus_per_slot: 1.0}",
@@ -80,17 +83,13 @@ def fit(run: Path) -> Costs:
 
 def predict(costs: Costs, run: Path) -> tuple[float, float]:
     """(predicted, measured) seconds per step of ``run`` from ``costs`` and its own response lengths."""
-    cfg, rows, lengths = measured(run)
-    pools, roles = cfg["placement"]["pools"], cfg["placement"]["roles"]
-    size = lambda p: pools[p]["nnodes"] * pools[p]["slots_per_node"]  # noqa: E731
-    colocated = roles["rollout"] == roles["actor"]
-    layout = Layout(train_gpus=size(roles["actor"]), replicas=size(roles["rollout"]), colocated=colocated,
-                    slots=cfg["rollout"]["max_batch_size"])
-    s = cfg["algo"]["sampling"]
-    work = Workload(cfg["data"]["prompts_per_step"], s["n"], round(prompt_tokens(rows, lengths)),
-                    tuple(x for k in sorted(lengths) if k >= 2 for x in lengths[k]), reference="ref" in roles)
-    mode = cfg["trainer"]["async_"]
-    p = simulate(costs, work, layout, mode["mode"], steps=40, max_staleness=mode["max_staleness"])
+    tree, rows, lengths = measured(run)
+    cfg = validate(RunConfig, tree, str(run / "config.json"))
+    layout, _ = layout_of(cfg, model_shape(cfg.actor.model))  # the placement as `hybridrl plan --time` reads it
+    s = cfg.algo.sampling
+    work = Workload(cfg.data.prompts_per_step, s.n, round(prompt_tokens(rows, lengths)),
+                    tuple(x for k in sorted(lengths) if k >= 2 for x in lengths[k]), reference=cfg.has_reference())
+    p = simulate(costs, work, layout, cfg.trainer.async_.mode, steps=40, max_staleness=cfg.trainer.async_.max_staleness)
     return p.step_s, float(np.mean([r["timing_s/step"] for r in rows]))
 
 

@@ -6,7 +6,8 @@ efficiencies assumed, stated in each entry) turned into per-phase costs for the 
 from a yaml of ``core.simulate.Costs`` measured on the machine at hand (``bench/calibrate.py`` writes one).
 Response lengths: ``--lengths`` (a distribution: ``lognormal:median=4000,sigma=0.9``, clipped to the config's
 ``algo.sampling.max_new_tokens``; a file of one length per line; or a run's output folder, whose ``lengths.jsonl``
-holds every step's), by default a lognormal whose median is an eighth of the limit.
+holds every step's -- an agent run's samples replayed turn by turn, each tool round taking ``Costs.tool_s``), by
+default a lognormal whose median is an eighth of the limit.
 """
 
 from __future__ import annotations
@@ -96,6 +97,16 @@ def lengths_from(spec: str, limit: int, count: int = 4000, seed: int = 0) -> tup
     return out
 
 
+def run_turns(spec: str) -> tuple[tuple[int, ...], ...]:
+    """An agent run's samples as token runs (model turn, tool answer, ...), from the folder (or lengths.jsonl)
+    ``spec`` names; () for anything else."""
+    path = Path(spec) / "lengths.jsonl" if Path(spec).is_dir() else Path(spec)
+    if path.suffix != ".jsonl" or not path.is_file():
+        return ()
+    steps = {row["step"]: row.get("turns", []) for row in map(json.loads, path.read_text().splitlines())}
+    return tuple(tuple(runs) for s in sorted(steps) for runs in steps[s])
+
+
 def run_prompt_tokens(spec: str) -> float | None:
     """The mean prompt length of a run whose folder (or lengths.jsonl) ``spec`` names, None otherwise."""
     path = Path(spec) / "lengths.jsonl" if Path(spec).is_dir() else Path(spec)
@@ -136,19 +147,25 @@ def time_report(cfg, hardware: str, lengths: str = "", steps: int = 8) -> str:
     s = cfg.algo.sampling
     dist = lengths_from(lengths or f"lognormal:median={max(1, s.max_new_tokens // 8)},sigma=1.0", s.max_new_tokens)
     measured = run_prompt_tokens(lengths) if lengths else None  # a run's prompts, else the limit (an upper bound)
+    turns = run_turns(lengths) if lengths else ()  # an agent run's: model turns and tool answers
     work = Workload(cfg.data.prompts_per_step, s.n, round(measured or cfg.rollout.max_prompt_length), dist,
-                    model_gb=2 * shape.params / 1e9, reference=cfg.has_reference(), ppo_epochs=cfg.actor.ppo_epochs)
+                    model_gb=2 * shape.params / 1e9, reference=cfg.has_reference(), ppo_epochs=cfg.actor.ppo_epochs,
+                    turns=turns)
     layouts = [layout]
     if layout.colocated and layout.train_gpus >= 2:  # the same GPUs split in half between training and rollout
         half = layout.train_gpus // 2
         layouts.append(Layout(half, max(1, (layout.train_gpus - half) // tp), tp, False, layout.slots, layout.kv_tokens))
-    mean = sum(dist) / len(dist)
+    sizes = sorted(map(sum, work.samples()))  # an agent's: its model turns and tool answers
+    mean = sum(sizes) / len(sizes)
     lines = [f"step time on {where}",
              f"{cfg.actor.model}: {shape.params / 1e9:.2f}B parameters; {work.prompts_per_step} prompts x {work.n} "
              f"samples of prompts {'of the run: mean' if measured else '<='} {work.prompt_tokens} tokens, responses "
              f"mean {mean:.0f}, p99 "
-             f"{sorted(dist)[int(0.99 * len(dist))]}, limit {s.max_new_tokens} tokens; up to {layout.slots} sequences "
-             f"a replica" + (f", its KV cache {layout.kv_tokens:.0f} tokens (the memory plan)" if layout.kv_tokens else ""),
+             f"{sizes[int(0.99 * len(sizes))]}{' (model and tool tokens)' if turns else ''}, limit {s.max_new_tokens} tokens"
+             f"{' a turn' if turns else ''}; up to {layout.slots} sequences "
+             f"a replica" + (f", its KV cache {layout.kv_tokens:.0f} tokens (the memory plan)" if layout.kv_tokens else "")
+             + (f"; agent samples of the run: {sum((len(t) + 1) // 2 for t in turns) / len(turns):.2f} model turns, "
+                f"tool rounds of {costs.tool_s:.3g} s" if turns else ""),
              "| placement | mode | s / step | samples/s | tokens/s/GPU | rollout idle | training idle |",
              "|---|---|---|---|---|---|---|"]
     for lay in layouts:

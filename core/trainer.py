@@ -130,16 +130,33 @@ LENGTHS = "lengths.jsonl"  # every step's response lengths (for hybridrl plan --
 
 def log_lengths(path: Path, step_no: int, batch: Batch, fresh: bool) -> None:
     """One line of the step's response lengths (model tokens) and prompt lengths: ``{"step": k, "response_lengths":
-    [...], "prompt_lengths": [...]}``; a fresh run starts the file anew, a resumed one appends (a step logged twice:
-    the later line counts)."""
+    [...], "prompt_lengths": [...]}``, and for agent rollouts each sample's ``turns``: its token runs, model turn and
+    tool answer alternating (what ``hybridrl plan --time`` replays); a fresh run starts the file anew, a resumed one
+    appends (a step logged twice: the later line counts)."""
     row = {"step": step_no, "response_lengths": [], "prompt_lengths": []}
     if batch is not None and "response_mask" in batch:
         row["response_lengths"] = batch["response_mask"].sum(-1).long().tolist()
     if batch is not None and "prompts" in batch and "attention_mask" in batch:
         Tp = batch["prompts"].shape[1]
         row["prompt_lengths"] = batch["attention_mask"][:, :Tp].sum(-1).long().tolist()
+        if "num_turns" in batch and "response_mask" in batch:
+            row["turns"] = [token_runs(m, a) for m, a in zip(batch["response_mask"].tolist(),
+                                                              batch["attention_mask"][:, Tp:].tolist())]
     with path.open("w" if fresh else "a") as f:
         f.write(json.dumps(row) + "\n")
+
+
+def token_runs(model: list[float], attended: list[float]) -> list[int]:
+    """A response's runs of model tokens and of tool tokens, alternating from a model run and ending with one
+    (padding left out): mask 1 1 0 0 0 1, attended 1 1 1 1 1 1 1 0 -> [2, 3, 1]."""
+    runs: list[int] = []
+    for m, a in zip(model, attended):
+        if not a:
+            continue
+        while not runs or (len(runs) - 1) % 2 != (0 if m else 1):  # model runs at even places, tool runs at odd
+            runs.append(0)
+        runs[-1] += 1
+    return runs if len(runs) % 2 else runs + [0]
 
 
 def preempted_midstep(out: Path, signal_name: str, i: int | None, why: str) -> str:

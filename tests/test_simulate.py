@@ -1,6 +1,7 @@
 """The step-time simulator (``core.simulate``): hand-computed step times, the invariants between modes, and the
 long tail it exists to show."""
 
+import dataclasses
 import json
 
 import pytest
@@ -37,6 +38,24 @@ def test_one_step_off_hides_the_generation_behind_the_training():
     assert p.step_s == pytest.approx(3 + 0.5)                             # max(gen 0.56, train 3) + sync
     with pytest.raises(ValueError, match="GPUs of its own"):
         simulate(COSTS, ONE, Layout(train_gpus=1, replicas=1, colocated=True), "one_step_off")
+
+
+AGENT = Workload(prompts_per_step=1, n=2, prompt_tokens=10, lengths=(), turns=((3, 4, 2),), reference=False)
+TOOLS_1S = dataclasses.replace(COSTS, tool_s=1.0)
+
+
+def test_an_agent_step_by_hand_its_slot_free_while_the_tools_run():
+    # both samples: prefill 2 x 10 tokens (0.2 s), 3 decode steps of 2 (0.36 s); the tools answer 1 s later with 4
+    # tokens; the second turns prefill their contexts (2 x 17 tokens: 0.34 s) and decode 2 steps of 2 (0.24 s)
+    # = 2.14 s; train 38 tokens (2 x 10 + 2 x (3 + 4 + 2)) x 3 / 26; sync 0.5
+    p = simulate(TOOLS_1S, AGENT, Layout(train_gpus=1, replicas=1), "sync", steps=5)
+    assert p.phases["gen"] == pytest.approx(2.14)
+    assert p.step_s == pytest.approx(2.14 + 38 * 3 / 26 + 0.5)
+    assert p.rollout_idle == pytest.approx(1 - (2.14 - 1.0) / p.step_s)   # waiting for the tools is idle
+    # one slot: the second sample decodes while the first one's tools run (0.43 s each turn one, idle to 1.43,
+    # 0.17 + 0.22 s, idle to 1.86, 0.39 s) = 2.25 s, not two samples one after the other (2 x 1.82 s)
+    one = simulate(TOOLS_1S, AGENT, Layout(train_gpus=1, replicas=1, slots=1), "sync", steps=5)
+    assert one.phases["gen"] == pytest.approx(2.25)
 
 
 TAIL = Workload(prompts_per_step=8, n=4, prompt_tokens=50, lengths=(20,) * 9 + (400,), model_gb=1.0)
@@ -127,3 +146,30 @@ def test_a_run_logs_each_steps_response_lengths_which_plan_time_reads(tmp_path, 
     assert run_prompt_tokens(str(tmp_path / "run")) == pytest.approx(
         sum(x for r in rows for x in r["prompt_lengths"]) / 16)
     assert run_prompt_tokens("lognormal:median=4") is None
+
+
+def test_an_agent_run_logs_each_samples_turns_which_plan_time_replays(tmp_path):
+    """lengths.jsonl's ``turns``: a response's runs of model and tool tokens from its masks (padding left out), and
+    ``hybridrl plan --time`` reads them back as the samples it simulates."""
+    from core.time_plan import run_turns
+    from core.trainer import token_runs
+
+    #            model model tool tool tool model pad
+    assert token_runs([1, 1, 0, 0, 0, 1, 0], [1, 1, 1, 1, 1, 1, 0]) == [2, 3, 1]
+    assert token_runs([1, 1, 0], [1, 1, 1]) == [2, 1, 0]          # a tool answer last: an empty model run after it
+    assert token_runs([0, 1], [1, 1]) == [0, 1, 1] and token_runs([], []) == [0]
+    import torch
+
+    from core.protocol import Batch
+    from core.trainer import log_lengths
+
+    # a batch of two agent samples, prompts of 2 tokens (one left-padded), responses of 5 columns
+    batch = Batch({"prompts": torch.zeros(2, 2, dtype=torch.long), "num_turns": torch.tensor([2.0, 1.0]),
+                   "attention_mask": torch.tensor([[1, 1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 0, 0]]),
+                   "response_mask": torch.tensor([[1.0, 0, 0, 1, 1], [1, 1, 1, 0, 0]])})
+    log_lengths(tmp_path / "lengths.jsonl", 1, batch, fresh=True)
+    (row,) = map(json.loads, (tmp_path / "lengths.jsonl").read_text().splitlines())
+    assert row == {"step": 1, "response_lengths": [3, 3], "prompt_lengths": [2, 1], "turns": [[1, 2, 2], [3]]}
+    with (tmp_path / "lengths.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 2, "turns": [[5]]}) + "\n")
+    assert run_turns(str(tmp_path)) == ((1, 2, 2), (3,), (5,)) and run_turns("lognormal:median=3") == ()

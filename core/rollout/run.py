@@ -73,6 +73,7 @@ class Run:
         self.logps: list[list[float]] = []
         self.versions: list[list[int]] = []
         self.max_new: list[int] = []
+        self.stops: dict[int, tuple[str, ...]] = {}                   # sequence -> its own stop strings (a server's)
         self.version = 0                                             # of the weights the next tokens come from
         self.finished: list[int] = []                               # sequences finished since the last step()
         S, dev = engine.max_batch_size, engine.device
@@ -92,9 +93,10 @@ class Run:
             self.add_prompts(prompts, seeds, params.max_new_tokens)
 
     # ---------------------------------------------------------------------------------------- queueing
-    def add_prompts(self, prompts: list[list[int]], seeds: list[int], max_new_tokens: int) -> list[int]:
+    def add_prompts(self, prompts: list[list[int]], seeds: list[int], max_new_tokens: int,
+                    stop: Sequence[str] | None = None) -> list[int]:
         """Queue prompts as one cohort (their shared prefix prefilled once), n sequences each with ``seeds``
-        (n per prompt); returns their prompt indices."""
+        (n per prompt); returns their prompt indices. ``stop``: these sequences' stop strings instead of the run's."""
         n = self.p.n
         if len(seeds) != len(prompts) * n:
             raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts x n={n}")
@@ -103,6 +105,8 @@ class Run:
         first = len(self.prompts)
         for k, ids in enumerate(prompts):
             self._queue(list(ids), seeds[k * n:(k + 1) * n], max_new_tokens)
+        if stop is not None:
+            self.stops.update(dict.fromkeys(range(first * n, len(self.prompts) * n), tuple(stop)))
         return list(range(first, len(self.prompts)))
 
     def add_cohort(self, prompts: list[list[int]]) -> int:
@@ -248,7 +252,8 @@ class Run:
             out.append(t)
             self.logps[i].append(lp)
             self.versions[i].append(self.version)
-            if t in self.eos or len(out) >= self.max_new[i] or (self.p.stop and self._hit_stop(out)):
+            stop = self.stops.get(i, self.p.stop)
+            if t in self.eos or len(out) >= self.max_new[i] or (stop and ends_in_stop(self.e.tokenizer, out, stop)):
                 finished.append(s)
                 self.finished.append(i)
         self._retire(finished)
@@ -263,9 +268,6 @@ class Run:
                     t[s] = t[last]
                 self.sample[s] = self.sample[last]
             self.live -= 1
-
-    def _hit_stop(self, out: list[int]) -> bool:
-        return ends_in_stop(self.e.tokenizer, out, self.p.stop)
 
     # ---------------------------------------------------------------------------------------- a stream's controls
     @torch.no_grad()
@@ -320,6 +322,7 @@ class Run:
         self.prompts[i] = []
         for k in seqs:
             self.tokens[k], self.logps[k], self.versions[k] = [], [], []
+            self.stops.pop(k, None)
         return out
 
     def state_dict(self) -> dict:

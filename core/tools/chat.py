@@ -11,17 +11,22 @@ from __future__ import annotations
 _MARK = "\u2063TURN\u2063"  # invisible separator + a word: no template or tokenizer produces it on its own
 
 
-def tool_response_text(tokenizer, outputs: list[str]) -> str:
-    """The template text between the end of the assistant's content and the start of its next turn's content,
-    with one ``tool`` message per output. Example (ChatML, SmolLM2 / Qwen-style): ['56088'] ->
-    '<|im_end|>\\n<|im_start|>tool\\n56088<|im_end|>\\n<|im_start|>assistant\\n'."""
-    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _MARK}]
-    messages += [{"role": "tool", "content": text} for text in outputs]
-    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+def continuation_text(tokenizer, messages: list[dict]) -> str:
+    """The template text between the end of an assistant turn's content and the start of the next assistant turn's
+    content, with ``messages`` between them (tool answers, a user turn). Example (ChatML, SmolLM2 / Qwen-style):
+    [{"role": "tool", "content": "56088"}] -> '<|im_end|>\\n<|im_start|>tool\\n56088<|im_end|>\\n<|im_start|>assistant\\n'."""
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "q"}, {"role": "assistant", "content": _MARK},
+                                              *messages], add_generation_prompt=True, tokenize=False)
     if rendered.count(_MARK) != 1:
-        raise ValueError("the chat template does not render the assistant's content verbatim; tool outputs cannot "
-                         "be placed after it")
+        raise ValueError("the chat template does not render the assistant's content verbatim; what follows a turn "
+                         "cannot be placed after it")
     return rendered.split(_MARK, 1)[1]
+
+
+def tool_response_text(tokenizer, outputs: list[str]) -> str:
+    """``continuation_text`` with one ``tool`` message per output: ['56088'] ->
+    '<|im_end|>\\n<|im_start|>tool\\n56088<|im_end|>\\n<|im_start|>assistant\\n'."""
+    return continuation_text(tokenizer, [{"role": "tool", "content": text} for text in outputs])
 
 
 def tool_response_ids(tokenizer, outputs: list[str]) -> list[int]:

@@ -1,0 +1,111 @@
+"""The embedded engine behind a server: one thread owns a stream run (``RolloutEngine.stream``) and decodes every
+request in flight together -- continuous batching across requests that arrive from any thread at any time, each
+sequence drawing from its own seed (so its tokens do not depend on what else runs beside it).
+
+A weight update pauses the loop between two decode steps (``paused``); the sequences in flight then recompute their
+KV under the new weights and go on (a partial rollout: each token records the version that drew it), so a request
+that arrives or runs during a sync waits and completes, never fails.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from core.config.algo import SamplingParams
+
+
+@dataclass(frozen=True)
+class Completion:
+    tokens: list[int]
+    logps: list[float]
+    versions: list[int]
+
+
+class EngineLoop:
+    """Requests (``submit``) decoded together by one thread; ``max_len``: the longest prompt + completion."""
+
+    def __init__(self, engine, params: SamplingParams, max_len: int):
+        self.engine, self.max_len = engine, max_len
+        self.run = engine.stream(replace(params, n=1), max_len)
+        self.cond = threading.Condition()
+        self.incoming: deque = deque()
+        self.waiting: dict[int, Future] = {}
+        self.pauses = 0
+        self.stepping = self.closed = False
+        self.version = 0
+        self.thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
+        self.thread.start()
+
+    def submit(self, ids: Sequence[int], max_new_tokens: int, seed: int, stop: Sequence[str] = ()) -> Future:
+        """A Future of the ``Completion`` of ``ids``. Raises ValueError when it cannot fit."""
+        if len(ids) + max_new_tokens > self.max_len:
+            raise ValueError(f"{len(ids)} prompt tokens + max_tokens {max_new_tokens} exceed the server's "
+                             f"{self.max_len}-token sequences")
+        future: Future = Future()
+        with self.cond:
+            if self.closed:
+                raise RuntimeError("the engine loop is closed")
+            self.incoming.append((list(ids), max_new_tokens, seed, tuple(stop), future))
+            self.cond.notify_all()
+        return future
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                while not self.closed and (self.pauses or not (self.incoming or self.waiting)):
+                    self.cond.wait()
+                if self.closed:
+                    return
+                while self.incoming:
+                    ids, max_new, seed, stop, future = self.incoming.popleft()
+                    (i,) = self.run.add_prompts([ids], [seed], max_new, stop=stop)
+                    self.waiting[i] = future
+                self.stepping = True
+            try:
+                done = self.run.step()
+                results = [(self.waiting.pop(i), self.run.pop(i)) for i in done]
+            except BaseException as e:  # the engine failed: every request in flight hears why
+                with self.cond:
+                    failed, self.waiting = list(self.waiting.values()), {}
+                    self.stepping, self.closed = False, True
+                    self.cond.notify_all()
+                for future in failed:
+                    future.set_exception(e)
+                return
+            with self.cond:
+                self.stepping = False
+                self.cond.notify_all()
+            for future, (_, (tokens,), (logps,), (versions,), _) in results:
+                future.set_result(Completion(tokens, logps, versions))
+
+    @contextmanager
+    def paused(self):
+        """No decode step runs inside the block (update the weights there and set ``version``); after it, the
+        sequences in flight recompute their KV under the weights of the new version and go on."""
+        with self.cond:
+            self.pauses += 1
+            while self.stepping:
+                self.cond.wait()
+        before = self.run.version
+        try:
+            yield self
+        finally:
+            if self.version != before:
+                self.run.version = self.version
+                self.run.reprefill()
+            with self.cond:
+                self.pauses -= 1
+                self.cond.notify_all()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        self.thread.join(timeout=30)
+        for future in self.waiting.values():
+            future.cancel()

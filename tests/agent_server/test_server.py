@@ -1,0 +1,194 @@
+"""The OpenAI-compatible rollout server (core/agent_server) over real HTTP (uvicorn) with the ``openai`` client, in
+front of the embedded engine and SmolLM2-135M-Instruct (fp32), the calculator in the sandbox as the tool backend: the
+record is what the engine was prompted with and sampled, and a transformers forward of it gives the engine's
+log-probs; bad requests are refused with the field named and nothing recorded; the server listens where it is told
+only; a request during a weight update completes."""
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import pytest
+import torch
+
+openai = pytest.importorskip("openai")
+
+from core.agent_server import AgentServer, Serving  # noqa: E402
+from core.config.algo import SamplingParams  # noqa: E402
+from core.models import load_causal_lm, load_tokenizer  # noqa: E402
+from core.rollout.engine import RolloutEngine  # noqa: E402
+from core.tools.builtin import TOOLS  # noqa: E402
+from core.tools.sandbox import SandboxLimits  # noqa: E402
+from tests.test_agent_loop import ONE_SHOT  # noqa: E402  (the calculator's one-shot conversation)
+
+TEMPERATURE = 0.7
+CALCULATOR = {"type": "function", "function": {
+    "name": "calculator", "description": "Evaluate an arithmetic expression.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
+
+
+@pytest.fixture(scope="module")
+def served():
+    tok = load_tokenizer("SmolLM2-135M-Instruct")
+    model = load_causal_lm("SmolLM2-135M-Instruct", torch.float32)
+    engine = RolloutEngine(model, tok, pack_weights=False)
+    params = SamplingParams(temperature=TEMPERATURE, max_new_tokens=48, seed=5)
+    server = AgentServer(engine, tok, params, max_len=768, run_id="run-a")
+    serving = Serving(server, host="127.0.0.1")
+    yield server, serving, model, tok
+    serving.close()
+    server.loop.close()
+
+
+def client(server, tid=None, token=None):
+    headers = {"X-Trajectory-Id": tid} if tid else {}
+    return openai.AsyncOpenAI(base_url=server.url, api_key=token or server.token, default_headers=headers,
+                              max_retries=0)
+
+
+async def calculator_agent(c, question: str, seen: list) -> str:
+    """An agent as users write them: the openai client, OpenAI's tool schema, our sandbox as the tool."""
+    messages = ONE_SHOT + [{"role": "user", "content": question}]
+    for _ in range(3):
+        r = await c.chat.completions.create(model="policy", messages=messages, tools=[CALCULATOR], max_tokens=48,
+                                            logprobs=True)
+        seen.append(r)
+        msg = r.choices[0].message
+        messages.append(msg.model_dump(exclude_none=True))
+        if not msg.tool_calls:
+            return msg.content
+        for call in msg.tool_calls:
+            out = TOOLS["calculator"](json.loads(call.function.arguments), SandboxLimits(timeout_s=5.0))
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": out.text})
+    return ""
+
+
+@pytest.fixture(scope="module")
+def agents(served):
+    server = served[0]
+    questions = [f"What is {a} * {b}?" for a, b in ((123, 456), (87, 65), (902, 31), (44, 78))]
+    tids = [server.start_trajectory(f"q{i}") for i in range(len(questions))]
+    seen = [[] for _ in questions]
+
+    async def all_agents():
+        return await asyncio.gather(*(calculator_agent(client(server, t), q, s)
+                                      for t, q, s in zip(tids, questions, seen)))
+
+    answers = asyncio.run(all_agents())
+    return [server.finish(t) for t in tids], seen, answers
+
+
+def test_the_record_is_what_the_engine_was_prompted_with_and_sampled(agents):
+    segments, seen, _ = agents
+    assert any(len(s) > 1 for s in seen), "no agent got a tool answer: the test checks nothing"
+    for (seg,), responses in zip(segments, seen):
+        t = seg.traj
+        stream = t.prompt + t.tokens
+        for r in responses:  # each turn's prompt is a prefix of the final stream, its tokens right after it
+            prompt, got = r.model_extra["prompt_token_ids"], r.choices[0].model_extra["token_ids"]
+            assert stream[:len(prompt) + len(got)] == prompt + got
+            assert [x.logprob for x in r.choices[0].logprobs.content] == \
+                t.logps[len(prompt) - len(t.prompt):len(prompt) - len(t.prompt) + len(got)]
+        assert sum(t.sampled) == sum(len(r.choices[0].model_extra["token_ids"]) for r in responses)
+        assert t.turns == len(responses) and t.num_calls == sum(len(r.choices[0].message.tool_calls or [])
+                                                                for r in responses[:-1])
+
+
+def test_a_transformers_forward_of_the_record_gives_the_engine_s_log_probs(served, agents):
+    """fp32, one unpadded forward per trajectory: the trainer's log-prob of every model token equals the engine's --
+    to fp32 rounding with the engine on PyTorch's ops; the fused CPU kernels' attention differs by its rounding,
+    which depends on a token's batch neighbours (up to a few 1e-3 on a token). A record off by one token, or of
+    re-tokenised text, is off by whole nats."""
+    server, _, model, _ = served
+    gaps = []
+    for (seg,), _ in zip(*agents[:2]):
+        t = seg.traj
+        ids = torch.tensor([t.prompt + t.tokens])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits.float()[0, len(t.prompt) - 1:-1]
+        logp = torch.log_softmax(logits / TEMPERATURE, -1).gather(-1, torch.tensor(t.tokens)[:, None])[:, 0]
+        m = torch.tensor(t.sampled) > 0
+        gaps.append((logp[m] - torch.tensor(t.logps)[m]).abs())
+    gap = torch.cat(gaps)
+    kernels = bool(server.loop.engine.fused)
+    print(f"[agent server] {len(gap)} model tokens, |trainer - engine| log-prob: mean {gap.mean():.2e}, max "
+          f"{gap.max():.2e} (fused CPU kernels {'on' if kernels else 'off'})")
+    assert gap.mean() <= 1e-5 and gap.max() <= (5e-3 if kernels else 5e-5)
+
+
+def test_a_bad_request_names_the_field_and_records_nothing(served):
+    server = served[0]
+    tid = server.start_trajectory("bad")
+
+    async def bad(**kw):
+        c = client(server, kw.pop("tid", tid), kw.pop("token", None))
+        with pytest.raises(openai.APIStatusError) as e:
+            await c.chat.completions.create(model="policy", messages=kw.pop("messages", ONE_SHOT[:2]), **kw)
+        return e.value.status_code, e.value.body
+
+    cases = {
+        "tools[0].type": dict(tools=[{"type": "retrieval"}]),
+        "n": dict(n=500),
+        "trajectory_id": dict(tid="run-b/q0"),
+        "temperature": dict(temperature=0.2),
+        "messages": dict(messages=[{"content": "no role"}]),
+        "max_tokens": dict(max_tokens=10**6),
+    }
+    for field, kw in cases.items():
+        status, body = asyncio.run(bad(**kw))
+        assert status == 400 and body["param"] == field, (field, body)
+    assert "not of this run" in asyncio.run(bad(tid="run-b/q0"))[1]["message"]
+    status, body = asyncio.run(bad(token="wrong"))
+    assert status == 401 and body["param"] == "authorization"
+    assert server.finish(tid) == []                                                 # nothing recorded
+
+
+def test_a_request_during_a_weight_update_waits_and_completes(served):
+    server = served[0]
+    tid = server.start_trajectory("sync")
+    box = {}
+
+    def ask():
+        box["r"] = asyncio.run(client(server, tid).chat.completions.create(
+            model="policy", messages=ONE_SHOT[:2], max_tokens=8))
+
+    with server.loop.paused():
+        asker = threading.Thread(target=ask)
+        asker.start()
+        time.sleep(1.0)
+        assert "r" not in box                                                     # it waits for the update
+        server.loop.version = 1                                                   # the new weights' version
+    asker.join(timeout=60)
+    assert box["r"].choices[0].message.content is not None
+    (seg,) = server.finish(tid)
+    assert set(seg.traj.versions) == {1.0}
+
+
+def test_streaming_gives_the_same_reply_as_a_plain_request(served):
+    server = served[0]
+
+    async def both():
+        a = await client(server, server.start_trajectory("plain")).chat.completions.create(
+            model="policy", messages=ONE_SHOT[:2], max_tokens=16, seed=11)
+        stream = await client(server, server.start_trajectory("streamed")).chat.completions.create(
+            model="policy", messages=ONE_SHOT[:2], max_tokens=16, seed=11, stream=True)
+        text = "".join([chunk.choices[0].delta.content or "" async for chunk in stream])
+        return a.choices[0].message.content, text
+
+    plain, streamed = asyncio.run(both())
+    assert plain and streamed == plain
+
+
+def test_the_server_listens_on_the_address_it_was_given_only(served):
+    server, serving, _, _ = served
+    port = serving.port
+    with socket.create_connection(("127.0.0.1", port), timeout=5):
+        pass
+    with pytest.raises(OSError):                                                  # another address of this host
+        socket.create_connection(("127.0.0.2", port), timeout=5)
+    async def names():
+        return [m.id async for m in client(server).models.list()]
+
+    assert asyncio.run(names()) == ["policy"]

@@ -203,6 +203,12 @@ def _agent_problems(cfg: "RunConfig") -> list[str]:
         out.append(f"rollout.agent.tool_parser={agent.tool_parser!r} is no tool-call parser"
                    f"{did_you_mean(agent.tool_parser, TOOL_CALL_PARSERS.names())} (known: "
                    f"{', '.join(TOOL_CALL_PARSERS.names())})")
+    if agent.runner and cfg.rollout.backend != "embedded":
+        out.append(f"rollout.agent.runner serves the embedded engine; rollout.backend={cfg.rollout.backend} has no "
+                   "rollout server here yet (set rollout.backend=embedded, or drop the runner for the built-in loop)")
+    if agent.runner and cfg.trainer.async_.mode == "streaming":
+        out.append("rollout.agent.runner runs whole agents per rollout call: trainer.async.mode=streaming is not "
+                   "supported with it (sync or one_step_off)")
     if agent.max_response_tokens < cfg.algo.sampling.max_new_tokens:
         out.append(f"rollout.agent.max_response_tokens={agent.max_response_tokens} is less than one turn "
                    f"(algo.sampling.max_new_tokens={cfg.algo.sampling.max_new_tokens}): the first turn would be cut; "
@@ -339,6 +345,39 @@ def _looks_local(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~"))
 
 
+def runner_problems(cfg: "RunConfig") -> list[str]:
+    """``rollout.agent.runner``: its file exists and defines the async function it names (read, not run), and the
+    rollout server's packages are installed."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    spec = cfg.rollout.agent.runner if cfg.rollout.agent.enable else ""
+    if not spec:
+        return []
+    where, _, name = spec.rpartition(":")
+    if not where or not name:
+        return [f"rollout.agent.runner={spec!r}: write FILE.py:FUNCTION or MODULE:FUNCTION"]
+    missing = [m for m in ("fastapi", "uvicorn", "openai") if importlib.util.find_spec(m) is None]
+    if missing:
+        return [f"rollout.agent.runner needs {', '.join(missing)}: pip install -e '.[serve]'"]
+    if not where.endswith(".py"):
+        return [] if importlib.util.find_spec(where) else [f"rollout.agent.runner: no module {where!r}"]
+    path = Path(where)
+    if not path.is_file():
+        return [f"rollout.agent.runner: {path} not found"]
+    try:
+        tree = ast.parse(path.read_text(), str(path))
+    except SyntaxError as e:
+        return [f"rollout.agent.runner: {path}:{e.lineno}: {e.msg} (the file does not parse)"]
+    found = {n.name: isinstance(n, ast.AsyncFunctionDef) for n in tree.body
+             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    if name not in found:
+        return [f"rollout.agent.runner: {name!r} is not defined in {path}{did_you_mean(name, list(found))}"]
+    return [] if found[name] else [f"rollout.agent.runner: {name} in {path} must be async (async def {name}(client, "
+                                   "row))"]
+
+
 def file_problems(cfg: "RunConfig") -> tuple[list[str], list[str]]:
     """What the run's files say before anything loads: (problems, missing data files). Problems: a reward file that
     is missing, does not parse (file:line) or lacks ``reward.name``; an output dir that is a file or cannot be
@@ -366,6 +405,7 @@ def file_problems(cfg: "RunConfig") -> tuple[list[str], list[str]]:
                                f"{did_you_mean(cfg.reward.name, names)}")
             except SyntaxError as e:
                 out.append(f"reward.path: {path}:{e.lineno}: {e.msg} (the reward file does not parse)")
+    out += runner_problems(cfg)
     o = Path(cfg.trainer.output_dir)
     if o.exists() and not o.is_dir():
         out.append(f"trainer.output_dir: {o} is a file, not a folder; name another output_dir")

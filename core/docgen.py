@@ -247,7 +247,7 @@ API = [("core.protocol", ["Batch"], "The one batch type: tensors, non-tensor col
         "Resource pools and Ray worker groups; dispatch takes the worker method itself."),
        ("core.replicas", ["RolloutReplicas"], "The rollout on a pool of its own: replicas that may be lost, their "
         "rows run again on the others."),
-       ("core.agent_server", ["AgentServer", "Serving", "Conversations"],
+       ("core.rollout.agent_server", ["AgentServer", "Serving", "Conversations"],
         "The OpenAI-compatible rollout server: agents written against the OpenAI API, recorded token in, token out."),
        ("core.config", ["RunConfig", "AlgoConfig", "SamplingParams", "validate"],
         "The run config: validated once into frozen dataclasses ([config reference](reference/config.md))."),

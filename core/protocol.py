@@ -51,6 +51,8 @@ data_source         (B,)         object  dataset name; selects the reward functi
 ground_truth        (B,)         object  reference answer for the reward
 extra_info          (B,)         object  per-sample dict carried from the dataset
 response_text       (B,)         object  the response decoded (``RolloutWorker.decode``; one-step-off batches carry it)
+agent_answer        (B,)         object  an agent program's final answer (``rollout.agent.runner``): what the reward
+                                         scores as the response
 multi_modal_inputs  (B,)         object  image prompts: the sample's vision inputs, a dict of tensors with leading
                                          dim 1 (``core.data.vision_inputs``: pixel values for its image tokens)
 ==================  ===========  ======  =============================================================
@@ -103,6 +105,7 @@ KEYS: dict[str, str] = {
     "ground_truth": "(B,) object: reference answer",
     "extra_info": "(B,) object: per-sample dict",
     "response_text": "(B,) object: the decoded response",
+    "agent_answer": "(B,) object: an agent program's final answer (rollout.agent.runner), what the reward scores",
     "multi_modal_inputs": "(B,) object: image prompts, the sample's vision inputs (dict of tensors)",
 }
 

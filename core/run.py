@@ -68,6 +68,10 @@ def load_with_given(config_dir: str | Path, config_name: str = "config", overrid
     reward = tree.get("reward") or {}
     if reward.get("path") and not Path(reward["path"]).is_absolute() and (config_dir / reward["path"]).is_file():
         reward["path"] = str(config_dir / reward["path"])
+    agent = ((tree.get("rollout") or {}).get("agent") or {})
+    runner, _, fn = str(agent.get("runner") or "").rpartition(":")
+    if runner.endswith(".py") and not Path(runner).is_absolute() and (config_dir / runner).is_file():
+        agent["runner"] = f"{config_dir / runner}:{fn}"  # a recipe's agent program, as its reward file
     try:
         extra = {name: validate(cls, tree.pop(name, None), where=where, prefix=name)
                  for name, cls in (sections or {}).items()}

@@ -271,6 +271,19 @@ class AgentConfig:
     tool_workers: PositiveInt = 4
     # strings that end a turn so that its tool calls can run (besides EOS)
     stop: tuple[str, ...] = ("</tool_call>",)
+    # an agent program instead of the loop above: FILE.py:FUNCTION (relative: the recipe folder's) or
+    # MODULE:FUNCTION, an async function (client: openai.AsyncOpenAI, row: dict) -> its final answer, which the
+    # reward scores; it runs against this replica's OpenAI-compatible rollout server (core/rollout/agent_server), every
+    # request recorded token in, token out. Its turns and tools are its own; max_response_tokens, tool_parser and
+    # stop still apply
+    runner: str = ""
+    # runner: agents running at once per rollout replica
+    max_concurrent: PositiveInt = 32
+    # runner: the address the rollout server listens on (the agents run in the replica's own process)
+    server_host: str = "127.0.0.1"
+    # runner: a request's tools go into the system message when the chat template does not render them (false: the
+    # prompts already describe them)
+    describe_tools: bool = True
 
     def __post_init__(self):
         check_fields(self)

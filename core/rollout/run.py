@@ -118,9 +118,11 @@ class Run:
         self.cohorts.append(Cohort(P, prompts[0][:P]))
         return len(self.cohorts) - 1
 
-    def add(self, ids: list[int], max_new_tokens: int, seed: int, cohort: int = -1) -> int:
+    def add(self, ids: list[int], max_new_tokens: int, seed: int, cohort: int = -1,
+            stop: Sequence[str] | None = None) -> int:
         """Queue one more sequence (n = 1) extending a cohort's prompts (a session's first prompts; an agent's turn
-        in a stream: its trajectory's cohort); returns its index (``step`` reports it when it finishes)."""
+        in a stream: its trajectory's cohort); returns its index (``step`` reports it when it finishes). ``stop``:
+        its stop strings instead of the run's."""
         c = self.cohorts[cohort]
         if self.p.n != 1:
             raise ValueError(f"a session samples each added prompt once (n = 1), got n = {self.p.n}")
@@ -129,7 +131,10 @@ class Run:
         if max_new_tokens < 1 or len(ids) + max_new_tokens > self.e.cache.max_len:
             raise ValueError(f"{len(ids)} prompt + {max_new_tokens} new tokens do not fit the session's "
                              f"{self.e.cache.max_len} (or no new token asked)")
-        return self._queue(list(ids), [seed], max_new_tokens, cohort % len(self.cohorts))
+        i = self._queue(list(ids), [seed], max_new_tokens, cohort % len(self.cohorts))
+        if stop is not None:
+            self.stops[i] = tuple(stop)
+        return i
 
     def _queue(self, ids: list[int], seeds: list[int], max_new_tokens: int, cohort: int = -1) -> int:
         i = len(self.prompts)

@@ -36,6 +36,7 @@ class RolloutWorker:
         self.ctx, self.cfg = ctx, cfg
         self.synced = False  # once a sync has sent every weight, later ones send only what an update can change
         self.stream: StreamState | None = None  # trainer.async.mode=streaming: the run across steps
+        self.agents = None  # rollout.agent.runner: this replica's rollout server, its address, the agent program
         # image prompts: placeholders expanded into image tokens, pixel values (a vision-language model's folder)
         self.processor = processor_for(cfg.model) if cfg.backend == "embedded" else None
         if cfg.backend == "sglang":  # CUDA only; not run in this project's CI (core/rollout/sglang_engine.py)
@@ -71,7 +72,10 @@ class RolloutWorker:
             ids = self._prompt_ids(prompts)
         agent, replica = self.cfg.agent, replace(params, seed=replica_seed(self.ctx.rank, self.cfg.tensor_parallel_size,
                                                                            params.seed))
-        if agent.enable:  # multi-turn: the engine generates each turn, tools answer in between (core.rollout.agent_loop);
+        answers = None
+        if agent.enable and agent.runner:  # an agent program against this replica's OpenAI-compatible server
+            out, answers = self._run_agents(prompts, ids, params)
+        elif agent.enable:  # multi-turn: the engine generates each turn, tools answer in between (core.rollout.agent_loop);
             # continuous batching across turns where the engine has sessions (the embedded engine), else per turn
             out = agent_generate(self.engine.generate, self.engine.tokenizer, self._eos_ids(), self.engine.pad_id,
                                  ids, replica, agent, session=getattr(self.engine, "session", None))
@@ -91,7 +95,36 @@ class RolloutWorker:
         repeated = prompts.repeat(params.n).non_tensors
         if vision is not None:  # each sample's vision inputs, for the trainer's forward passes
             repeated["multi_modal_inputs"] = [v for v in vision for _ in range(params.n)]
+        if answers is not None:  # what the reward scores
+            repeated["agent_answer"] = answers
         return Batch(out.tensors, repeated, prompts.meta)
+
+    def _run_agents(self, prompts: Batch, ids: list[list[int]], params: SamplingParams) -> tuple[Batch, list[str]]:
+        """``rollout.agent.runner``, n per row, against this replica's rollout server (started on the first call);
+        sample j of a row draws from the seed of its row in the whole batch, as the built-in engine's samples do."""
+        import asyncio
+
+        from core.rollout.agent_server import AgentServer, Serving
+        from core.rollout.agent_server.runner import agents_batch, load_runner, run_agents
+
+        agent = self.cfg.agent
+        if self.agents is None:
+            server = AgentServer(self.engine, self.engine.tokenizer, tool_parser=agent.tool_parser, tool_stop=agent.stop,
+                                 max_n=max(self.cfg.max_batch_size, 1), max_response_tokens=agent.max_response_tokens,
+                                 describe_tools=agent.describe_tools)
+            self.agents = (server, Serving(server, host=agent.server_host), load_runner(agent.runner), [0])
+        server, _, runner, calls = self.agents
+        rows = [{"prompt": list(p), "data_source": d, "ground_truth": g, "extra_info": e} for p, d, g, e in
+                zip(prompts["prompt"], prompts["data_source"], prompts["ground_truth"], prompts["extra_info"])]
+        with server.sampling(params, self.cfg.max_prompt_length + agent.max_response_tokens):
+            runs = asyncio.run(run_agents(runner, server, rows, params.n, agent.max_concurrent,
+                                          self._sample_seeds(prompts, params), calls[0]))
+        calls[0] += 1
+        failed = [r.error for r in runs if r.error]
+        if failed:
+            print(f"rollout.agent.runner: {len(failed)} of {len(runs)} agents raised; the first: {failed[0]}",
+                  flush=True)
+        return agents_batch(runs, ids, params.n, self.engine.pad_id), [r.answer for r in runs]
 
     def _sample_seeds(self, prompts: Batch, params: SamplingParams) -> list[int]:
         """The seeds of each row's n samples: by the row's index in the whole batch the controller split
@@ -162,6 +195,8 @@ class RolloutWorker:
     def decode(self, batch: Batch, whole: bool = False) -> Batch:
         """The response texts as a ``response_text`` column: the model's tokens, special tokens dropped; ``whole``:
         with tool answers and template markers (``core.rollout.batch.decode_responses``)."""
+        if "agent_answer" in batch and not whole:  # an agent program's rollout: its final answer is the response
+            return Batch(non_tensors={"response_text": list(batch["agent_answer"])})
         texts = decode_responses(self.engine.tokenizer, batch, whole) if whole else self.engine.decode(batch)
         return Batch(non_tensors={"response_text": texts})
 

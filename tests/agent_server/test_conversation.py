@@ -1,11 +1,11 @@
-"""Token in, token out (core/agent_server/conversation.py) with SmolLM2's tokenizer and three other families' templates
+"""Token in, token out (core/rollout/agent_server/conversation.py) with SmolLM2's tokenizer and three other families' templates
 written for its vocabulary: each request's ids are the ids before it plus the template's text for what it adds; the
 sampled ids are kept as sampled; and where re-rendering the conversation would have given other ids (the drift a
 plain OpenAI server trains on) it is detected -- each case shown to drift, so the checks can fail."""
 
 import pytest
 
-from core.agent_server.conversation import Conversations, render_ids
+from core.rollout.agent_server.conversation import Conversations, render_ids
 from core.models import load_tokenizer
 from tests.agent_server.templates import with_template
 

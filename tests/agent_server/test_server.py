@@ -1,4 +1,4 @@
-"""The OpenAI-compatible rollout server (core/agent_server) over real HTTP (uvicorn) with the ``openai`` client, in
+"""The OpenAI-compatible rollout server (core/rollout/agent_server) over real HTTP (uvicorn) with the ``openai`` client, in
 front of the embedded engine and SmolLM2-135M-Instruct (fp32), the calculator in the sandbox as the tool backend: the
 record is what the engine was prompted with and sampled, and a transformers forward of it gives the engine's
 log-probs; bad requests are refused with the field named and nothing recorded; the server listens where it is told
@@ -15,7 +15,7 @@ import torch
 
 openai = pytest.importorskip("openai")
 
-from core.agent_server import AgentServer, Serving  # noqa: E402
+from core.rollout.agent_server import AgentServer, Serving  # noqa: E402
 from core.config.algo import SamplingParams  # noqa: E402
 from core.models import load_causal_lm, load_tokenizer  # noqa: E402
 from core.rollout.engine import RolloutEngine  # noqa: E402
@@ -35,11 +35,11 @@ def served():
     model = load_causal_lm("SmolLM2-135M-Instruct", torch.float32)
     engine = RolloutEngine(model, tok, pack_weights=False)
     params = SamplingParams(temperature=TEMPERATURE, max_new_tokens=48, seed=5)
-    server = AgentServer(engine, tok, params, max_len=768, run_id="run-a")
+    server = AgentServer(engine, tok, run_id="run-a")
     serving = Serving(server, host="127.0.0.1")
-    yield server, serving, model, tok
+    with server.sampling(params, max_len=768):
+        yield server, serving, model, tok
     serving.close()
-    server.loop.close()
 
 
 def client(server, tid=None, token=None):
@@ -115,7 +115,8 @@ def test_a_transformers_forward_of_the_record_gives_the_engine_s_log_probs(serve
     kernels = bool(server.loop.engine.fused)
     print(f"[agent server] {len(gap)} model tokens, |trainer - engine| log-prob: mean {gap.mean():.2e}, max "
           f"{gap.max():.2e} (fused CPU kernels {'on' if kernels else 'off'})")
-    assert gap.mean() <= 1e-5 and gap.max() <= (5e-3 if kernels else 5e-5)
+    mean_tol, max_tol = (1e-4, 1e-2) if kernels else (1e-5, 5e-5)
+    assert gap.mean() <= mean_tol and gap.max() <= max_tol
 
 
 def test_a_bad_request_names_the_field_and_records_nothing(served):
@@ -192,3 +193,54 @@ def test_the_server_listens_on_the_address_it_was_given_only(served):
         return [m.id async for m in client(server).models.list()]
 
     assert asyncio.run(names()) == ["policy"]
+
+
+def test_a_trajectory_gets_what_is_left_of_its_budget_and_nothing_outside_a_rollout(served):
+    server = served[0]
+    tid = server.start_trajectory("budget")
+    server.budget = 6
+
+    async def two_turns():
+        c = client(server, tid)
+        first = await c.chat.completions.create(model="policy", messages=ONE_SHOT[:2], max_tokens=40, seed=2)
+        follow = [*ONE_SHOT[:2], first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "?"}]
+        with pytest.raises(openai.BadRequestError, match="response tokens are spent"):
+            await c.chat.completions.create(model="policy", messages=follow, max_tokens=40)
+        return first
+
+    try:
+        first = asyncio.run(two_turns())
+    finally:
+        server.budget = 1 << 30
+    assert len(first.choices[0].model_extra["token_ids"]) <= 6
+    (seg,) = server.finish(tid)
+    assert len(seg.traj.tokens) <= 6 and seg.traj.turns == 1
+
+
+def test_agent_programs_run_n_per_row_seeded_by_their_row_and_their_records_make_the_batch(served):
+    """``run_agents`` (rollout.agent.runner): n agents per row at once, each trajectory seeded by its place in the
+    batch -- the same tokens whatever runs beside it, so twice gives the same batch -- and an agent that raises
+    answers nothing while the others go on."""
+    from core.rollout.agent_server.runner import agents_batch, run_agents
+    from core.rollout.sampling import sequence_seeds
+
+    server, _, _, tok = served
+
+    async def one_turn(client, row):
+        if row["extra_info"]["fail"]:
+            raise RuntimeError("the agent's own bug")
+        r = await client.chat.completions.create(model="policy", messages=row["prompt"], max_tokens=12)
+        return r.choices[0].message.content
+
+    rows = [{"prompt": ONE_SHOT[:1] + [{"role": "user", "content": f"What is {a} * 7?"}], "extra_info": {"fail": f}}
+            for a, f in ((31, False), (45, False), (52, True))]
+    seeds = sequence_seeds(9, 3 * 2)
+    first, again = (asyncio.run(run_agents(one_turn, server, rows, 2, c, seeds, call)) for c, call in ((6, 0), (1, 1)))
+    assert [bool(r.error) for r in first] == [False] * 4 + [True] * 2 and "the agent's own bug" in first[4].error
+    assert [r.answer for r in first] == [r.answer for r in again] and first[0].answer != first[1].answer
+    prompts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False)
+               for r in rows]
+    batch = agents_batch(first, prompts, 2, pad_id=0)
+    assert len(batch) == 6 and batch["response_mask"].sum(-1).tolist() == \
+        [float(len(r.segments[-1].traj.tokens)) if r.segments else 0.0 for r in first]
+    assert batch["num_turns"].tolist() == [1.0] * 4 + [0.0] * 2

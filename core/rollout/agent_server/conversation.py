@@ -79,11 +79,11 @@ def template_message(m: dict) -> dict:
     return out
 
 
-def render_ids(tokenizer, messages: Sequence[dict], tools: Sequence[dict] | None) -> list[int]:
+def render_ids(tokenizer, messages: Sequence[dict], tools: Sequence[dict] | None, describe: bool = True) -> list[int]:
     """The template's ids for a whole conversation, ready for the assistant's turn. Tools go to the template when it
-    renders them, else into the system message in the Hermes convention."""
+    renders them, else (``describe``) into the system message in the Hermes convention."""
     msgs = [template_message(m) for m in messages]
-    if tools and "tools" not in (tokenizer.chat_template or ""):
+    if tools and describe and "tools" not in (tokenizer.chat_template or ""):
         text = _TOOLS_SYSTEM.format(tools="\n".join(json.dumps(t) for t in tools))
         if msgs and msgs[0]["role"] == "system":
             msgs[0] = {**msgs[0], "content": msgs[0]["content"] + "\n\n" + text}
@@ -124,8 +124,8 @@ class Prompt:
 class Conversations:
     """Every trajectory's segments, by trajectory id. Thread-safe (the server's requests arrive concurrently)."""
 
-    def __init__(self, tokenizer, eos_ids: Sequence[int]):
-        self.tok, self.eos = tokenizer, set(eos_ids)
+    def __init__(self, tokenizer, eos_ids: Sequence[int], describe_tools: bool = True):
+        self.tok, self.eos, self.describe = tokenizer, set(eos_ids), describe_tools
         self.segments: dict[str, list[Segment]] = {}
         self.lock = threading.Lock()
 
@@ -144,7 +144,7 @@ class Conversations:
             own = self.segments.get(trajectory, [])
             parents = [s for s in own if s.tools == tkey and len(s.messages) < len(norm)
                        and norm[:len(s.messages)] == s.messages]
-        whole = render_ids(self.tok, norm, tools)  # what re-rendering would give: the drift check, or a new segment
+        whole = render_ids(self.tok, norm, tools, self.describe)  # what re-rendering would give: the drift check, or a new segment
         if not parents:
             why = _why_apart(own, norm, tkey) if own else ""
             return Prompt(trajectory, whole, norm, tkey, None, split=why)

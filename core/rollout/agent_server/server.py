@@ -7,7 +7,7 @@ Routes (FastAPI on uvicorn): ``POST /v1/chat/completions`` (messages, tools in O
 ...}``); a request that breaks the schema gets a 400 naming the field, and nothing is recorded. Sampling is the
 run's: ``temperature`` and ``top_p`` other than the run's are refused (the trainer's log-probs assume them).
 
-What is recorded is ``core.agent_server.conversation``'s: per trajectory, the ids each turn was prompted with and
+What is recorded is ``core.rollout.agent_server.conversation``'s: per trajectory, the ids each turn was prompted with and
 the tokens sampled, their log-probs and weight versions. ``finish(trajectory)`` hands them out as the agent loop's
 ``Trajectory`` records. A streamed reply is sent as chunks once its sequence has finished (the engine decodes it
 among the other requests; the chunks are OpenAI's format).
@@ -21,10 +21,11 @@ import secrets
 import threading
 import time
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass
 
-from core.agent_server.conversation import Conversations, Prompt, Segment
-from core.agent_server.engine_loop import Completion, EngineLoop
+from core.rollout.agent_server.conversation import Conversations, Prompt, Segment
+from core.rollout.agent_server.engine_loop import Completion, EngineLoop
 from core.config.algo import SamplingParams
 from core.rollout.run import ends_in_stop
 from core.rollout.sampling import sequence_seeds
@@ -107,34 +108,55 @@ def _sampling(body: dict, params: SamplingParams, max_n: int, max_tokens: int) -
 
 
 class AgentServer:
-    """The routes' state: the engine loop, the conversations, the run's sampling, its token and trajectory ids."""
+    """The routes' state: the engine and its loop while a rollout samples (``sampling``), the conversations, the
+    run's token and trajectory ids. ``max_response_tokens``: a trajectory's budget of tokens after its first prompt
+    (its turns and the template's between them); a request is given what is left of it at most."""
 
-    def __init__(self, engine, tokenizer, params: SamplingParams, max_len: int, run_id: str, token: str | None = None,
+    def __init__(self, engine, tokenizer, run_id: str | None = None, token: str | None = None,
                  tool_parser: str = "hermes", tool_stop: tuple[str, ...] = ("</tool_call>",), max_n: int = 16,
-                 model_name: str = "policy"):
-        self.tok, self.params, self.run_id, self.model_name = tokenizer, params, run_id, model_name
+                 max_response_tokens: int = 1 << 30, describe_tools: bool = True, model_name: str = "policy"):
+        self.engine, self.tok, self.model_name = engine, tokenizer, model_name
+        self.run_id = run_id or secrets.token_hex(4)
         self.token = token or secrets.token_urlsafe(24)
         self.parse_calls, self.tool_stop, self.max_n = TOOL_CALL_PARSERS[tool_parser], tool_stop, max_n
-        self.max_tokens = params.max_new_tokens
-        self.loop = EngineLoop(engine, params, max_len)
-        self.conversations = Conversations(tokenizer, engine.eos_ids)
-        self.open: set[str] = set()
+        self.budget = max_response_tokens
+        self.loop: EngineLoop | None = None
+        self.params, self.max_tokens = SamplingParams(), 0
+        self.conversations = Conversations(tokenizer, engine.eos_ids, describe_tools)
+        self.open: dict[str, int | None] = {}          # trajectory id -> its sampling seed (None: from its id)
         self.lock = threading.Lock()
         self.url = ""
-        self._server = None
+
+    @contextmanager
+    def sampling(self, params: SamplingParams, max_len: int):
+        """Serve requests inside the block: an engine loop sampling with ``params`` (its temperature and top_p the
+        only ones accepted; ``max_new_tokens`` a request's limit), sequences of up to ``max_len`` tokens. Outside,
+        requests get a 503."""
+        self.params, self.max_tokens = params, params.max_new_tokens
+        self.loop = EngineLoop(self.engine, params, max_len)
+        try:
+            yield self
+        finally:
+            loop, self.loop = self.loop, None
+            loop.close()
+
+    def ready(self) -> None:
+        if self.loop is None:
+            raise BadRequest("", "the rollout is not sampling now (between two of its calls)", 503)
 
     # ------------------------------------------------------------------------------------------ trajectories
-    def start_trajectory(self, key: str) -> str:
-        """A new trajectory id of this run (``<run_id>/<key>``) that requests may name."""
+    def start_trajectory(self, key: str, seed: int | None = None) -> str:
+        """A new trajectory id of this run (``<run_id>/<key>``) that requests may name; ``seed``: its samples'
+        (each turn's drawn from it), else one derived from the id."""
         tid = f"{self.run_id}/{key}"
         with self.lock:
-            self.open.add(tid)
+            self.open[tid] = seed
         return tid
 
     def finish(self, tid: str) -> list[Segment]:
         """The trajectory's recorded segments (its requests are refused from now on)."""
         with self.lock:
-            self.open.discard(tid)
+            self.open.pop(tid, None)
         return self.conversations.finished(tid)
 
     def trajectory_of(self, headers, body: dict) -> str:
@@ -150,12 +172,22 @@ class AgentServer:
 
     # ------------------------------------------------------------------------------------------ completions
     def seeds(self, p: Prompt, req: ChatRequest) -> list[int]:
-        """Each choice's sampling seed: the request's, else one derived from the trajectory and its turn (so a
-        rerun of the same agents draws the same tokens)."""
+        """Each choice's sampling seed: the request's, else the trajectory's (given or from its id) mixed with the
+        request's place in it (its turn and prompt length), so a rerun of the same agents draws the same tokens."""
         if req.seed is not None:
             return sequence_seeds(req.seed, req.n)
+        base = self.open.get(p.trajectory)
+        base = self.params.seed ^ zlib.crc32(p.trajectory.encode()) if base is None else base
         turn = p.at[1] if p.parent is not None else 0
-        return sequence_seeds(self.params.seed ^ zlib.crc32(f"{p.trajectory}#{turn}".encode()), req.n)
+        return sequence_seeds(base ^ zlib.crc32(f"{turn}#{len(p.ids)}".encode()), req.n)
+
+    def room(self, p: Prompt, limit: int) -> int:
+        """A request's token limit within its trajectory's budget; BadRequest when none is left."""
+        used = len(p.parent.traj.tokens) + len(p.added) if p.parent is not None else 0
+        if used >= self.budget:
+            raise BadRequest("max_tokens", f"the trajectory's {self.budget} response tokens are spent "
+                                           "(rollout.agent.max_response_tokens)")
+        return min(limit, self.budget - used)
 
     async def chat(self, tid: str, req: ChatRequest) -> dict:
         tools = req.tools if req.tool_choice != "none" else None
@@ -164,15 +196,16 @@ class AgentServer:
         except ValueError as e:
             raise BadRequest("messages", str(e)) from None
         stop = req.stop + (self.tool_stop if tools else ())
+        limit = self.room(p, req.max_tokens)
         try:
-            futures = [self.loop.submit(p.ids, req.max_tokens, seed, stop) for seed in self.seeds(p, req)]
+            futures = [self.loop.submit(p.ids, limit, seed, stop) for seed in self.seeds(p, req)]
         except ValueError as e:
             raise BadRequest("max_tokens", str(e)) from None
         done: list[Completion] = [await asyncio.wrap_future(f) for f in futures]
         choices = []
         for k, c in enumerate(done):
             tokens, logps, versions = self._cut_at_stop(c, req.stop)
-            message, finish = self.reply(tokens, bool(tools), req.max_tokens)
+            message, finish = self.reply(tokens, bool(tools), limit)
             self.conversations.reply(p, tokens, logps, versions, message)
             choice = {"index": k, "message": message, "finish_reason": finish, "token_ids": tokens,
                       "logprobs": {"content": self._logprobs(tokens, logps)} if req.logprobs else None}
@@ -197,6 +230,7 @@ class AgentServer:
         n, max_tokens, stop, seed, logprobs, _ = _sampling(body, self.params, self.max_n, self.max_tokens)
         req = ChatRequest([], None, "none", n, max_tokens, stop, seed, logprobs, False)
         p = self.conversations.prompt_ids(tid, ids)
+        max_tokens = self.room(p, max_tokens)
         try:
             futures = [self.loop.submit(p.ids, max_tokens, s, stop) for s in self.seeds(p, req)]
         except ValueError as e:

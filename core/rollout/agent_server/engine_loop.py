@@ -1,4 +1,4 @@
-"""The embedded engine behind a server: one thread owns a stream run (``RolloutEngine.stream``) and decodes every
+"""The embedded engine behind a server: one thread owns a session run (``RolloutEngine.session``) and decodes every
 request in flight together -- continuous batching across requests that arrive from any thread at any time, each
 sequence drawing from its own seed (so its tokens do not depend on what else runs beside it).
 
@@ -31,7 +31,8 @@ class EngineLoop:
 
     def __init__(self, engine, params: SamplingParams, max_len: int):
         self.engine, self.max_len = engine, max_len
-        self.run = engine.stream(replace(params, n=1), max_len)
+        # a session: one cohort with no shared prefix, so that requests queued together are prefilled together
+        self.run = engine.session([], replace(params, n=1), max_len)
         self.cond = threading.Condition()
         self.incoming: deque = deque()
         self.waiting: dict[int, Future] = {}
@@ -63,7 +64,7 @@ class EngineLoop:
                     return
                 while self.incoming:
                     ids, max_new, seed, stop, future = self.incoming.popleft()
-                    (i,) = self.run.add_prompts([ids], [seed], max_new, stop=stop)
+                    i = self.run.add(ids, max_new, seed, stop=stop)
                     self.waiting[i] = future
                 self.stepping = True
             try:

@@ -6,7 +6,7 @@ import secrets
 import threading
 import time
 
-from core.agent_server.server import AgentServer, BadRequest, parse_chat
+from core.rollout.agent_server.server import AgentServer, BadRequest, parse_chat
 
 
 def create_app(server: AgentServer):
@@ -39,6 +39,7 @@ def create_app(server: AgentServer):
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         body = await checked(request)
+        server.ready()
         req = parse_chat(body, server.params, server.max_n, server.max_tokens)
         out = await server.chat(server.trajectory_of(request.headers, body), req)
         if not req.stream:
@@ -48,6 +49,7 @@ def create_app(server: AgentServer):
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await checked(request)
+        server.ready()
         return await server.complete(server.trajectory_of(request.headers, body), body)
 
     @app.get("/v1/models")

@@ -2,10 +2,10 @@
 against the OpenAI API trains unchanged: ``AgentServer`` (the routes' state: the engine loop, the conversations),
 ``Serving`` (uvicorn in a thread, on the address given), ``Conversations`` (the prompt ids of each request)."""
 
-from core.agent_server.app import Serving, create_app
-from core.agent_server.conversation import Conversations, Prompt, Segment, render_ids
-from core.agent_server.engine_loop import Completion, EngineLoop
-from core.agent_server.server import AgentServer, BadRequest
+from core.rollout.agent_server.app import Serving, create_app
+from core.rollout.agent_server.conversation import Conversations, Prompt, Segment, render_ids
+from core.rollout.agent_server.engine_loop import Completion, EngineLoop
+from core.rollout.agent_server.server import AgentServer, BadRequest
 
 __all__ = ["AgentServer", "BadRequest", "Completion", "Conversations", "EngineLoop", "Prompt", "Segment", "Serving",
            "create_app", "render_ids"]

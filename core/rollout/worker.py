@@ -102,10 +102,8 @@ class RolloutWorker:
     def _run_agents(self, prompts: Batch, ids: list[list[int]], params: SamplingParams) -> tuple[Batch, list[str]]:
         """``rollout.agent.runner``, n per row, against this replica's rollout server (started on the first call);
         sample j of a row draws from the seed of its row in the whole batch, as the built-in engine's samples do."""
-        import asyncio
-
         from core.rollout.agent_server import AgentServer, Serving
-        from core.rollout.agent_server.runner import agents_batch, load_runner, run_agents
+        from core.rollout.agent_server.runner import agents_batch, drive_agents, load_runner
 
         agent = self.cfg.agent
         if self.agents is None:
@@ -116,9 +114,9 @@ class RolloutWorker:
         server, _, runner, calls = self.agents
         rows = [{"prompt": list(p), "data_source": d, "ground_truth": g, "extra_info": e} for p, d, g, e in
                 zip(prompts["prompt"], prompts["data_source"], prompts["ground_truth"], prompts["extra_info"])]
-        with server.sampling(params, self.cfg.max_prompt_length + agent.max_response_tokens):
-            runs = asyncio.run(run_agents(runner, server, rows, params.n, agent.max_concurrent,
-                                          self._sample_seeds(prompts, params), calls[0]))
+        with server.sampling(params, self.cfg.max_prompt_length + agent.max_response_tokens, own_thread=False):
+            runs = drive_agents(runner, server, rows, params.n, agent.max_concurrent, self._sample_seeds(prompts, params),
+                                calls[0])
         calls[0] += 1
         failed = [r.error for r in runs if r.error]
         if failed:

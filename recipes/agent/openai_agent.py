@@ -8,6 +8,7 @@ whose requests are recorded, token in, token out, as this sample's trajectory. I
 recipe's reward (reward.py) scores it against the row's ground truth.
 """
 
+import asyncio
 import json
 
 from core.tools.builtin import TOOLS
@@ -35,7 +36,8 @@ async def run(client, row: dict) -> str:
                 arguments = json.loads(call.function.arguments)
             except json.JSONDecodeError:
                 arguments = {}
-            text = (TOOLS["calculator"](arguments, LIMITS).text if call.function.name == "calculator"
+            text = ((await asyncio.to_thread(TOOLS["calculator"], arguments, LIMITS)).text  # off the event loop:
+                    if call.function.name == "calculator"                                 # the other agents go on
                     else f"error: unknown tool {call.function.name!r}; the tools are ['calculator']")
             messages.append({"role": "tool", "tool_call_id": call.id, "content": text})
     return ""

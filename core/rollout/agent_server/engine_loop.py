@@ -27,9 +27,11 @@ class Completion:
 
 
 class EngineLoop:
-    """Requests (``submit``) decoded together by one thread; ``max_len``: the longest prompt + completion."""
+    """Requests (``submit``) decoded together by one thread; ``max_len``: the longest prompt + completion. A thread of
+    its own decodes (``own_thread``), or the caller does (``drive``): a rollout worker's main thread decodes ~20%
+    faster than another thread of its process, and its agents' requests are served meanwhile."""
 
-    def __init__(self, engine, params: SamplingParams, max_len: int):
+    def __init__(self, engine, params: SamplingParams, max_len: int, own_thread: bool = True):
         self.engine, self.max_len = engine, max_len
         # a session: one cohort with no shared prefix, so that requests queued together are prefilled together
         self.run = engine.session([], replace(params, n=1), max_len)
@@ -37,10 +39,12 @@ class EngineLoop:
         self.incoming: deque = deque()
         self.waiting: dict[int, Future] = {}
         self.pauses = 0
+        self.prefixes: list[tuple[int, list[int]]] = []   # (cohort, its shared prefix), longest first when found
         self.stepping = self.closed = False
         self.version = 0
-        self.thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
-        self.thread.start()
+        self.thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True) if own_thread else None
+        if self.thread is not None:
+            self.thread.start()
 
     def submit(self, ids: Sequence[int], max_new_tokens: int, seed: int, stop: Sequence[str] = ()) -> Future:
         """A Future of the ``Completion`` of ``ids``. Raises ValueError when it cannot fit."""
@@ -55,16 +59,47 @@ class EngineLoop:
             self.cond.notify_all()
         return future
 
-    def _loop(self) -> None:
+    def _cohort(self, ids: list[int]) -> int:
+        """The run's cohort whose shared prefix ``ids`` extends (0: none, prefilled whole)."""
+        for c, prefix in self.prefixes:
+            if len(ids) > len(prefix) and ids[:len(prefix)] == prefix:
+                return c
+        return 0
+
+    def _share_prefixes(self, new: list[list[int]]) -> None:
+        """Requests that arrive together and share a prefix (agents of one prompt, a few-shot preamble) form a
+        cohort: the prefix is prefilled once, and so are the later turns that extend it (a trajectory's next
+        turn re-prefills only what follows it)."""
+        fresh = [ids for ids in new if self._cohort(ids) == 0]
+        if len(fresh) >= 2:
+            c = self.run.add_cohort(fresh)
+            if self.run.cohorts[c].P:
+                self.prefixes.append((c, list(self.run.cohorts[c].prefix)))
+
+    def drive(self, until: Future) -> None:
+        """Decode in the calling thread until ``until`` is done (the agents this loop serves have finished)."""
+        until.add_done_callback(lambda _: self._wake())
+        self._loop(until.done)
+
+    def _wake(self) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+    def _loop(self, finished=lambda: False) -> None:
         while True:
             with self.cond:
-                while not self.closed and (self.pauses or not (self.incoming or self.waiting)):
+                while not self.closed and not finished() and (self.pauses or not (self.incoming or self.waiting)):
                     self.cond.wait()
-                if self.closed:
+                if self.closed or finished():
                     return
+                seen = -1
+                while not self.waiting and len(self.incoming) > seen:  # idle until now: let requests sent together
+                    seen = len(self.incoming)                            # arrive together (one prefill), until
+                    self.cond.wait(timeout=0.005)                        # 5 ms bring none
+                self._share_prefixes([r[0] for r in self.incoming])
                 while self.incoming:
                     ids, max_new, seed, stop, future = self.incoming.popleft()
-                    i = self.run.add(ids, max_new, seed, stop=stop)
+                    i = self.run.add(ids, max_new, seed, cohort=self._cohort(ids), stop=stop)
                     self.waiting[i] = future
                 self.stepping = True
             try:
@@ -107,6 +142,7 @@ class EngineLoop:
         with self.cond:
             self.closed = True
             self.cond.notify_all()
-        self.thread.join(timeout=30)
+        if self.thread is not None:
+            self.thread.join(timeout=30)
         for future in self.waiting.values():
             future.cancel()

@@ -82,6 +82,18 @@ async def run_agents(runner: Callable, server: AgentServer, rows: list[dict], n:
     return list(await asyncio.gather(*(one(i, j) for i in range(len(rows)) for j in range(n))))
 
 
+def drive_agents(runner: Callable, server: AgentServer, rows: list[dict], n: int, concurrency: int,
+                 seeds: list[int], call: int) -> list[AgentRun]:
+    """``run_agents`` on a thread of their own while this thread decodes their requests (inside
+    ``server.sampling(..., own_thread=False)``)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="agents") as pool:
+        done = pool.submit(asyncio.run, run_agents(runner, server, rows, n, concurrency, seeds, call))
+        server.loop.drive(done)
+        return done.result()
+
+
 def agents_batch(runs: list[AgentRun], prompt_ids: list[list[int]], n: int, pad_id: int) -> Batch:
     """The generate() Batch of the agents' trajectories (each its last segment; an agent that never asked the model:
     its row's prompt and no response), n per row, with the agent loop's per-sample keys."""

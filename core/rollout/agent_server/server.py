@@ -128,12 +128,13 @@ class AgentServer:
         self.url = ""
 
     @contextmanager
-    def sampling(self, params: SamplingParams, max_len: int):
+    def sampling(self, params: SamplingParams, max_len: int, own_thread: bool = True):
         """Serve requests inside the block: an engine loop sampling with ``params`` (its temperature and top_p the
-        only ones accepted; ``max_new_tokens`` a request's limit), sequences of up to ``max_len`` tokens. Outside,
-        requests get a 503."""
+        only ones accepted; ``max_new_tokens`` a request's limit), sequences of up to ``max_len`` tokens, decoding
+        in a thread of its own or (``own_thread`` false) where the caller ``loop.drive``s it. Outside, requests get
+        a 503."""
         self.params, self.max_tokens = params, params.max_new_tokens
-        self.loop = EngineLoop(self.engine, params, max_len)
+        self.loop = EngineLoop(self.engine, params, max_len, own_thread)
         try:
             yield self
         finally:

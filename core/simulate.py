@@ -153,10 +153,9 @@ class Replica:
         b, ctx = len(self.live), self.context()
         per_step = self.c.decode_base_s + self.c.decode_per_seq_s * b
         k = self.live[0][0] - self.steps
-        stop = min(x for x in (until, self.tools[0][0] if self.tools else None) if x is not None) \
-            if until is not None or self.tools else None
-        if stop is not None and stop > self.t:
-            k = max(1, min(k, math.ceil((stop - self.t) / (per_step + self.c.decode_per_ctx_s * ctx))))
+        stops = [x for x in (until, self.tools[0][0] if self.tools else None) if x is not None]
+        if stops and min(stops) > self.t:  # no step past ``until`` or the next tool answer
+            k = max(1, min(k, math.ceil((min(stops) - self.t) / (per_step + self.c.decode_per_ctx_s * ctx))))
         self.t += k * per_step + self.c.decode_per_ctx_s * (k * ctx + b * k * (k - 1) / 2)
         self.steps += k
         done = []

@@ -93,10 +93,9 @@ class Run:
             self.add_prompts(prompts, seeds, params.max_new_tokens)
 
     # ---------------------------------------------------------------------------------------- queueing
-    def add_prompts(self, prompts: list[list[int]], seeds: list[int], max_new_tokens: int,
-                    stop: Sequence[str] | None = None) -> list[int]:
+    def add_prompts(self, prompts: list[list[int]], seeds: list[int], max_new_tokens: int) -> list[int]:
         """Queue prompts as one cohort (their shared prefix prefilled once), n sequences each with ``seeds``
-        (n per prompt); returns their prompt indices. ``stop``: these sequences' stop strings instead of the run's."""
+        (n per prompt); returns their prompt indices."""
         n = self.p.n
         if len(seeds) != len(prompts) * n:
             raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts x n={n}")
@@ -105,8 +104,6 @@ class Run:
         first = len(self.prompts)
         for k, ids in enumerate(prompts):
             self._queue(list(ids), seeds[k * n:(k + 1) * n], max_new_tokens)
-        if stop is not None:
-            self.stops.update(dict.fromkeys(range(first * n, len(self.prompts) * n), tuple(stop)))
         return list(range(first, len(self.prompts)))
 
     def add_cohort(self, prompts: list[list[int]]) -> int:

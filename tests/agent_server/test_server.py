@@ -244,3 +244,21 @@ def test_agent_programs_run_n_per_row_seeded_by_their_row_and_their_records_make
     assert len(batch) == 6 and batch["response_mask"].sum(-1).tolist() == \
         [float(len(r.segments[-1].traj.tokens)) if r.segments else 0.0 for r in first]
     assert batch["num_turns"].tolist() == [1.0] * 4 + [0.0] * 2
+
+
+def test_a_requests_stop_strings_end_its_sequence_in_the_engine(served):
+    """A request's ``stop`` ends its sequence at the token that completes it (the engine's rule, ``Run.add``): no
+    stop string before the last token, and one in the whole reply unless it ran to its limit or EOS."""
+    server, _, _, tok = served
+    tid = server.start_trajectory("stop")
+
+    async def ask():
+        return await client(server, tid).chat.completions.create(model="policy", messages=ONE_SHOT[:2], max_tokens=40,
+                                                                  stop=["e", "a"], seed=4)
+
+    r = asyncio.run(ask())
+    ids = r.choices[0].model_extra["token_ids"]
+    before, text = (tok.decode(x, skip_special_tokens=True) for x in (ids[:-1], ids))
+    assert "e" not in before and "a" not in before and ("e" in text or "a" in text), text
+    (seg,) = server.finish(tid)
+    assert seg.traj.tokens == r.choices[0].model_extra["token_ids"]

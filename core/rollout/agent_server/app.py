@@ -19,10 +19,13 @@ def create_app(server: AgentServer):
     def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
         return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status)
 
-    async def checked(request: Request) -> dict:
+    def authorize(request: Request) -> None:
         given = request.headers.get("authorization", "")
         if not secrets.compare_digest(given.encode(), f"Bearer {server.token}".encode()):
             raise BadRequest("authorization", "a valid bearer token is required (the run's agent server token)", 401)
+
+    async def checked(request: Request) -> dict:
+        authorize(request)
         try:
             body = await request.json()
         except ValueError:
@@ -54,9 +57,7 @@ def create_app(server: AgentServer):
 
     @app.get("/v1/models")
     async def models(request: Request):
-        given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(), f"Bearer {server.token}".encode()):
-            return error(401, "a valid bearer token is required", "authorization", "authentication_error")
+        authorize(request)
         return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": 0,
                                             "owned_by": "hybridrl"}]}
 

@@ -154,7 +154,7 @@ class Conversations:
         if parent.end_token is not None and added[:1] == [parent.end_token]:
             added = added[1:]  # the reply's sampled EOS is the template's end of turn
         ids = parent.traj.prompt + parent.traj.tokens + added
-        at = (len(parent.traj.tokens), parent.traj.turns, parent.traj.num_calls)
+        at = _state(parent)
         answers = sum(m["role"] == "tool" for m in norm[len(parent.messages):])
         return Prompt(trajectory, ids, norm, tkey, parent, at, added, drift=ids != whole, tool_messages=answers)
 
@@ -169,8 +169,7 @@ class Conversations:
             return Prompt(trajectory, ids, [], RAW, None,
                           split="the prompt extends none of the trajectory's token records" if own else "")
         parent = max(parents, key=lambda s: len(s.traj.tokens))
-        at = (len(parent.traj.tokens), parent.traj.turns, parent.traj.num_calls)
-        return Prompt(trajectory, ids, [], RAW, parent, at, ids[len(parent.traj.prompt) + len(parent.traj.tokens):])
+        return Prompt(trajectory, ids, [], RAW, parent, _state(parent), ids[len(parent.traj.prompt) + len(parent.traj.tokens):])
 
     def reply(self, p: Prompt, tokens: list[int], logps: list[float], versions: Sequence[int], message: dict
               ) -> Segment:
@@ -181,7 +180,7 @@ class Conversations:
             if parent is None:
                 seg = Segment(Trajectory(list(p.ids)), [], p.tools, split=p.split)
                 self.segments.setdefault(p.trajectory, []).append(seg)
-            elif (len(parent.traj.tokens), parent.traj.turns, parent.traj.num_calls) == p.at:
+            elif _state(parent) == p.at:
                 seg = parent
             else:  # a second reply from one state: a fork with the state's record as the prompt saw it
                 n, turns, calls_at = p.at
@@ -202,9 +201,14 @@ class Conversations:
             return seg
 
     def finished(self, trajectory: str) -> list[Segment]:
-        """The trajectory's segments, oldest first (each trains as a trajectory); the record is forgotten here."""
+        """The trajectory's segments, oldest first; the record is forgotten here."""
         with self.lock:
             return self.segments.pop(trajectory, [])
+
+
+def _state(seg: Segment) -> tuple[int, int, int]:
+    """What a reply checks its parent against (nothing grew it since the prompt): its tokens, turns, tool calls."""
+    return len(seg.traj.tokens), seg.traj.turns, seg.traj.num_calls
 
 
 def _why_apart(own: list[Segment], norm: list[dict], tkey: str) -> str:

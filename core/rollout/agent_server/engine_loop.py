@@ -39,7 +39,7 @@ class EngineLoop:
         self.incoming: deque = deque()
         self.waiting: dict[int, Future] = {}
         self.pauses = 0
-        self.prefixes: list[tuple[int, list[int]]] = []   # (cohort, its shared prefix), longest first when found
+        self.prefixes: list[tuple[int, list[int]]] = []   # (cohort, its shared prefix), the first match taken
         self.stepping = self.closed = False
         self.version = 0
         self.thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True) if own_thread else None

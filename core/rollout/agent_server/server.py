@@ -9,7 +9,7 @@ run's: ``temperature`` and ``top_p`` other than the run's are refused (the train
 
 What is recorded is ``core.rollout.agent_server.conversation``'s: per trajectory, the ids each turn was prompted with and
 the tokens sampled, their log-probs and weight versions. ``finish(trajectory)`` hands them out as the agent loop's
-``Trajectory`` records. A streamed reply is sent as chunks once its sequence has finished (the engine decodes it
+``Trajectory`` records. A request's stop strings end its sequence in the engine (``Run.add``). A streamed reply is sent as chunks once its sequence has finished (the engine decodes it
 among the other requests; the chunks are OpenAI's format).
 """
 
@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from core.rollout.agent_server.conversation import Conversations, Prompt, Segment
 from core.rollout.agent_server.engine_loop import Completion, EngineLoop
 from core.config.algo import SamplingParams
-from core.rollout.run import ends_in_stop
 from core.rollout.sampling import sequence_seeds
 from core.tools.parsers import TOOL_CALL_PARSERS
 
@@ -172,15 +171,16 @@ class AgentServer:
         return tid
 
     # ------------------------------------------------------------------------------------------ completions
-    def seeds(self, p: Prompt, req: ChatRequest) -> list[int]:
-        """Each choice's sampling seed: the request's, else the trajectory's (given or from its id) mixed with the
-        request's place in it (its turn and prompt length), so a rerun of the same agents draws the same tokens."""
-        if req.seed is not None:
-            return sequence_seeds(req.seed, req.n)
+    def seeds(self, p: Prompt, seed: int | None, n: int) -> list[int]:
+        """Each of ``n`` choices' sampling seed: the request's ``seed``, else the trajectory's (given or from its id)
+        mixed with the request's place in it (its turn and prompt length), so a rerun of the same agents draws the
+        same tokens."""
+        if seed is not None:
+            return sequence_seeds(seed, n)
         base = self.open.get(p.trajectory)
         base = self.params.seed ^ zlib.crc32(p.trajectory.encode()) if base is None else base
         turn = p.at[1] if p.parent is not None else 0
-        return sequence_seeds(base ^ zlib.crc32(f"{turn}#{len(p.ids)}".encode()), req.n)
+        return sequence_seeds(base ^ zlib.crc32(f"{turn}#{len(p.ids)}".encode()), n)
 
     def room(self, p: Prompt, limit: int) -> int:
         """A request's token limit within its trajectory's budget; BadRequest when none is left."""
@@ -199,17 +199,16 @@ class AgentServer:
         stop = req.stop + (self.tool_stop if tools else ())
         limit = self.room(p, req.max_tokens)
         try:
-            futures = [self.loop.submit(p.ids, limit, seed, stop) for seed in self.seeds(p, req)]
+            futures = [self.loop.submit(p.ids, limit, seed, stop) for seed in self.seeds(p, req.seed, req.n)]
         except ValueError as e:
             raise BadRequest("max_tokens", str(e)) from None
         done: list[Completion] = [await asyncio.wrap_future(f) for f in futures]
         choices = []
         for k, c in enumerate(done):
-            tokens, logps, versions = self._cut_at_stop(c, req.stop)
-            message, finish = self.reply(tokens, bool(tools), limit)
-            self.conversations.reply(p, tokens, logps, versions, message)
-            choice = {"index": k, "message": message, "finish_reason": finish, "token_ids": tokens,
-                      "logprobs": {"content": self._logprobs(tokens, logps)} if req.logprobs else None}
+            message, finish = self.reply(c.tokens, bool(tools), limit)
+            self.conversations.reply(p, c.tokens, c.logps, c.versions, message)
+            choice = {"index": k, "message": message, "finish_reason": finish, "token_ids": c.tokens,
+                      "logprobs": {"content": self._logprobs(c.tokens, c.logps)} if req.logprobs else None}
             choices.append(choice)
         completion_tokens = sum(len(ch["token_ids"]) for ch in choices)
         return {"id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion", "created": int(time.time()),
@@ -229,41 +228,35 @@ class AgentServer:
         else:
             raise BadRequest("prompt", "prompt: a non-empty string or list of token ids of the model's vocabulary")
         n, max_tokens, stop, seed, logprobs, _ = _sampling(body, self.params, self.max_n, self.max_tokens)
-        req = ChatRequest([], None, "none", n, max_tokens, stop, seed, logprobs, False)
         p = self.conversations.prompt_ids(tid, ids)
         max_tokens = self.room(p, max_tokens)
         try:
-            futures = [self.loop.submit(p.ids, max_tokens, s, stop) for s in self.seeds(p, req)]
+            futures = [self.loop.submit(p.ids, max_tokens, s, stop) for s in self.seeds(p, seed, n)]
         except ValueError as e:
             raise BadRequest("max_tokens", str(e)) from None
         choices = []
         for k, f in enumerate(futures):
-            tokens, logps, versions = self._cut_at_stop(await asyncio.wrap_future(f), stop)
-            text = self.tok.decode(tokens, skip_special_tokens=True)
-            self.conversations.reply(p, tokens, logps, versions, {"role": "assistant", "content": text})
-            ended = bool(tokens) and tokens[-1] in self.conversations.eos
-            choices.append({"index": k, "text": text, "token_ids": tokens,
-                            "finish_reason": "length" if len(tokens) >= max_tokens and not ended else "stop",
-                            "logprobs": {"tokens": [self.tok.decode([t]) for t in tokens], "token_logprobs": logps}
-                            if logprobs else None})
+            c = await asyncio.wrap_future(f)
+            text = self.tok.decode(c.tokens, skip_special_tokens=True)
+            self.conversations.reply(p, c.tokens, c.logps, c.versions, {"role": "assistant", "content": text})
+            choices.append({"index": k, "text": text, "token_ids": c.tokens,
+                            "finish_reason": self._finish(c.tokens, max_tokens),
+                            "logprobs": {"tokens": [self.tok.decode([t]) for t in c.tokens],
+                                         "token_logprobs": c.logps} if logprobs else None})
         used = sum(len(c["token_ids"]) for c in choices)
         return {"id": f"cmpl-{secrets.token_hex(12)}", "object": "text_completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices, "prompt_token_ids": p.ids,
                 "usage": {"prompt_tokens": len(p.ids), "completion_tokens": used, "total_tokens": len(p.ids) + used}}
 
-    def _cut_at_stop(self, c: Completion, stop: tuple[str, ...]) -> tuple[list[int], list[float], list[int]]:
-        """The completion up to the token that completes one of the request's stop strings (the engine stopped
-        there already when the stop is the run's or the tools')."""
-        for j in range(1, len(c.tokens) + 1) if stop else ():
-            if ends_in_stop(self.tok, c.tokens[:j], stop):
-                return c.tokens[:j], c.logps[:j], c.versions[:j]
-        return c.tokens, c.logps, c.versions
+    def _finish(self, tokens: list[int], limit: int) -> str:
+        """``length`` when the sequence ran to ``limit`` without ending at EOS, else ``stop``."""
+        ended = bool(tokens) and tokens[-1] in self.conversations.eos
+        return "length" if len(tokens) >= limit and not ended else "stop"
 
     def reply(self, tokens: list[int], tools: bool, max_tokens: int) -> tuple[dict, str]:
         """The assistant message of sampled ``tokens``: its text, and with tools the calls it makes in OpenAI's
         ``tool_calls`` (the text before the first call its content); the finish reason."""
         text = self.tok.decode(tokens, skip_special_tokens=True)
-        ended = bool(tokens) and tokens[-1] in self.conversations.eos
         calls = [c for c in self.parse_calls(text) if not c.error] if tools else []
         if calls:
             content = text[:text.find("<tool_call>")].strip() if "<tool_call>" in text else ""
@@ -271,8 +264,7 @@ class AgentServer:
                     "tool_calls": [{"id": f"call_{secrets.token_hex(6)}", "type": "function",
                                     "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
                                    for c in calls]}, "tool_calls"
-        finish = "length" if len(tokens) >= max_tokens and not ended else "stop"
-        return {"role": "assistant", "content": text}, finish
+        return {"role": "assistant", "content": text}, self._finish(tokens, max_tokens)
 
     def _logprobs(self, tokens: list[int], logps: list[float]) -> list[dict]:
         out = []

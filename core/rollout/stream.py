@@ -234,6 +234,7 @@ class ChunkedRun:
         self.queue: list[int] = []           # prompts not yet started
         self.live_seqs: list[int] = []       # sequences in flight
         self.version = 0
+        self.stops: dict[int, tuple[str, ...]] = {}  # per-sequence stop strings are a rollout server's: always empty
         self.eos = set() if params.ignore_eos else set(getattr(engine, "eos_ids", None)
                                                        or [engine.tokenizer.eos_token_id])
 

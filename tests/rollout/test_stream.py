@@ -177,3 +177,6 @@ def test_a_stop_string_across_two_chunks_ends_the_sequence_at_the_token_that_com
                    if completed_at(engine.tokenizer.decode(free[b - 1:b + 1])) == b + 1)
     run = chunked(k, replace(plain, stop=(stop,)))
     assert run.tokens[0] == free[:b + 1] and len(run.logps[0]) == len(run.versions[0]) == b + 1
+    # a stream hands the finished group out with Run's pop, and the run forgets it
+    prompt, tokens, _, _, seeds = run.pop(0)
+    assert (prompt, tokens, seeds) == (ids[0], [free[:b + 1]], [7]) and run.tokens[0] == []

@@ -85,13 +85,15 @@ def _chunks(out: dict):
 
 
 class Serving:
-    """``create_app(server)`` on uvicorn in a daemon thread, listening on ``host`` only (``port`` 0: a free one);
-    ``url`` is its OpenAI base URL."""
+    """An ``AgentServer``'s routes (``create_app``), or a ``Router``'s (``server.app()``), on uvicorn in a daemon
+    thread, listening on ``host`` only (``port`` 0: a free one); ``url`` (also set on ``server``) is its OpenAI base
+    URL."""
 
-    def __init__(self, server: AgentServer, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 30.0):
+    def __init__(self, server, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 30.0):
         import uvicorn
 
-        config = uvicorn.Config(create_app(server), host=host, port=port, log_level="warning", lifespan="off",
+        app = create_app(server) if isinstance(server, AgentServer) else server.app()
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
                                 access_log=False)
         self.uvicorn = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.uvicorn.run, name="agent-server", daemon=True)

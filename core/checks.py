@@ -203,9 +203,9 @@ def _agent_problems(cfg: "RunConfig") -> list[str]:
         out.append(f"rollout.agent.tool_parser={agent.tool_parser!r} is no tool-call parser"
                    f"{did_you_mean(agent.tool_parser, TOOL_CALL_PARSERS.names())} (known: "
                    f"{', '.join(TOOL_CALL_PARSERS.names())})")
-    if agent.runner and cfg.rollout.backend != "embedded":
-        out.append(f"rollout.agent.runner serves the embedded engine; rollout.backend={cfg.rollout.backend} has no "
-                   "rollout server here yet (set rollout.backend=embedded, or drop the runner for the built-in loop)")
+    if agent.runner and cfg.rollout.backend == "sglang":
+        out.append("rollout.agent.runner serves the embedded engine or vLLM; rollout.backend=sglang has no rollout "
+                   "server (set rollout.backend=embedded or vllm, or drop the runner for the built-in loop)")
     if agent.runner and cfg.trainer.async_.mode == "streaming":
         out.append("rollout.agent.runner runs whole agents per rollout call: trainer.async.mode=streaming is not "
                    "supported with it (sync or one_step_off)")

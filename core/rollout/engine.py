@@ -31,6 +31,15 @@ from core.models import chat_prompt_ids, keeps_logits
 from core.protocol import Batch
 
 
+def eos_ids_of(generation_config, tokenizer) -> list[int]:
+    """The ids that end a sequence: the model's generation config's (one or a list) and the tokenizer's EOS."""
+    ids = generation_config.eos_token_id if generation_config is not None else None
+    ids = list(ids) if isinstance(ids, list) else [ids] if ids is not None else []
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return sorted(set(ids))
+
+
 def replica_seed(rank: int, tensor_parallel_size: int, base: int = 0) -> int:
     """The sampling seed of the engine replica that holds ``rank``: equal across its tensor-parallel ranks (they
     must sample alike), distinct across replicas (one seed everywhere would draw the same uniforms on each)."""
@@ -58,7 +67,7 @@ class RolloutEngine:
         self.share_prefix = share_prefix
         if decode_attention:
             model.set_attn_implementation(attention.NAME)
-        self.eos_ids = self._eos_ids()
+        self.eos_ids = eos_ids_of(model.generation_config, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.cache: SlotKVCache | None = None
         self._fp32_logits: torch.Tensor | None = None
@@ -82,13 +91,6 @@ class RolloutEngine:
         if single_copy and self.packed is not None:
             self.packed.release_weights()
             self.params = dict(model.named_parameters())
-
-    def _eos_ids(self) -> list[int]:
-        ids = self.model.generation_config.eos_token_id if self.model.generation_config else None
-        ids = ids if isinstance(ids, list) else [ids] if ids is not None else []
-        if self.tokenizer.eos_token_id is not None:
-            ids.append(self.tokenizer.eos_token_id)
-        return sorted(set(ids))
 
     @property
     def device(self) -> torch.device:

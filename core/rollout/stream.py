@@ -234,7 +234,7 @@ class ChunkedRun:
         self.queue: list[int] = []           # prompts not yet started
         self.live_seqs: list[int] = []       # sequences in flight
         self.version = 0
-        self.stops: dict[int, tuple[str, ...]] = {}  # per-sequence stop strings are a rollout server's: always empty
+        self.stops: dict[int, tuple[str, ...]] = {}  # sequence -> its own stop strings (a server's, ``add``)
         self.eos = set() if params.ignore_eos else set(getattr(engine, "eos_ids", None)
                                                        or [engine.tokenizer.eos_token_id])
 
@@ -253,23 +253,41 @@ class ChunkedRun:
                     column.append(value)
         return list(range(first, len(self.prompts)))
 
+    def add(self, ids: list[int], max_new_tokens: int, seed: int, cohort: int = 0,
+            stop: Sequence[str] | None = None) -> int:
+        """``Run.add`` here (a rollout server's request): one sequence (n = 1) with its own seed and, given, its own
+        stop strings instead of the run's; its index. ``cohort`` is not used: vLLM caches shared prefixes itself."""
+        if self.p.n != 1:
+            raise ValueError(f"a session samples each added prompt once (n = 1), got n = {self.p.n}")
+        (i,) = self.add_prompts([ids], [seed], max_new_tokens)
+        if stop is not None:
+            self.stops[i] = tuple(stop)
+        return i
+
     def step(self, k: int) -> list[int]:
-        """Up to ``k`` tokens of every queued and live sequence in one engine call; the sequences that finished."""
+        """Up to ``k`` tokens of every queued and live sequence, one engine call per set of stop strings; the
+        sequences that finished."""
         n = self.p.n
         self.live_seqs += [i * n + j for i in self.queue for j in range(n)]
         self.queue = []
-        if not self.live_seqs:
-            return []
-        seqs = self.live_seqs
+        by_stop: dict[tuple[str, ...], list[int]] = {}
+        for s in self.live_seqs:
+            by_stop.setdefault(tuple(self.stops.get(s, self.p.stop)), []).append(s)
+        finished = [s for stop, seqs in by_stop.items() for s in self._chunk(seqs, k, stop)]
+        self.live_seqs = [s for s in self.live_seqs if s not in set(finished)]
+        return finished
+
+    def _chunk(self, seqs: list[int], k: int, stop: tuple[str, ...]) -> list[int]:
+        n = self.p.n
         ids = [self.prompts[s // n] + self.tokens[s] for s in seqs]
         seeds = [sequence_seeds(self.seeds[s], 1, self.chunks[s])[0] for s in seqs]
-        out = self.e.generate(ids, replace(self.p, n=1, max_new_tokens=k), seeds=seeds)
+        out = self.e.generate(ids, replace(self.p, n=1, max_new_tokens=k, stop=stop), seeds=seeds)
         keep = out["response_mask"] > 0
         finished = []
         for s, row, lp, m in zip(seqs, out["responses"], out["rollout_logprobs"], keep):
             before = len(self.tokens[s])
             got = row[m].tolist()[:self.max_new[s] - before]
-            cut = self._stop_across(self.tokens[s] + got, before) if self.p.stop and before else None
+            cut = self._stop_across(self.tokens[s] + got, before, stop) if stop and before else None
             got = got[:None if cut is None else cut - before]
             self.tokens[s] += got
             self.logps[s] += lp[m].tolist()[:len(got)]
@@ -279,14 +297,13 @@ class ChunkedRun:
             ended = cut is not None or len(got) < k or got[-1] in self.eos or len(self.tokens[s]) >= self.max_new[s]
             if ended:
                 finished.append(s)
-        self.live_seqs = [s for s in seqs if s not in set(finished)]
         return finished
 
-    def _stop_across(self, tokens: list[int], start: int) -> int | None:
+    def _stop_across(self, tokens: list[int], start: int, stop: tuple[str, ...]) -> int | None:
         """The length at which a stop string begun in an earlier chunk ends within this one (the engine saw only the
         chunk), or None: the embedded engine's rule (``ends_in_stop``) tried at each of this chunk's first tokens."""
         for j in range(start + 1, min(len(tokens), start + STOP_WINDOW) + 1):
-            if ends_in_stop(self.e.tokenizer, tokens[:j], self.p.stop):
+            if ends_in_stop(self.e.tokenizer, tokens[:j], stop):
                 return j
         return None
 

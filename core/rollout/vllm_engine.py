@@ -43,7 +43,7 @@ import torch
 
 from core.config import SamplingParams
 from core.rollout import reaper
-from core.rollout.engine import replica_seed
+from core.rollout.engine import eos_ids_of, replica_seed
 from core.rollout.batch import assemble, decode_responses
 from core.models import chat_prompt_ids, resolve_dtype, resolve_model
 from core.protocol import Batch
@@ -204,12 +204,17 @@ class VLLMEngine:
             self.llm = LLM(**kwargs)
         # on CPU the engine runs in processes of its own: they die with this one even if it is SIGKILLed
         self._reaper = reaper.watch(sorted(_child_pids() - before)) if self.on_cpu else None
-        from transformers import AutoConfig
+        from transformers import AutoConfig, GenerationConfig
 
         # tied input/output embeddings: the actor sends the embedding alone, the engine's in-place reload also
         # needs it under the LM head's name (else its head keeps the old weights)
         self.tied = bool(getattr(AutoConfig.from_pretrained(path), "tie_word_embeddings", False))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        try:  # vLLM stops at these ids too (its generation_config="auto")
+            generation = GenerationConfig.from_pretrained(path)
+        except OSError:  # the folder has no generation_config.json
+            generation = None
+        self.eos_ids = eos_ids_of(generation, tokenizer)
         self.dtype = getattr(torch, kwargs["dtype"])
         self._asleep: set[str] = set()
         self._pending: dict[str, torch.Tensor] = {}  # the last bucket's trailing layer group, not yet loaded

@@ -31,7 +31,8 @@ def test_a_runner_that_cannot_run_is_named_before_the_run(tmp_path):
     assert "did you mean 'run'" in problems(tmp_path, "rollout.agent.runner=openai_agent.py:runx")
     assert "must be async" in problems(tmp_path, f"rollout.agent.runner={tmp_path}/sync_agent.py:run")
     assert "not found" in problems(tmp_path, f"rollout.agent.runner={tmp_path}/nowhere.py:run")
-    assert "rollout.backend=vllm has no rollout server" in problems(tmp_path, "rollout.backend=vllm")
+    assert "rollout.backend=sglang has no rollout server" in problems(tmp_path, "rollout.backend=sglang")
+    check_run(load_recipe_config("recipes/agent", "openai_cpu", ["rollout.backend=vllm"])[0])  # vLLM serves it
     assert "streaming is not supported" in problems(tmp_path, "trainer.async.mode=streaming")
     with pytest.raises(ValueError, match="not an async function"):
         load_runner(f"{tmp_path}/sync_agent.py:run")

@@ -180,3 +180,10 @@ def test_a_stop_string_across_two_chunks_ends_the_sequence_at_the_token_that_com
     # a stream hands the finished group out with Run's pop, and the run forgets it
     prompt, tokens, _, _, seeds = run.pop(0)
     assert (prompt, tokens, seeds) == (ids[0], [free[:b + 1]], [7]) and run.tokens[0] == []
+    # a rollout server's requests in one run (``add``): each sequence its own stop strings, the run's none
+    both = ChunkedRun(engine, plain)
+    stopped = both.add(ids[0], plain.max_new_tokens, 7, stop=(stop,))
+    free_again = both.add(ids[0], plain.max_new_tokens, 7)
+    while both.live or both.queue:
+        both.step(k)
+    assert both.tokens[stopped] == free[:b + 1] and both.tokens[free_again] == free

@@ -1,6 +1,9 @@
-"""The embedded engine behind a server: one thread owns a session run (``RolloutEngine.session``) and decodes every
-request in flight together -- continuous batching across requests that arrive from any thread at any time, each
-sequence drawing from its own seed (so its tokens do not depend on what else runs beside it).
+"""A rollout engine behind a server: one thread owns a run and decodes every request in flight together --
+continuous batching across requests that arrive from any thread at any time, each sequence drawing from its own seed
+(so its tokens do not depend on what else runs beside it). On the embedded engine the run is a session
+(``RolloutEngine.session``): requests join between two decode steps. On vLLM's offline engine, which takes new
+requests and weights only between ``generate`` calls, it is a ``ChunkedRun``: every call decodes up to ``CHUNK``
+more tokens of each sequence in flight, and requests join at the next chunk.
 
 A weight update pauses the loop between two decode steps (``paused``); the sequences in flight then recompute their
 KV under the new weights and go on (a partial rollout: each token records the version that drew it), so a request
@@ -17,6 +20,11 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from core.config.algo import SamplingParams
+from core.rollout.stream import ChunkedRun
+
+# tokens per vLLM call: each call re-queues its sequences (their prefixes cache hits), so fewer calls cost less;
+# a request arriving meanwhile waits for the next call
+CHUNK = 16
 
 
 @dataclass(frozen=True)
@@ -34,7 +42,9 @@ class EngineLoop:
     def __init__(self, engine, params: SamplingParams, max_len: int, own_thread: bool = True):
         self.engine, self.max_len = engine, max_len
         # a session: one cohort with no shared prefix, so that requests queued together are prefilled together
-        self.run = engine.session([], replace(params, n=1), max_len)
+        session = getattr(engine, "session", None)
+        self.run = session([], replace(params, n=1), max_len) if session else ChunkedRun(engine, replace(params, n=1))
+        self.advance = self.run.step if session else (lambda: self.run.step(CHUNK))
         self.cond = threading.Condition()
         self.incoming: deque = deque()
         self.waiting: dict[int, Future] = {}
@@ -71,7 +81,7 @@ class EngineLoop:
         cohort: the prefix is prefilled once, and so are the later turns that extend it (a trajectory's next
         turn re-prefills only what follows it)."""
         fresh = [ids for ids in new if self._cohort(ids) == 0]
-        if len(fresh) >= 2:
+        if len(fresh) >= 2 and hasattr(self.run, "add_cohort"):
             c = self.run.add_cohort(fresh)
             if self.run.cohorts[c].P:
                 self.prefixes.append((c, list(self.run.cohorts[c].prefix)))
@@ -103,7 +113,7 @@ class EngineLoop:
                     self.waiting[i] = future
                 self.stepping = True
             try:
-                done = self.run.step()
+                done = self.advance()
                 results = [(self.waiting.pop(i), self.run.pop(i)) for i in done]
             except BaseException as e:  # the engine failed: every request in flight hears why
                 with self.cond:

@@ -72,9 +72,9 @@ class RolloutWorker:
             ids = self._prompt_ids(prompts)
         agent, replica = self.cfg.agent, replace(params, seed=replica_seed(self.ctx.rank, self.cfg.tensor_parallel_size,
                                                                            params.seed))
-        answers = None
+        answers = extras = None
         if agent.enable and agent.runner:  # an agent program against this replica's OpenAI-compatible server
-            out, answers = self._run_agents(prompts, ids, params)
+            out, answers, extras = self._run_agents(prompts, ids, params)
         elif agent.enable:  # multi-turn: the engine generates each turn, tools answer in between (core.rollout.agent_loop);
             # continuous batching across turns where the engine has sessions (the embedded engine), else per turn
             out = agent_generate(self.engine.generate, self.engine.tokenizer, self._eos_ids(), self.engine.pad_id,
@@ -95,11 +95,13 @@ class RolloutWorker:
         repeated = prompts.repeat(params.n).non_tensors
         if vision is not None:  # each sample's vision inputs, for the trainer's forward passes
             repeated["multi_modal_inputs"] = [v for v in vision for _ in range(params.n)]
-        if answers is not None:  # what the reward scores
+        if answers is not None:  # what the reward scores; what else the program returned, for the reward too
             repeated["agent_answer"] = answers
+            repeated["extra_info"] = [dict(e or {}, agent=x) if x else e for e, x in zip(repeated["extra_info"], extras)]
         return Batch(out.tensors, repeated, prompts.meta)
 
-    def _run_agents(self, prompts: Batch, ids: list[list[int]], params: SamplingParams) -> tuple[Batch, list[str]]:
+    def _run_agents(self, prompts: Batch, ids: list[list[int]], params: SamplingParams) -> tuple[Batch, list[str],
+                                                                                                   list]:
         """``rollout.agent.runner``, n per row, against this replica's rollout server (started on the first call);
         sample j of a row draws from the seed of its row in the whole batch, as the built-in engine's samples do."""
         from core.rollout.agent_server import AgentServer, Serving
@@ -122,7 +124,7 @@ class RolloutWorker:
         if failed:
             print(f"rollout.agent.runner: {len(failed)} of {len(runs)} agents raised; the first: {failed[0]}",
                   flush=True)
-        return agents_batch(runs, ids, params.n, self.engine.pad_id), [r.answer for r in runs]
+        return agents_batch(runs, ids, params.n, self.engine.pad_id), [r.answer for r in runs], [r.extras for r in runs]
 
     def _sample_seeds(self, prompts: Batch, params: SamplingParams) -> list[int]:
         """The seeds of each row's n samples: by the row's index in the whole batch the controller split

@@ -246,6 +246,25 @@ def test_agent_programs_run_n_per_row_seeded_by_their_row_and_their_records_make
     assert batch["num_turns"].tolist() == [1.0] * 4 + [0.0] * 2
 
 
+def test_what_a_runner_returns_beside_its_answer_reaches_the_metrics_and_the_reward(served):
+    """A runner's dict: ``tool_errors`` is its sample's count of failed tool calls (agent/tool_error_rate), any other
+    key reaches the reward (``extra_info["agent"]``); a count that is not one is the agent's error."""
+    from core.rollout.agent_server.runner import agents_batch, run_agents
+
+    server, _, _, tok = served
+
+    async def judged(client, row):
+        r = await client.chat.completions.create(model="policy", messages=row["prompt"], max_tokens=4)
+        return {"answer": r.choices[0].message.content, "tool_errors": row["errors"], "verdict": "checked"}
+
+    rows = [{"prompt": ONE_SHOT[:2], "errors": e} for e in (2, "two")]
+    runs = asyncio.run(run_agents(judged, server, rows, 1, 2, [1, 2], 7))
+    assert runs[0].answer and runs[0].extras == {"verdict": "checked"} and not runs[0].error
+    assert runs[1].answer == "" and "tool_errors='two'" in runs[1].error
+    prompt = tok.apply_chat_template(ONE_SHOT[:2], add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert agents_batch(runs, [prompt] * 2, 1, pad_id=0)["num_tool_errors"].tolist() == [2.0, 0.0]
+
+
 def test_a_requests_stop_strings_end_its_sequence_in_the_engine(served):
     """A request's ``stop`` ends its sequence at the token that completes it (the engine's rule, ``Run.add``): no
     stop string before the last token, and one in the whole reply unless it ran to its limit or EOS."""

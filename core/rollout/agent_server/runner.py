@@ -4,8 +4,9 @@
 
 written with the ordinary ``openai`` client (its ``base_url`` is this replica's rollout server; every request it
 sends is recorded under the trajectory the client was made for). ``row`` is the data row: ``prompt`` (the chat
-messages), ``data_source``, ``ground_truth``, ``extra_info``. It returns the final answer (or ``{"answer": ...}``),
-which the recipe's reward scores. Many run at once (``rollout.agent.max_concurrent``), ``n`` per row; an agent that
+messages), ``data_source``, ``ground_truth``, ``extra_info``. It returns the final answer, which the recipe's reward
+scores, or a dict: ``answer``; ``tool_errors`` (how many of its tool calls failed: ``agent/tool_error_rate``); any
+other keys reach the reward as ``extra_info["agent"]`` (a verifier's verdict, a cost the reward charges). Many run at once (``rollout.agent.max_concurrent``), ``n`` per row; an agent that
 raises scores its answer as empty and the run goes on (the error is printed once per step).
 
 Each trajectory trains as its last segment (``core.rollout.agent_server.conversation``): the prompt the server rendered
@@ -54,6 +55,18 @@ class AgentRun:
     segments: list[Segment]
     answer: str
     error: str = ""
+    extras: dict | None = None    # the runner's other keys, for the reward (extra_info["agent"])
+
+
+def _returned(out) -> tuple[str, int, dict | None]:
+    """A runner's return value: its answer, tool errors, extras."""
+    if not isinstance(out, dict):
+        return str(out or ""), 0, None
+    extras = {k: v for k, v in out.items() if k not in ("answer", "tool_errors")}
+    errors = out.get("tool_errors", 0)
+    if not isinstance(errors, int) or isinstance(errors, bool) or errors < 0:
+        raise TypeError(f"the runner returned tool_errors={errors!r}: a count (int >= 0) is expected")
+    return str(out.get("answer") or ""), errors, extras or None
 
 
 async def run_agents(runner: Callable, server: AgentServer, rows: list[dict], n: int, concurrency: int,
@@ -71,14 +84,16 @@ async def run_agents(runner: Callable, server: AgentServer, rows: list[dict], n:
         tid = server.start_trajectory(f"{call}/{i}/{j}", seed=seeds[i * n + j])
         client = openai.AsyncOpenAI(base_url=server.url, api_key=server.token, max_retries=0, timeout=3600.0,
                                     default_headers={"X-Trajectory-Id": tid}, http_client=pool)
-        answer, error = "", ""
+        answer, errors, extras, error = "", 0, None, ""
         async with gate:
             try:
-                out = await runner(client, dict(rows[i]))
-                answer = str(out.get("answer", "") if isinstance(out, dict) else out or "")
+                answer, errors, extras = _returned(await runner(client, dict(rows[i])))
             except Exception as e:  # noqa: BLE001 -- an agent's failure is its sample's, not the run's
                 error = "".join(traceback.format_exception_only(e)).strip()
-        return AgentRun(server.finish(tid), answer, error)
+        segments = server.finish(tid)
+        if segments:
+            segments[-1].traj.num_errors = errors
+        return AgentRun(segments, answer, error, extras)
 
     try:
         return list(await asyncio.gather(*(one(i, j) for i in range(len(rows)) for j in range(n))))

@@ -65,9 +65,8 @@ async def calculator_agent(c, question: str, seen: list) -> str:
     return ""
 
 
-@pytest.fixture(scope="module")
-def agents(served):
-    server = served[0]
+def calculator_agents(server) -> tuple[list, list, list]:
+    """Four calculator agents at once against ``server``: each one's record, the replies it got, its answer."""
     questions = [f"What is {a} * {b}?" for a, b in ((123, 456), (87, 65), (902, 31), (44, 78))]
     tids = [server.start_trajectory(f"q{i}") for i in range(len(questions))]
     seen = [[] for _ in questions]
@@ -78,6 +77,11 @@ def agents(served):
 
     answers = asyncio.run(all_agents())
     return [server.finish(t) for t in tids], seen, answers
+
+
+@pytest.fixture(scope="module")
+def agents(served):
+    return calculator_agents(served[0])
 
 
 def test_the_record_is_what_the_engine_was_prompted_with_and_sampled(agents):

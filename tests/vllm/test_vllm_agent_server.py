@@ -39,19 +39,9 @@ def served():
 
 @pytest.fixture(scope="module")
 def agents(served):
-    from tests.agent_server.test_server import calculator_agent, client
+    from tests.agent_server.test_server import calculator_agents
 
-    server = served[0]
-    questions = [f"What is {a} * {b}?" for a, b in ((123, 456), (87, 65), (902, 31), (44, 78))]
-    tids = [server.start_trajectory(f"q{i}") for i in range(len(questions))]
-    seen = [[] for _ in questions]
-
-    async def all_agents():
-        return await asyncio.gather(*(calculator_agent(client(server, t), q, s)
-                                      for t, q, s in zip(tids, questions, seen)))
-
-    asyncio.run(all_agents())
-    return [server.finish(t) for t in tids], seen
+    return calculator_agents(served[0])[:2]
 
 
 def test_the_record_is_what_vllm_was_prompted_with_and_sampled(agents):

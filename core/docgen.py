@@ -247,8 +247,11 @@ API = [("core.protocol", ["Batch"], "The one batch type: tensors, non-tensor col
         "Resource pools and Ray worker groups; dispatch takes the worker method itself."),
        ("core.replicas", ["RolloutReplicas"], "The rollout on a pool of its own: replicas that may be lost, their "
         "rows run again on the others."),
-       ("core.rollout.agent_server", ["AgentServer", "Serving", "Conversations"],
+       ("core.rollout.agent_server", ["AgentServer", "Serving", "Router", "Conversations"],
         "The OpenAI-compatible rollout server: agents written against the OpenAI API, recorded token in, token out."),
+       ("core.sft", ["conversation_sample", "conversations", "read_rows", "pack", "collate", "token_nll"],
+        "Supervised fine-tuning: conversations as ids with the loss on the assistant's tokens, packed without "
+        "cross-contamination."),
        ("core.config", ["RunConfig", "AlgoConfig", "SamplingParams", "validate"],
         "The run config: validated once into frozen dataclasses ([config reference](reference/config.md))."),
        ("core.rewards", ["REWARDS", "default_compute_score"], "Rewards keyed by `data_source`, verl's signature."),

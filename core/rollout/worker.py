@@ -97,7 +97,8 @@ class RolloutWorker:
             repeated["multi_modal_inputs"] = [v for v in vision for _ in range(params.n)]
         if answers is not None:  # what the reward scores; what else the program returned, for the reward too
             repeated["agent_answer"] = answers
-            repeated["extra_info"] = [dict(e or {}, agent=x) if x else e for e, x in zip(repeated["extra_info"], extras)]
+            repeated["extra_info"] = [dict(e or {}, agent=x) if x else e
+                                      for e, x in zip(repeated["extra_info"], extras)]
         return Batch(out.tensors, repeated, prompts.meta)
 
     def _run_agents(self, prompts: Batch, ids: list[list[int]], params: SamplingParams) -> tuple[Batch, list[str],

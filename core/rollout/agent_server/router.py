@@ -129,7 +129,8 @@ def create_router_app(router: Router):
 
         kind = reply.headers.get("content-type", "application/json")
         if kind.startswith("text/event-stream"):
-            return StreamingResponse(reply.aiter_raw(), reply.status_code, media_type=kind, background=BackgroundTask(done))
+            return StreamingResponse(reply.aiter_raw(), reply.status_code, media_type=kind,
+                                     background=BackgroundTask(done))
         content = await reply.aread()
         await done()
         return Response(content, reply.status_code, media_type=kind)

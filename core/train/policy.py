@@ -222,6 +222,37 @@ class PolicyWorker:
         out["actor/lr"] = self.optim.param_groups[0]["lr"]
         return self._metrics(out)
 
+    # ---------------------------------------------------------------------------------- supervised fine-tuning
+    def sft_update(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step of supervised fine-tuning on this rank's packed rows (``core.sft``: keys
+        ``input_ids``, ``position_ids``, ``segment``, ``loss_mask``, (R, T) each): the mean negative
+        log-likelihood of every trained token of the step, over all DP ranks' rows, ``micro_batch_size`` rows a
+        pass. Returns ``sft/nll_loss`` (this rank's part of that mean: ``reduce_over_ranks`` sums the parts),
+        ``sft/tokens`` (the step's trained tokens), ``actor/grad_norm`` and ``actor/lr``."""
+        from core.sft import Packed, token_nll
+
+        if self.optim is None:
+            raise RuntimeError("sft_update() on a frozen policy (trainable=false)")
+        batch.require("input_ids", "position_ids", "segment", "loss_mask")
+        same = batch["segment"][:, 1:] == batch["segment"][:, :-1]
+        trained, _ = self._counts(batch["loss_mask"][:, 1:] * same)
+        with self._resident(optim=True):
+            self.model.train()
+            micros = batch.split(max(self.cfg.micro_batch_size, 1))
+            nll_sum = 0.0
+            for mb in equalise_passes(micros, self.ctx.device):
+                dummy = mb is None
+                mb = (micros[0] if dummy else mb).to(self.ctx.device)
+                nll, _ = token_nll(self.model, Packed(mb["input_ids"], mb["position_ids"], mb["segment"],
+                                                      mb["loss_mask"]))
+                # FSDP averages the ranks' gradients: x dp makes them the gradient of the whole step's mean
+                loss = nll * self.dp / max(trained, 1.0)
+                (loss * 0.0 if dummy else loss).backward()
+                nll_sum += 0.0 if dummy else float(nll.detach())
+            grad_norm = self._step()
+        return self._metrics({"sft/nll_loss": nll_sum / max(trained, 1.0), "sft/tokens": trained,
+                              "actor/grad_norm": grad_norm, "actor/lr": self.optim.param_groups[0]["lr"]})
+
     def _fill_old(self, mb: Batch, logp: torch.Tensor, dummy: bool) -> Batch:
         """The micro-batch with its left-to-update rows' old log-probs set to this forward's (before any
         optimizer step, so the same policy); kept for ``update_old_logprobs`` unless a padding pass."""

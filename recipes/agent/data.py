@@ -15,70 +15,15 @@ config names; ``python recipes/agent/data.py --help`` lists the datasets).
 
 from __future__ import annotations
 
-import hashlib
 import json
-import random
 import sys
 from pathlib import Path
 
+from core.data.agent_mult import (EXAMPLE, FOLDER, HIGH, LOW, ONE_SHOT, QUESTION, SOURCE, SYSTEM,  # noqa: F401
+                                   held_out, pairs, row, write_mult)
 from core.data.dapo_math import dapo_math_rows, read_dapo_math
 from core.data.prepare import make_rows, read_records, write_parquet
 from core.data.recipe_data import Dataset, data_cli
-
-SOURCE = "hybridrl/agent_mult"
-FOLDER = "agent_mult"
-LOW, HIGH = 11, 999
-QUESTION = "What is {a} * {b}?"
-# The example conversation every CPU prompt starts with: SmolLM2-135M-Instruct calls no tool from a JSON-schema
-# system prompt alone (0 of 16 samples at step 0), but follows this example in ~60% of samples (README).
-EXAMPLE = (12, 34)
-SYSTEM = ('You have a calculator. To use it, write <tool_call>{"name": "calculator", "arguments": {"expression": '
-          '"..."}}</tool_call> and wait for the result.')
-ONE_SHOT = [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": QUESTION.format(a=EXAMPLE[0], b=EXAMPLE[1])},
-            {"role": "assistant", "content": '<tool_call>{"name": "calculator", "arguments": {"expression": '
-                                             f'"{EXAMPLE[0]} * {EXAMPLE[1]}"}}}}</tool_call>'},
-            {"role": "tool", "content": str(EXAMPLE[0] * EXAMPLE[1])},
-            {"role": "assistant", "content": f"The answer is {EXAMPLE[0] * EXAMPLE[1]}."}]
-
-
-def held_out(a: int, b: int) -> bool:
-    """Is {a, b} (either order) a test problem? sha256 of 'min*max' starting with '0': 1/16 of pairs."""
-    return hashlib.sha256(f"{min(a, b)}*{max(a, b)}".encode()).hexdigest().startswith("0")
-
-
-def row(a: int, b: int, split: str, index: int) -> dict:
-    """One verl-schema row: the one-shot conversation, then the question."""
-    question = QUESTION.format(a=a, b=b)
-    return {"data_source": SOURCE, "prompt": ONE_SHOT + [{"role": "user", "content": question}], "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": str(a * b)},
-            "extra_info": {"split": split, "index": index, "question": question}}
-
-
-def pairs(split: str, count: int, seed: int = 0) -> list[tuple[int, int]]:
-    """``count`` (a, b) of ``split``: 'test' distinct problems, 'train' drawn with repeats allowed (there are ~460k
-    training pairs: repeats are rare). Neither contains the example's pair."""
-    if split not in ("train", "test"):
-        raise ValueError(f"agent_mult split must be 'train' or 'test', got {split!r}")
-    rng, out, seen = random.Random(f"agent-mult-{split}-{seed}"), [], set()
-    while len(out) < count:
-        a, b = rng.randint(LOW, HIGH), rng.randint(LOW, HIGH)
-        key = (min(a, b), max(a, b))
-        if held_out(a, b) != (split == "test") or key == tuple(sorted(EXAMPLE)) or (split == "test" and key in seen):
-            continue
-        seen.add(key)
-        out.append((a, b))
-    return out
-
-
-def write_mult(out: str | Path, train_count: int = 2000, test_count: int = 64, seed: int = 0) -> dict[str, Path]:
-    paths = {}
-    for split, count in (("train", train_count), ("test", test_count)):
-        paths[split] = Path(out) / FOLDER / f"{split}.parquet"
-        write_parquet([row(a, b, split, i) for i, (a, b) in enumerate(pairs(split, count, seed))], paths[split])
-        print(f"agent_mult {split}: {count} rows -> {paths[split]}")
-    return paths
-
 
 # ReTool at full scale, as verl's recipe/retool prepares it: DAPO-Math-17k's prompt (or the bare AIME problem) plus
 # its answer-format line, and Qwen2.5's system prompt listing the code interpreter (the text Qwen2.5's chat template

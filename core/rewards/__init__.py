@@ -78,6 +78,19 @@ def arith_last_number(data_source, solution_str, ground_truth, extra_info=None):
     return _result(score, gsm8k.extract_answer(solution_str, "flexible"))
 
 
+@REWARDS.register("hybridrl/agent_mult")
+def agent_mult_after_last_call(data_source, solution_str, ground_truth, extra_info=None):
+    """The agent recipes' CPU task (``core.data.agent_mult``): 1.0 when the last number of the model's text after its
+    last tool call is the product, else 0.0 (a last number ending a list or an alternative, '3 or 4', is none).
+    Numbers inside a tool call do not count: an unanswered call scores 0. Examples vs '56088':
+    '<tool_call>...</tool_call>The answer is 56088.' -> 1.0; '123 * 456 = 56088' -> 1.0 (no tool, still right);
+    '<tool_call>{... "123 * 456"}</tool_call>' -> 0.0 (no answer after the call)."""
+    after = solution_str.rsplit("</tool_call>", 1)[-1] if "</tool_call>" in solution_str else solution_str
+    pred = gsm8k.extract_answer(after, "flexible")  # the last number; '3 or 4': none
+    acc = pred is not None and gsm8k.compute_score(pred, str(ground_truth), method="flexible") == 1.0
+    return {"score": float(acc), "acc": acc, "pred": pred or ""}
+
+
 # verl sends "math" and "aime*" to its math_dapo rule (+1 / -1, the Answer: line first); here they are
 # evaluation sets scored 0 / 1 by the boxed answer, so their mean reads as an accuracy. A recipe that trains on
 # them with verl's rule maps them to "math_dapo" (recipes/dapo, recipes/vapo); docs/rewards say the same.

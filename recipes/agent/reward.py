@@ -2,9 +2,9 @@
 string is the model's own text (its turns, tool answers left out); agent rollouts add ``num_turns`` (model turns)
 and ``num_tool_calls`` to ``extra_info``.
 
-- ``hybridrl/agent_mult`` (the CPU tier): 1.0 when the last number of the model's text after its last tool call is
-  the product, else 0.0 (a last number ending a list or an alternative, '3 or 4', is none). Numbers inside a tool
-  call do not count: an unanswered call scores 0.
+- ``hybridrl/agent_mult`` (the CPU tier; core's rule, ``core.rewards``): 1.0 when the last number of the model's
+  text after its last tool call is the product, else 0.0 (a last number ending a list or an alternative, '3 or 4',
+  is none). Numbers inside a tool call do not count: an unanswered call scores 0.
   Examples vs '56088': '<tool_call>...</tool_call>The answer is 56088.' -> 1.0; '123 * 456 = 56088' -> 1.0
   (no tool, still right); '<tool_call>{... "123 * 456"}</tool_call>' -> 0.0 (no answer after the call).
 - ``math_dapo`` / ``aime24`` (the ReTool script): ReTool (arXiv:2504.11536) and verl's recipe/retool: +1 when the last
@@ -15,18 +15,9 @@ and ``num_tool_calls`` to ``extra_info``.
 """
 
 from core.rewards import default_compute_score
-from core.rewards import gsm8k
 from core.rewards.math_answer import boxed_answer, is_equiv
 
-def _after_last_call(text: str) -> str:
-    return text.rsplit("</tool_call>", 1)[-1] if "</tool_call>" in text else text
-
-
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    if data_source == "hybridrl/agent_mult":
-        pred = gsm8k.extract_answer(_after_last_call(solution_str), "flexible")  # the last number; '3 or 4': none
-        acc = pred is not None and gsm8k.compute_score(pred, str(ground_truth), method="flexible") == 1.0
-        return {"score": float(acc), "acc": acc, "pred": pred or ""}
     if data_source in ("math_dapo", "aime24"):
         pred = boxed_answer(solution_str)
         acc = pred is not None and is_equiv(pred, str(ground_truth))

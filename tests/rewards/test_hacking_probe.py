@@ -35,10 +35,10 @@ from tests.rewards import answers as A, exact as E, golds as G, references as R
 
 # the format each registered data source wants (a name not listed here is probed in the \boxed{} format)
 FORMAT_OF = {"openai/gsm8k": "gsm8k", "gsm8k": "gsm8k", "gsm8k_format": "gsm8k", "gsm8k_flexible": "plain",
-             "hybridrl/arith": "plain", "math_dapo": "dapo", "dapo": "dapo"}
+             "hybridrl/arith": "plain", "hybridrl/agent_mult": "plain", "math_dapo": "dapo", "dapo": "dapo"}
 # recipe -> the data sources its reward file handles (beyond plain delegation to core), and the format of each
 RECIPES = {
-    "agent": [("math_dapo", "retool"), ("aime24", "retool"), ("hybridrl/agent_mult", "plain")],
+    "agent": [("math_dapo", "retool"), ("aime24", "retool")],
     "dapo": [("openai/gsm8k", "gsm8k"), ("math_dapo", "dapo"), ("aime24", "dapo")],
     "grpo": [("openai/gsm8k", "gsm8k")],
     "ppo": [("openai/gsm8k", "gsm8k")],

@@ -386,6 +386,6 @@ def prompts_from_rows(rows: list[dict]) -> Batch:
                               "ground_truth": [r["ground_truth"] for r in rows],
                               "extra_info": [r["extra_info"] for r in rows],
                               "uid": [uid(i, r) for i, r in enumerate(rows)]}
-                 | {key: [r[key] for r in rows] for key in ("prompt_ids", "where", "images")
+                 | {key: [r[key] for r in rows] for key in ("prompt_ids", "where", "images", "messages")
                     if rows and key in rows[0]})
 

@@ -153,6 +153,12 @@ METRICS: list[tuple[str, str, list[tuple[str, str, str]]]] = [
         ('val/agent/<name>', 'at validation, agent rollouts',
          'the `agent/*` keys on held-out prompts'),
     ]),
+    ('Supervised fine-tuning', 'A run of `recipes/sft` (`PolicyWorker.sft_update`) logs these instead of the RL keys.', [
+        ('sft/nll_loss', 'SFT runs',
+         "mean negative log-likelihood (nats) of the step's trained tokens (the assistant's), over all DP ranks"),
+        ('sft/tokens', 'SFT runs',
+         "the step's trained tokens"),
+    ]),
 ]
 
 

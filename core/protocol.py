@@ -55,6 +55,7 @@ agent_answer        (B,)         object  an agent program's final answer (``roll
                                          scores as the response
 multi_modal_inputs  (B,)         object  image prompts: the sample's vision inputs, a dict of tensors with leading
                                          dim 1 (``core.data.vision_inputs``: pixel values for its image tokens)
+messages            (B,)         object  SFT rows: the whole conversation to train on (``core.sft``), OpenAI messages
 segment             (R, T)       long    supervised fine-tuning's packed rows (``core.sft``; ``input_ids`` and
                                          ``position_ids`` are then (R, T) too, positions restarting per sample):
                                          which sample of its row each token is, -1 on padding
@@ -111,6 +112,7 @@ KEYS: dict[str, str] = {
     "response_text": "(B,) object: the decoded response",
     "agent_answer": "(B,) object: an agent program's final answer (rollout.agent.runner), what the reward scores",
     "multi_modal_inputs": "(B,) object: image prompts, the sample's vision inputs (dict of tensors)",
+    "messages": "(B,) object: SFT rows, the whole conversation to train on",
     "segment": "(R, T) long: SFT packed rows, each token's sample in its row (-1: padding)",
     "loss_mask": "(R, T) float: SFT packed rows, 1 on the trained tokens",
 }

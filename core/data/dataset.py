@@ -29,6 +29,11 @@ def validate_row(row: dict, where: str) -> dict:
            "ability": row.get("ability"), "where": where}
     if row.get("images") is not None or count_placeholders(out["prompt"]):  # verl's multimodal rows
         out["images"] = images_of({"prompt": out["prompt"], "images": row.get("images")}, where)
+    if row.get("messages") is not None:  # an SFT row: the whole conversation to train on (core.sft)
+        messages = row["messages"].tolist() if hasattr(row["messages"], "tolist") else row["messages"]
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+            raise ValueError(f"{where}: key 'messages' must be a chat list of {{role, content}} dicts")
+        out["messages"] = [{k: v for k, v in dict(m).items() if v is not None} for m in messages]
     return out
 
 

@@ -1,4 +1,4 @@
-"""Sequence packing for SFT without cross-contamination, and the loss of a packed batch.
+"""Sequence packing for SFT without cross-contamination (its loss: ``core.train.sft_loss``).
 
 Samples of different lengths are packed first-fit, longest first, into rows of at most ``max_tokens`` tokens
 (padding otherwise spent on short samples is spent on other samples' tokens). In a row every sample keeps what it
@@ -6,10 +6,6 @@ would have alone: its positions restart at 0 (``position_ids``) and its tokens a
 same sample (``attention_mask``: a block-diagonal causal mask, (R, 1, T, T), True = attend), so a packed sample's
 loss and gradients are those of the sample run alone (tests/sft/test_packing.py: equal to transformers' own loss
 of each sample, and unchanged when its neighbours change).
-
-The loss is the mean negative log-likelihood of the trained tokens (mask 1) over the whole batch -- every trained
-token weighs the same, wherever it was packed -- returned as (sum, count) so that data-parallel ranks and gradient
-accumulation divide by the global count.
 """
 
 from __future__ import annotations
@@ -17,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from core.sft.data import Sample
 
@@ -37,9 +32,13 @@ class Packed:
         return (same & causal)[:, None]
 
 
-def pack(samples: list[Sample], max_tokens: int) -> list[list[int]]:
+def pack(samples: list[Sample], max_tokens: int, multiple: int = 1) -> list[list[int]]:
     """Rows of sample indices, each row's samples at most ``max_tokens`` tokens together (first-fit, longest
-    first). A sample longer than ``max_tokens`` is an error naming it."""
+    first); ``multiple``: as many rows as a multiple of it (the DP ranks split the rows evenly, and a repeated row
+    would train twice): the fullest rows give up samples to new rows. A sample longer than ``max_tokens`` is an
+    error naming it, and so are fewer samples than ``multiple``."""
+    if len(samples) < multiple:
+        raise ValueError(f"{len(samples)} SFT samples cannot fill {multiple} rows (one per data-parallel rank)")
     order = sorted(range(len(samples)), key=lambda i: -len(samples[i].ids))
     rows: list[list[int]] = []
     room: list[int] = []
@@ -55,6 +54,12 @@ def pack(samples: list[Sample], max_tokens: int) -> list[list[int]]:
             k = len(rows) - 1
         rows[k].append(i)
         room[k] -= n
+    while len(rows) % multiple:
+        fullest = max(range(len(rows)), key=lambda r: len(rows[r]))
+        moved = rows[fullest].pop()
+        room[fullest] += len(samples[moved].ids)
+        rows.append([moved])
+        room.append(max_tokens - len(samples[moved].ids))
     return rows
 
 
@@ -74,15 +79,3 @@ def collate(samples: list[Sample], rows: list[list[int]]) -> Packed:
             mask[r, at:at + n] = torch.tensor(s.mask, dtype=torch.float)
             at += n
     return Packed(ids, pos, seg, mask)
-
-
-def token_nll(model, batch: Packed) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum of the trained tokens' negative log-likelihood, their count): each token predicted from the tokens
-    before it in its own sample; a sample's first token is never a target (nothing of its sample precedes it)."""
-    out = model(input_ids=batch.input_ids, position_ids=batch.position_ids,
-                attention_mask=batch.attention_mask(), use_cache=False)
-    logits = out.logits[:, :-1].float()
-    targets = batch.input_ids[:, 1:]
-    weight = batch.loss_mask[:, 1:] * (batch.segment[:, 1:] == batch.segment[:, :-1])
-    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
-    return (nll * weight.reshape(-1)).sum(), weight.sum()

@@ -229,7 +229,8 @@ class PolicyWorker:
         log-likelihood of every trained token of the step, over all DP ranks' rows, ``micro_batch_size`` rows a
         pass. Returns ``sft/nll_loss`` (this rank's part of that mean: ``reduce_over_ranks`` sums the parts),
         ``sft/tokens`` (the step's trained tokens), ``actor/grad_norm`` and ``actor/lr``."""
-        from core.sft import Packed, token_nll
+        from core.sft.packing import Packed
+        from core.train.sft_loss import token_nll
 
         if self.optim is None:
             raise RuntimeError("sft_update() on a frozen policy (trainable=false)")

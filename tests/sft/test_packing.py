@@ -5,7 +5,8 @@ neighbours, and the packer keeps every sample once within its row budget."""
 import pytest
 import torch
 
-from core.sft import Sample, collate, pack, token_nll
+from core.sft import Sample, collate, pack
+from core.train.sft_loss import token_nll
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +88,8 @@ def test_rows_hold_every_sample_once_within_the_budget():
     assert batch.position_ids[0].tolist()[:20] == list(range(20))       # the 20-token sample fills row 0
     with pytest.raises(ValueError, match="SFT sample 6 has 20 tokens, more than the 19"):
         pack(data, max_tokens=19)
+    # for 3 data-parallel ranks: a multiple of 3 rows, every sample still once (none repeated to pad)
+    thirds = pack(data, max_tokens=20, multiple=3)
+    assert len(thirds) == 6 and sorted(i for row in thirds for i in row) == list(range(len(data)))
+    with pytest.raises(ValueError, match="7 SFT samples cannot fill 8 rows"):
+        pack(data, max_tokens=20, multiple=8)

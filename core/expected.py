@@ -62,12 +62,16 @@ def metric_figures(history: list[dict], names) -> dict[str, float]:
 
 
 def run_figures(history: list[dict]) -> dict[str, float]:
-    """From a run's metrics rows: train reward at the start / end (mean over a window of steps) and their gain,
-    held-out score before / after and its gain, the largest per-step rollout-vs-trainer log-prob gap, and with a
+    """From a run's metrics rows: train reward at the start / end (mean over a window of steps) and their gain (a
+    supervised run: its loss at the start / end), held-out score before / after and its gain, the largest per-step rollout-vs-trainer log-prob gap, and with a
     critic its value loss and explained variance at the start / end."""
     train = [m for m in history if "reward/mean" in m]
     val = [m for m in history if "val/reward/mean" in m]
-    out: dict[str, float] = {"steps": float(len(train))}
+    sft = [m for m in history if "sft/nll_loss" in m]  # a supervised run (recipes/sft): its loss at start / end
+    out: dict[str, float] = {"steps": float(len(train) or len(sft))}
+    if sft:
+        out["sft_loss_start"], _ = window(sft, "sft/nll_loss", first=True)
+        out["sft_loss_end"], _ = window(sft, "sft/nll_loss", first=False)
     if train:
         out["reward_start"], _ = window(train, "reward/mean", first=True)
         out["reward_end"], _ = window(train, "reward/mean", first=False)

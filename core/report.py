@@ -157,6 +157,8 @@ def report(history: list[dict], png: str | Path | None = None) -> str:
     """The summary text (and the PNG, when ``png`` is given). Rows without ``reward/mean`` (the step-0
     validation before training) count only for the held-out line."""
     val = [m for m in history if "val/reward/mean" in m]
+    if any("sft/nll_loss" in m for m in history) and not any("reward/mean" in m for m in history):
+        return sft_report(history, png)
     rows, history = history, [m for m in history if "reward/mean" in m]  # rows: everything, for the PNG
     if not history:
         return "no steps were run"
@@ -185,6 +187,59 @@ def report(history: list[dict], png: str | Path | None = None) -> str:
         drawn = plot_curves(rows, png)
         lines.append(f"curves: {drawn}" if drawn else "curves: not drawn (pip install matplotlib)")
     return "\n".join(lines)
+
+
+def sft_report(history: list[dict], png: str | Path | None = None) -> str:
+    """A supervised fine-tuning run's summary (``recipes/sft``): the training NLL, the held-out score and tool use,
+    the time; its PNG: the NLL per step beside the held-out lines."""
+    train = [m for m in history if "sft/nll_loss" in m]
+    val = [m for m in history if "val/reward/mean" in m]
+    start, k = window(train, "sft/nll_loss", first=True)
+    end, _ = window(train, "sft/nll_loss", first=False)
+    total = sum(m["timing_s/step"] for m in train)
+    lines = [f"sft/nll_loss: start {start:.3f} -> end {end:.3f} (mean of the first / last {k} steps; {len(train)} "
+             f"steps, {sum(m.get('sft/samples', 0) for m in train)} samples)",
+             f"time: {total:.0f}s in steps ({total / len(train):.1f}s per step)"]
+    for key in ("val/agent/tool_call_rate", "val/reward/mean"):
+        have = [m for m in val if key in m]
+        if len(have) >= 2:
+            lines.insert(1, f"{key} (held-out, greedy): step {have[0]['step']} {have[0][key]:.3f} -> "
+                            f"step {have[-1]['step']} {have[-1][key]:.3f}")
+    if png is not None:
+        drawn = _plot_sft(train, val, png)
+        lines.append(f"curves: {drawn}" if drawn else "curves: not drawn (pip install matplotlib)")
+    return "\n".join(lines)
+
+
+def _plot_sft(train: list[dict], val: list[dict], path: str | Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    ax1.plot([m["step"] for m in train], [m["sft/nll_loss"] for m in train], marker="o", ms=3,
+             label="train NLL of the trained tokens")
+    ax1.set(xlabel="step", ylabel="nats per token", title="SFT loss")
+    ax1.legend(loc="upper right", fontsize=8)
+    for key, colour, label in (("val/reward/mean", "tab:green", "held-out reward (greedy)"),
+                               ("val/agent/tool_call_rate", "tab:blue", "held-out: calls a tool")):
+        have = [m for m in val if key in m]
+        if have:
+            ax2.plot([m["step"] for m in have], [m[key] for m in have], marker="s", ms=5, linestyle="--",
+                     color=colour, label=label)
+    ax2.set(xlabel="step", ylabel="fraction", title="held-out", ylim=(-0.03, 1.03))
+    ax2.legend(loc="lower right", fontsize=8)
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    points = {line.get_label(): len(line.get_xdata()) for ax in fig.axes for line in ax.get_lines()}
+    path = Path(path)
+    fig.savefig(path, dpi=100, metadata={"Description": json.dumps({"points": points})})
+    plt.close(fig)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -154,3 +154,18 @@ def test_the_report_command_answers_help_and_a_missing_file_in_one_line(capsys, 
         main([str(tmp_path / "nope.jsonl")])
     err = capsys.readouterr().err.strip().splitlines()
     assert done.value.code == 2 and err[-1] == f"python -m core.report: error: {tmp_path / 'nope.jsonl'}: no such file"
+
+
+def test_a_supervised_run_reports_its_loss_and_the_held_out_lines(tmp_path):
+    """recipes/sft's history (no RL reward): the NLL windows, the held-out score and tool use, its own PNG."""
+    pytest.importorskip("matplotlib")
+    h = [{"step": 0, "val/reward/mean": 0.25, "val/agent/tool_call_rate": 0.5}]
+    h += [{"step": i + 1, "sft/nll_loss": 1.0 / (i + 1), "sft/samples": 32, "timing_s/step": 4.0} for i in range(10)]
+    h[-1] |= {"val/reward/mean": 1.0, "val/agent/tool_call_rate": 1.0}
+    text = report(h, tmp_path / "curves.png")
+    assert "sft/nll_loss: start 0.750 -> end 0.106 (mean of the first / last 2 steps; 10 steps, 320 samples)" in text
+    assert "val/reward/mean (held-out, greedy): step 0 0.250 -> step 10 1.000" in text
+    assert "val/agent/tool_call_rate (held-out, greedy): step 0 0.500 -> step 10 1.000" in text
+    assert "40s in steps (4.0s per step)" in text
+    assert plotted_points(tmp_path / "curves.png") == {"train NLL of the trained tokens": 10,
+                                                       "held-out reward (greedy)": 2, "held-out: calls a tool": 2}

@@ -249,7 +249,7 @@ API = [("core.protocol", ["Batch"], "The one batch type: tensors, non-tensor col
         "rows run again on the others."),
        ("core.rollout.agent_server", ["AgentServer", "Serving", "Router", "Conversations"],
         "The OpenAI-compatible rollout server: agents written against the OpenAI API, recorded token in, token out."),
-       ("core.sft", ["conversation_sample", "conversations", "read_rows", "pack", "collate", "token_nll"],
+       ("core.sft", ["conversation_sample", "conversations", "read_rows", "pack", "collate"],
         "Supervised fine-tuning: conversations as ids with the loss on the assistant's tokens, packed without "
         "cross-contamination."),
        ("core.config", ["RunConfig", "AlgoConfig", "SamplingParams", "validate"],

@@ -1,0 +1,83 @@
+"""recipes/sft: the traces are correct tool-using answers of training problems only, checked by content against the
+held-out problems (a leaked file is refused naming it); the config validates with its own section; and (slow) the
+CPU tier reproduces recipes/sft/expected.yaml."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from core.cli import recipe_module
+from core.data.agent_mult import held_out, operands, pairs, solution
+from core.data.dataset import load_rl_parquet
+from core.data.prepare import write_parquet
+from core.expected import check, load_expected, metric_figures, run_figures
+from core.report import read_metrics
+from core.run import load_recipe_config
+from tests.recipes.plans import plan
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "sft"
+EXPECTED = load_expected(RECIPE)
+
+
+def test_traces_answer_training_problems_only_and_are_checked_against_the_held_out_ones(tmp_path):
+    data = recipe_module(RECIPE, "data")
+    path = data.write_traces(tmp_path, count=300)["train"]
+    rows = load_rl_parquet(path)
+    test = {tuple(sorted(p)) for p in pairs("test", 64)}
+    for r in rows:
+        a, b = operands(r["extra_info"]["question"])
+        assert not held_out(a, b) and tuple(sorted((a, b))) not in test
+        assert r["messages"] == r["prompt"] + solution(a, b) and str(a * b) in r["messages"][-1]["content"]
+    # a file that holds a held-out problem is refused, naming it
+    leaked = load_rl_parquet(tmp_path / "agent_mult" / "test.parquet")[:1]
+    write_parquet([{"data_source": r["data_source"], "prompt": r["prompt"], "ability": "math",
+                    "reward_model": {"style": "rule", "ground_truth": r["ground_truth"]}, "extra_info": r["extra_info"]}
+                   for r in leaked], tmp_path / "leak.parquet")
+    with pytest.raises(ValueError, match=r"leak\.parquet: 1 problems of .*test\.parquet are in it"):
+        data.check_held_out(tmp_path / "leak.parquet", tmp_path / "agent_mult" / "test.parquet")
+
+
+def test_the_config_validates_and_the_tier_is_what_expected_yaml_describes():
+    from core.checks import check_run
+
+    cfg, sections = load_recipe_config(RECIPE, "config", sections=recipe_module(RECIPE, "train").SECTIONS)
+    check_run(cfg, own_step=True)
+    assert sections["sft"].max_tokens == 320 and cfg.trainer.total_steps == EXPECTED["cpu"]["steps"]
+    assert cfg.data.val_files == ["outputs/data/agent_mult/test.parquet"] and cfg.rollout.agent.enable
+
+
+def test_s1k_records_become_s1s_form_and_a_bad_one_is_named():
+    data = recipe_module(RECIPE, "data")
+    rec = {"question": "What is 1 + 1?", "thinking_trajectories": ["one and one", "unused"], "attempt": "2",
+           "solution": "2"}
+    (row,) = data.s1k_rows([rec], "s1k.jsonl")
+    assert row["messages"] == [{"role": "user", "content": "What is 1 + 1?"},
+                               {"role": "assistant", "content": "<|im_start|>think\none and one\n<|im_start|>answer\n"
+                                                                "Answer: 2"}]
+    with pytest.raises(ValueError, match="s1k.jsonl row 2: question, thinking_trajectories and attempt"):
+        data.s1k_rows([rec, {"question": "q", "thinking_trajectories": [], "attempt": "a"}], "s1k.jsonl")
+
+
+def test_the_full_scale_run_plans_and_fits(capsys):
+    """s1 at full scale, planned: it composes and validates, and the capacity plan fits 2 x 8 GPUs of 80 GB."""
+    rc, out = plan(capsys, "sft", "s1_qwen32b")
+    assert rc == 0, out[-2000:]
+    assert "Qwen/Qwen2.5-32B-Instruct on 16 cuda rank(s)" in out and "32768 tokens per micro-batch" in out
+    assert out.rstrip().endswith("fits")
+
+
+@pytest.mark.slow
+def test_cpu_tier_reproduces_expected_yaml(tmp_path):
+    """The real CPU tier (about 5 minutes on 2 cores with bf16): SFT of SmolLM2-135M-Instruct on 512 traces."""
+    env = dict(os.environ, PY=sys.executable)
+    subprocess.run(["bash", str(RECIPE / EXPECTED["cpu"]["run"]), f"trainer.output_dir={tmp_path}"],
+                   cwd=RECIPE.parents[1], env=env, check=True)
+    history = read_metrics(tmp_path / "metrics.jsonl")
+    figures = run_figures(history) | metric_figures(history, EXPECTED["cpu"]["bounds"])
+    print(json.dumps(figures))
+    assert check(figures, EXPECTED["cpu"], "recipes/sft cpu tier") == []
+    assert (tmp_path / "curves.png").is_file()

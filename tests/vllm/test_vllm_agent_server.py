@@ -45,21 +45,11 @@ def agents(served):
 
 
 def test_the_record_is_what_vllm_was_prompted_with_and_sampled(agents):
-    segments, seen = agents
-    assert any(len(s) > 1 for s in seen), "no agent got a tool answer: the test checks nothing"
-    for (seg,), responses in zip(segments, seen):
-        t = seg.traj
-        stream = t.prompt + t.tokens
-        for r in responses:  # each turn's prompt is a prefix of the final stream, its tokens right after it
-            prompt, got = r.model_extra["prompt_token_ids"], r.choices[0].model_extra["token_ids"]
-            assert stream[:len(prompt) + len(got)] == prompt + got
-            assert [x.logprob for x in r.choices[0].logprobs.content] == \
-                t.logps[len(prompt) - len(t.prompt):len(prompt) - len(t.prompt) + len(got)]
-        assert t.turns == len(responses) and sum(t.sampled) == sum(len(r.choices[0].model_extra["token_ids"])
-                                                                   for r in responses)
-        calls = [r for r in responses if r.choices[0].message.tool_calls]
-        for r in calls:  # a turn that called the tool ended at the stop string, kept in its tokens
-            assert r.choices[0].finish_reason == "tool_calls"
+    from tests.agent_server.test_server import check_records
+
+    check_records(*agents)
+    for responses in agents[1]:  # a turn that called the tool ended at the stop string, kept in its tokens
+        assert all(r.choices[0].finish_reason == "tool_calls" for r in responses if r.choices[0].message.tool_calls)
 
 
 def test_a_transformers_forward_of_the_record_gives_vllm_s_log_probs(agents):

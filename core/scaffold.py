@@ -90,16 +90,24 @@ def tiny_overrides(tmp: Path, model: Path) -> list[str]:
 
 
 def tiny_data(tmp: Path) -> None:
-    """8 arithmetic prompts and a reward that varies with the text (a random model's groups then have a gradient)."""
+    """8 arithmetic prompts and a reward that varies with the text (a random model's groups then have a gradient);
+    each row also holds its conversation with the answer (``messages``), which an SFT recipe trains on."""
     from core.data.prepare import write_parquet
 
     rows = [{"data_source": "hybridrl/arith", "prompt": [{"role": "user", "content": f"{a} + {a} = ?"}],
              "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(2 * a)},
-             "extra_info": {"index": a}} for a in range(1, 9)]
+             "extra_info": {"index": a},
+             "messages": [{"role": "user", "content": f"{a} + {a} = ?"}, {"role": "assistant", "content": str(2 * a)}]}
+            for a in range(1, 9)]
     write_parquet(rows, tmp / "train.parquet")
     (tmp / "reward.py").write_text(
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
         "    score = sum(map(ord, solution_str)) % 7 / 7\n    return {'score': score, 'acc': score >= 0.5}\n")
+
+
+def _loss_key(m: dict) -> str:
+    """What a step row reports: an RL step's reward, a supervised step's loss ('' for the validation row)."""
+    return "reward/mean" if "reward/mean" in m else "sft/nll_loss" if "sft/nll_loss" in m else ""
 
 
 def tiny_check(folder: Path, out=print) -> None:
@@ -119,8 +127,8 @@ def tiny_check(folder: Path, out=print) -> None:
 
         steps = read_metrics(tmp / "out" / "metrics.jsonl")
     out(f"tiny check: {folder.name}/train.py ran {len(steps)} steps on a tiny random model: " + "; ".join(
-        f"step {m['step']} reward/mean {m['reward/mean']:.3f} actor/grad_norm {m.get('actor/grad_norm', 0.0):.4f}"
-        for m in steps))
+        f"step {m['step']} {_loss_key(m)} {m[_loss_key(m)]:.3f} actor/grad_norm {m.get('actor/grad_norm', 0.0):.4f}"
+        for m in steps if _loss_key(m)))
     reward = folder / "reward.py"
     if reward.is_file():
         from core.rewards import load_reward_fn

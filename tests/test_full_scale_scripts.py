@@ -41,6 +41,7 @@ SCRIPTS = {
     "sppo/run_qwen2.5_7b_math.sh": ([], [PLAN, FALLBACK]),
     "vlm/run_qwen2.5_vl_7b_geo3k.sh": (["__vlm__"], [PLAN]),
     "agent/run_retool_qwen32b.sh": ([], [PLAN, FALLBACK]),
+    "sft/run_s1_qwen32b.sh": (["++trainer.total_epochs=0"], [PLAN, FALLBACK]),  # SFT on the tiny rows' messages
 }
 
 

@@ -39,11 +39,17 @@ SECTIONS = {"sft": SFTConfig}
 
 
 def make_step(cfg, sections: dict) -> Callable:
+    """``core.trainer.fit``'s step_fn (called before Ray starts: a config it cannot train stops here)."""
+    from core.config import ConfigError
     from core.models import load_tokenizer
 
+    if cfg.actor.strategy != "fsdp" or cfg.actor.ulysses_sp != 1:
+        raise ConfigError(f"recipes/sft trains on the FSDP2 actor without sequence parallelism; got actor.strategy="
+                          f"{cfg.actor.strategy}, actor.ulysses_sp={cfg.actor.ulysses_sp}: set actor.strategy=fsdp and "
+                          "actor.ulysses_sp=1", "actor.strategy")
     tokenizer, max_tokens = load_tokenizer(cfg.actor.model), sections["sft"].max_tokens
     ranks = cfg.placement.pools[cfg.placement.roles["actor"]]
-    dp = ranks.nnodes * ranks.slots_per_node // max(cfg.actor.ulysses_sp, 1)
+    dp = ranks.nnodes * ranks.slots_per_node
 
     def step(roles: Roles, draw: Callable[[], Batch], algo: AlgoConfig, reward_fn: Callable, update_actor: bool = True,
              kl_ctrl=None) -> tuple[None, dict[str, float]]:

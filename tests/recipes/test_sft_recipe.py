@@ -50,6 +50,16 @@ def test_the_config_validates_and_the_tier_is_what_expected_yaml_describes():
     assert cfg.data.val_files == ["outputs/data/agent_mult/test.parquet"] and cfg.rollout.agent.enable
 
 
+def test_a_config_the_step_cannot_train_stops_before_ray_naming_the_key():
+    from core.config import ConfigError
+
+    train = recipe_module(RECIPE, "train")
+    cfg, sections = load_recipe_config(RECIPE, "config", ["actor.ulysses_sp=2"], sections=train.SECTIONS)
+    with pytest.raises(ConfigError, match="actor.ulysses_sp=2: set actor.strategy=fsdp and actor.ulysses_sp=1"):
+        train.make_step(cfg, sections)
+    assert callable(train.make_step(*load_recipe_config(RECIPE, "config", sections=train.SECTIONS)))
+
+
 def test_s1k_records_become_s1s_form_and_a_bad_one_is_named():
     data = recipe_module(RECIPE, "data")
     rec = {"question": "What is 1 + 1?", "thinking_trajectories": ["one and one", "unused"], "attempt": "2",

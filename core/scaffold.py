@@ -90,15 +90,12 @@ def tiny_overrides(tmp: Path, model: Path) -> list[str]:
 
 
 def tiny_data(tmp: Path) -> None:
-    """8 arithmetic prompts and a reward that varies with the text (a random model's groups then have a gradient);
-    each row also holds its conversation with the answer (``messages``), which an SFT recipe trains on."""
+    """8 arithmetic prompts and a reward that varies with the text (a random model's groups then have a gradient)."""
     from core.data.prepare import write_parquet
 
     rows = [{"data_source": "hybridrl/arith", "prompt": [{"role": "user", "content": f"{a} + {a} = ?"}],
              "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(2 * a)},
-             "extra_info": {"index": a},
-             "messages": [{"role": "user", "content": f"{a} + {a} = ?"}, {"role": "assistant", "content": str(2 * a)}]}
-            for a in range(1, 9)]
+             "extra_info": {"index": a}} for a in range(1, 9)]
     write_parquet(rows, tmp / "train.parquet")
     (tmp / "reward.py").write_text(
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"

@@ -41,7 +41,7 @@ SCRIPTS = {
     "sppo/run_qwen2.5_7b_math.sh": ([], [PLAN, FALLBACK]),
     "vlm/run_qwen2.5_vl_7b_geo3k.sh": (["__vlm__"], [PLAN]),
     "agent/run_retool_qwen32b.sh": ([], [PLAN, FALLBACK]),
-    "sft/run_s1_qwen32b.sh": (["++trainer.total_epochs=0"], [PLAN, FALLBACK]),  # SFT on the tiny rows' messages
+    "sft/run_s1_qwen32b.sh": (["++trainer.total_epochs=0", "__sft__"], [PLAN, FALLBACK]),
 }
 
 
@@ -62,6 +62,22 @@ def tiny(tmp_path_factory, tiny_model_dir):
 
     pd.read_parquet(tmp / "train.parquet").head(2).to_parquet(tmp / "val.parquet")
     return tmp, Path(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def tiny_sft(tiny, tmp_path_factory):
+    """The tiny rows with their conversations (``messages``: the question and its answer), for the SFT script."""
+    from core.data.dataset import load_rl_parquet
+    from core.data.prepare import write_parquet
+
+    tmp = tmp_path_factory.mktemp("fullscale_sft")
+    for name in ("train", "val"):
+        rows = [{"data_source": r["data_source"], "prompt": r["prompt"], "ability": "math",
+                 "reward_model": {"style": "rule", "ground_truth": r["ground_truth"]}, "extra_info": r["extra_info"],
+                 "messages": r["prompt"] + [{"role": "assistant", "content": r["ground_truth"]}]}
+                for r in load_rl_parquet(tiny[0] / f"{name}.parquet")]
+        write_parquet(rows, tmp / f"{name}.parquet")
+    return tmp, tiny[1]
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +131,9 @@ def overrides(script: str, data: Path, model: Path, out: Path) -> list[str]:
 
 @pytest.mark.heavy
 @pytest.mark.parametrize("script", list(SCRIPTS))
-def test_full_scale_script_runs_two_steps_and_saves_at_tiny_size(script, tiny, tiny_vlm, tmp_path):
-    data, model = tiny_vlm if "__vlm__" in SCRIPTS[script][0] else tiny
+def test_full_scale_script_runs_two_steps_and_saves_at_tiny_size(script, tiny, tiny_vlm, tiny_sft, tmp_path):
+    extra = SCRIPTS[script][0]
+    data, model = tiny_vlm if "__vlm__" in extra else tiny_sft if "__sft__" in extra else tiny
     out = tmp_path / "out"
     args = overrides(script, data, model, out)
     args += [f"++reward.path={tiny[0] / 'reward.py'}", "++reward.name=compute_score"]  # the tiny varying reward

@@ -273,9 +273,9 @@ class AgentConfig:
     stop: tuple[str, ...] = ("</tool_call>",)
     # an agent program instead of the loop above: FILE.py:FUNCTION (relative: the recipe folder's) or
     # MODULE:FUNCTION, an async function (client: openai.AsyncOpenAI, row: dict) -> its final answer, which the
-    # reward scores (or {answer, tool_errors, other keys: the reward's extra_info["agent"]}); it runs against this replica's OpenAI-compatible rollout server (core/rollout/agent_server), every
-    # request recorded token in, token out. Its turns and tools are its own; max_response_tokens, tool_parser and
-    # stop still apply
+    # reward scores (or {answer, tool_errors, other keys: the reward's extra_info["agent"]}); it runs against this
+    # replica's OpenAI-compatible rollout server (core/rollout/agent_server), every request recorded token in, token
+    # out. Its turns and tools are its own; max_response_tokens, tool_parser and stop still apply
     runner: str = ""
     # runner: agents running at once per rollout replica
     max_concurrent: PositiveInt = 32

@@ -274,7 +274,8 @@ class ChunkedRun:
         for s in self.live_seqs:
             by_stop.setdefault(tuple(self.stops.get(s, self.p.stop)), []).append(s)
         finished = [s for stop, seqs in by_stop.items() for s in self._chunk(seqs, k, stop)]
-        self.live_seqs = [s for s in self.live_seqs if s not in set(finished)]
+        done = set(finished)
+        self.live_seqs = [s for s in self.live_seqs if s not in done]
         return finished
 
     def _chunk(self, seqs: list[int], k: int, stop: tuple[str, ...]) -> list[int]:

@@ -2,11 +2,10 @@
 the address the config names only."""
 
 import json
-import secrets
 import threading
 import time
 
-from core.rollout.agent_server.server import AgentServer, BadRequest, parse_chat
+from core.rollout.agent_server.server import AgentServer, BadRequest, parse_chat, require_bearer
 
 
 def create_app(server: AgentServer):
@@ -16,13 +15,8 @@ def create_app(server: AgentServer):
 
     app = FastAPI(title="hybridrl rollout server", docs_url=None, redoc_url=None, openapi_url=None)
 
-    def error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
-        return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status)
-
     def authorize(request: Request) -> None:
-        given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(), f"Bearer {server.token}".encode()):
-            raise BadRequest("authorization", "a valid bearer token is required (the run's agent server token)", 401)
+        require_bearer(request.headers, server.token, "the run's agent server token")
 
     async def checked(request: Request) -> dict:
         authorize(request)
@@ -36,8 +30,7 @@ def create_app(server: AgentServer):
 
     @app.exception_handler(BadRequest)
     async def bad_request(_request, e: BadRequest):
-        return error(e.status, e.message, e.param, "authentication_error" if e.status == 401 else
-                     "invalid_request_error")
+        return JSONResponse(e.body(), e.status)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):

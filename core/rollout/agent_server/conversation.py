@@ -169,7 +169,8 @@ class Conversations:
             return Prompt(trajectory, ids, [], RAW, None,
                           split="the prompt extends none of the trajectory's token records" if own else "")
         parent = max(parents, key=lambda s: len(s.traj.tokens))
-        return Prompt(trajectory, ids, [], RAW, parent, _state(parent), ids[len(parent.traj.prompt) + len(parent.traj.tokens):])
+        return Prompt(trajectory, ids, [], RAW, parent, _state(parent),
+                      ids[len(parent.traj.prompt) + len(parent.traj.tokens):])
 
     def reply(self, p: Prompt, tokens: list[int], logps: list[float], versions: Sequence[int], message: dict
               ) -> Segment:

@@ -16,7 +16,7 @@ import secrets
 import threading
 from typing import Protocol
 
-from core.rollout.agent_server.server import BadRequest
+from core.rollout.agent_server.server import BadRequest, require_bearer
 
 
 class Replica(Protocol):
@@ -85,14 +85,11 @@ def create_router_app(router: Router):
 
     @app.exception_handler(BadRequest)
     async def bad_request(_request, e: BadRequest):
-        kind = "authentication_error" if e.status == 401 else "invalid_request_error"
-        return JSONResponse({"error": {"message": e.message, "type": kind, "param": e.param, "code": None}}, e.status)
+        return JSONResponse(e.body(), e.status)
 
     @app.api_route("/v1/{path:path}", methods=["GET", "POST"])
     async def forward(path: str, request: Request):
-        given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(), f"Bearer {router.token}".encode()):
-            raise BadRequest("authorization", "a valid bearer token is required (the run's router token)", 401)
+        require_bearer(request.headers, router.token, "the run's router token")
         body = await request.body()
         if request.method == "GET":  # /v1/models: every replica serves the same policy
             k, tid = 0, None

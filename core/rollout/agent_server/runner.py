@@ -6,8 +6,9 @@ written with the ordinary ``openai`` client (its ``base_url`` is this replica's 
 sends is recorded under the trajectory the client was made for). ``row`` is the data row: ``prompt`` (the chat
 messages), ``data_source``, ``ground_truth``, ``extra_info``. It returns the final answer, which the recipe's reward
 scores, or a dict: ``answer``; ``tool_errors`` (how many of its tool calls failed: ``agent/tool_error_rate``); any
-other keys reach the reward as ``extra_info["agent"]`` (a verifier's verdict, a cost the reward charges). Many run at once (``rollout.agent.max_concurrent``), ``n`` per row; an agent that
-raises scores its answer as empty and the run goes on (the error is printed once per step).
+other keys reach the reward as ``extra_info["agent"]`` (a verifier's verdict, a cost the reward charges). Many run
+at once (``rollout.agent.max_concurrent``), ``n`` per row; an agent that raises scores its answer as empty and the
+run goes on (the error is printed once per step).
 
 Each trajectory trains as its last segment (``core.rollout.agent_server.conversation``): the prompt the server rendered
 for its first request, then every sampled token (loss mask 1) and template token (0) after it.

@@ -7,10 +7,11 @@ Routes (FastAPI on uvicorn): ``POST /v1/chat/completions`` (messages, tools in O
 ...}``); a request that breaks the schema gets a 400 naming the field, and nothing is recorded. Sampling is the
 run's: ``temperature`` and ``top_p`` other than the run's are refused (the trainer's log-probs assume them).
 
-What is recorded is ``core.rollout.agent_server.conversation``'s: per trajectory, the ids each turn was prompted with and
-the tokens sampled, their log-probs and weight versions. ``finish(trajectory)`` hands them out as the agent loop's
-``Trajectory`` records. A request's stop strings end its sequence in the engine (``Run.add``). A streamed reply is sent as chunks once its sequence has finished (the engine decodes it
-among the other requests; the chunks are OpenAI's format).
+What is recorded is ``core.rollout.agent_server.conversation``'s: per trajectory, the ids each turn was prompted
+with and the tokens sampled, their log-probs and weight versions. ``finish(trajectory)`` hands them out as the agent
+loop's ``Trajectory`` records. A request's stop strings end its sequence in the engine (``Run.add``). A streamed
+reply is sent as chunks once its sequence has finished (the engine decodes it among the other requests; the chunks
+are OpenAI's format).
 """
 
 from __future__ import annotations
@@ -35,6 +36,18 @@ class BadRequest(Exception):
     def __init__(self, param: str, message: str, status: int = 400):
         super().__init__(message)
         self.param, self.message, self.status = param, message, status
+
+    def body(self) -> dict:
+        """OpenAI's error format: the message, its type, the field it names."""
+        kind = "authentication_error" if self.status == 401 else "invalid_request_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": None}}
+
+
+def require_bearer(headers, token: str, whose: str) -> None:
+    """BadRequest 401 unless ``headers`` carry ``Authorization: Bearer <token>`` (compared in constant time)."""
+    given = headers.get("authorization", "")
+    if not secrets.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        raise BadRequest("authorization", f"a valid bearer token is required ({whose})", 401)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from core.expected import check, hardware_missing, load_expected, metric_figures, run_figures
+from core.expected import check, hardware_missing, load_expected, tier_figures
 from core.report import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +37,6 @@ def test_recipe_reproduces_its_expected_scores(recipe, tier, full_size, report, 
     subprocess.run(["bash", str(recipe / spec["run"]), f"trainer.output_dir={tmp_path}", *spec.get("args", [])], cwd=ROOT,
                    env=dict(os.environ, PY=sys.executable), check=True)
     history = read_metrics(tmp_path / "metrics.jsonl")
-    figures = run_figures(history) | metric_figures(history, spec["bounds"])
+    figures = tier_figures(history, spec)
     report(f"scores_{recipe.name}_{tier}", **figures)
     assert check(figures, spec, f"recipes/{recipe.name}/expected.yaml {tier}") == []

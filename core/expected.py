@@ -63,8 +63,8 @@ def metric_figures(history: list[dict], names) -> dict[str, float]:
 
 def run_figures(history: list[dict]) -> dict[str, float]:
     """From a run's metrics rows: train reward at the start / end (mean over a window of steps) and their gain (a
-    supervised run: its loss at the start / end), held-out score before / after and its gain, the largest per-step rollout-vs-trainer log-prob gap, and with a
-    critic its value loss and explained variance at the start / end."""
+    supervised run: its loss at the start / end), held-out score before / after and its gain, the largest per-step
+    rollout-vs-trainer log-prob gap, and with a critic its value loss and explained variance at the start / end."""
     train = [m for m in history if "reward/mean" in m]
     val = [m for m in history if "val/reward/mean" in m]
     sft = [m for m in history if "sft/nll_loss" in m]  # a supervised run (recipes/sft): its loss at start / end
@@ -91,6 +91,11 @@ def run_figures(history: list[dict]) -> dict[str, float]:
         out["val_start"], out["val_end"] = val[0]["val/reward/mean"], val[-1]["val/reward/mean"]
         out["val_gain"] = out["val_end"] - out["val_start"]
     return out
+
+
+def tier_figures(history: list[dict], tier: dict) -> dict[str, float]:
+    """The figures a tier's bounds read: ``run_figures`` and the ``first:`` / ``last:`` / ``max:`` metrics it names."""
+    return run_figures(history) | metric_figures(history, tier["bounds"])
 
 
 def check(figures: dict[str, float], tier: dict, where: str = "tier") -> list[str]:

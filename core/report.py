@@ -45,14 +45,11 @@ def plot_curves(history: list[dict], path: str | Path) -> Path | None:
     the critic-only steps shaded -- as a PNG; None when matplotlib is missing. The PNG's ``Description`` text chunk
     records how many points each drawn line holds (read back from the figure's lines, not from ``history``), so a
     test can check the picture it was given."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         return None
+    from matplotlib.ticker import MaxNLocator
+
     val = [m for m in history if "val/reward/mean" in m]
     train = [m for m in history if "reward/mean" in m]
     steps = [m["step"] for m in train]
@@ -100,6 +97,23 @@ def plot_curves(history: list[dict], path: str | Path) -> Path | None:
             ax.axvspan(min(frozen) - 0.5, max(frozen) + 0.5, color="grey", alpha=0.12, lw=0)
     if frozen:
         ax1.text(min(frozen) - 0.4, ax1.get_ylim()[1], " critic only", va="top", fontsize=8, color="dimgrey")
+    return _save(plt, fig, path)
+
+
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend, or None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def _save(plt, fig, path: str | Path) -> Path:
+    """The figure as a PNG whose ``Description`` text chunk records how many points each labelled line holds."""
     fig.tight_layout()
     points = {line.get_label(): len(line.get_xdata()) for ax in fig.axes for line in ax.get_lines()
               if not line.get_label().startswith("_")}
@@ -178,11 +192,8 @@ def report(history: list[dict], png: str | Path | None = None) -> str:
         if len(have) >= 2:
             lines.insert(-1, f"{key}: {window(have, key, True)[0]:.4f} -> {window(have, key, False)[0]:.4f}")
     sources = _val_sources(val)
-    for key in ("val/agent/tool_call_rate", *(reversed(sources) if len(sources) > 1 else ()), "val/reward/mean"):
-        have = [m for m in val if key in m]
-        if len(have) >= 2:
-            lines.insert(1, f"{key} (held-out, greedy): step {have[0]['step']} {have[0][key]:.3f} -> "
-                            f"step {have[-1]['step']} {have[-1][key]:.3f}")
+    lines[1:1] = _held_out_lines(val, ("val/reward/mean", *(sources if len(sources) > 1 else ()),
+                                       "val/agent/tool_call_rate"))
     if png is not None:
         drawn = plot_curves(rows, png)
         lines.append(f"curves: {drawn}" if drawn else "curves: not drawn (pip install matplotlib)")
@@ -199,25 +210,28 @@ def sft_report(history: list[dict], png: str | Path | None = None) -> str:
     total = sum(m["timing_s/step"] for m in train)
     lines = [f"sft/nll_loss: start {start:.3f} -> end {end:.3f} (mean of the first / last {k} steps; {len(train)} "
              f"steps, {sum(m.get('sft/samples', 0) for m in train)} samples)",
+             *_held_out_lines(val, ("val/reward/mean", "val/agent/tool_call_rate")),
              f"time: {total:.0f}s in steps ({total / len(train):.1f}s per step)"]
-    for key in ("val/agent/tool_call_rate", "val/reward/mean"):
-        have = [m for m in val if key in m]
-        if len(have) >= 2:
-            lines.insert(1, f"{key} (held-out, greedy): step {have[0]['step']} {have[0][key]:.3f} -> "
-                            f"step {have[-1]['step']} {have[-1][key]:.3f}")
     if png is not None:
         drawn = _plot_sft(train, val, png)
         lines.append(f"curves: {drawn}" if drawn else "curves: not drawn (pip install matplotlib)")
     return "\n".join(lines)
 
 
-def _plot_sft(train: list[dict], val: list[dict], path: str | Path) -> Path | None:
-    try:
-        import matplotlib
+def _held_out_lines(val: list[dict], keys) -> list[str]:
+    """'<key> (held-out, greedy): step a x -> step b y' for each of ``keys`` validated at least twice, in order."""
+    lines = []
+    for key in keys:
+        have = [m for m in val if key in m]
+        if len(have) >= 2:
+            lines.append(f"{key} (held-out, greedy): step {have[0]['step']} {have[0][key]:.3f} -> "
+                         f"step {have[-1]['step']} {have[-1][key]:.3f}")
+    return lines
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+
+def _plot_sft(train: list[dict], val: list[dict], path: str | Path) -> Path | None:
+    plt = _pyplot()
+    if plt is None:
         return None
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     ax1.plot([m["step"] for m in train], [m["sft/nll_loss"] for m in train], marker="o", ms=3,
@@ -234,12 +248,7 @@ def _plot_sft(train: list[dict], val: list[dict], path: str | Path) -> Path | No
     ax2.legend(loc="lower right", fontsize=8)
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    points = {line.get_label(): len(line.get_xdata()) for ax in fig.axes for line in ax.get_lines()}
-    path = Path(path)
-    fig.savefig(path, dpi=100, metadata={"Description": json.dumps({"points": points})})
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

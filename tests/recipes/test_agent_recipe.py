@@ -2,20 +2,17 @@
 script plans, and (slow) the CPU tier reproduces recipes/agent/expected.yaml."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from core.cli import recipe_module
 from core.data.dataset import load_rl_parquet
-from core.expected import check, load_expected, metric_figures, run_figures
-from core.report import read_metrics
+from core.expected import load_expected
 from core.rewards import load_reward_fn
 from core.run import load_run_config
 from tests.recipes.plans import plan
+from tests.recipes.tiers import reproduce
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "agent"
 EXPECTED = load_expected(RECIPE)
@@ -109,11 +106,5 @@ def test_full_scale_script_plans_and_fits(capsys):
 @pytest.mark.slow
 def test_cpu_tier_reproduces_expected_yaml(tmp_path):
     """The real CPU tier (about 5 minutes on 2 cores with bf16): SmolLM2-135M-Instruct with a calculator."""
-    env = dict(os.environ, PY=sys.executable)
-    subprocess.run(["bash", str(RECIPE / EXPECTED["cpu"]["run"]), f"trainer.output_dir={tmp_path}"],
-                   cwd=RECIPE.parents[1], env=env, check=True)
-    history = read_metrics(tmp_path / "metrics.jsonl")
-    figures = run_figures(history) | metric_figures(history, EXPECTED["cpu"]["bounds"])
-    print(json.dumps(figures))
-    assert check(figures, EXPECTED["cpu"], "recipes/agent cpu tier") == []
+    reproduce(RECIPE, EXPECTED["cpu"], tmp_path, "recipes/agent cpu tier")
     assert (tmp_path / "curves.png").is_file() and (tmp_path / "val_generations.jsonl").is_file()

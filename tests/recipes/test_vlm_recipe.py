@@ -2,21 +2,17 @@
 reward is right by hand, the configs validate, geo3k is prepared as verl does, the full-scale script plans and fits,
 and (slow) the CPU tier reproduces recipes/vlm/expected.yaml."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from core.cli import recipe_module
 from core.data.dataset import load_rl_parquet
-from core.expected import check, load_expected, metric_figures, run_figures
-from core.report import read_metrics
+from core.expected import load_expected
 from core.rewards import load_reward_fn
 from core.run import load_run_config
 from tests.recipes.plans import plan
+from tests.recipes.tiers import reproduce
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "vlm"
 EXPECTED = load_expected(RECIPE)
@@ -144,11 +140,5 @@ def test_full_scale_script_plans_and_fits(capsys):
 @pytest.mark.slow
 def test_cpu_tier_reproduces_expected_yaml(tmp_path):
     """The real CPU tier (about 7 minutes on 2 cores with bf16): caption alignment, then GRPO on the shapes task."""
-    env = dict(os.environ, PY=sys.executable, MODEL_DIR=str(tmp_path / "aligned"))
-    subprocess.run(["bash", str(RECIPE / EXPECTED["cpu"]["run"]), f"trainer.output_dir={tmp_path / 'run'}"],
-                   cwd=RECIPE.parents[1], env=env, check=True)
-    history = read_metrics(tmp_path / "run" / "metrics.jsonl")
-    figures = run_figures(history) | metric_figures(history, EXPECTED["cpu"]["bounds"])
-    print(json.dumps(figures))
-    assert check(figures, EXPECTED["cpu"], "recipes/vlm cpu tier") == []
+    reproduce(RECIPE, EXPECTED["cpu"], tmp_path / "run", "recipes/vlm cpu tier", MODEL_DIR=str(tmp_path / "aligned"))
     assert (tmp_path / "run" / "curves.png").is_file()

@@ -18,6 +18,7 @@ from core.data.prepare import write_parquet
 SOURCE = "hybridrl/agent_mult"
 FOLDER = "agent_mult"
 LOW, HIGH = 11, 999
+TEST_COUNT = 64  # the held-out problems write_mult writes
 QUESTION = "What is {a} * {b}?"
 # The example conversation every CPU prompt starts with: SmolLM2-135M-Instruct calls no tool from a JSON-schema
 # system prompt alone (0 of 16 samples at step 0), but follows this example in ~60% of samples (README).
@@ -68,14 +69,13 @@ def pairs(split: str, count: int, seed: int = 0) -> list[tuple[int, int]]:
     return out
 
 
-def write_mult(out: str | Path, train_count: int = 2000, test_count: int = 64, seed: int = 0) -> dict[str, Path]:
+def write_mult(out: str | Path, train_count: int = 2000, test_count: int = TEST_COUNT, seed: int = 0) -> dict[str, Path]:
     paths = {}
     for split, count in (("train", train_count), ("test", test_count)):
         paths[split] = Path(out) / FOLDER / f"{split}.parquet"
         write_parquet([row(a, b, split, i) for i, (a, b) in enumerate(pairs(split, count, seed))], paths[split])
         print(f"agent_mult {split}: {count} rows -> {paths[split]}")
     return paths
-
 
 
 def operands(question: str) -> tuple[int, int]:

@@ -25,6 +25,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.data.prepare import read_jsonl
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -82,7 +84,8 @@ def _column(value, key: str, sub: str | None, where: str) -> str:
 
 
 def read_rows(path: str | Path) -> list[dict]:
-    """The rows of a .jsonl or .parquet file; ValueError naming the file and line of a bad JSON row."""
+    """The rows of a .parquet or .jsonl file (``core.data.prepare.read_jsonl``: a bad line is an error naming the
+    file and line)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"SFT data {path}: not found")
@@ -90,15 +93,7 @@ def read_rows(path: str | Path) -> list[dict]:
         import pyarrow.parquet as pq
 
         return pq.read_table(path).to_pylist()
-    rows = []
-    with path.open() as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
-    return rows
+    return read_jsonl(path)
 
 
 def conversations(rows: list[dict], source: str, messages_key: str = "messages", prompt_key: str = "prompt",

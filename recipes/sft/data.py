@@ -21,21 +21,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from core.data.agent_mult import held_out, operands, pairs, row, solution, write_mult
-from core.data.prepare import make_rows, read_records, write_parquet
+from core.data.agent_mult import TEST_COUNT, operands, pairs, row, solution, write_mult
+from core.data.prepare import make_rows, read_records, read_table, write_parquet
 from core.data.recipe_data import Dataset, data_cli
 
-TEST_COUNT = 64  # the held-out problems, as core.data.agent_mult.write_mult writes them
-
-
 def traces(count: int, seed: int = 1) -> list[dict]:
-    """``count`` SFT rows of training problems (``seed``: which draws; the RL rows are seed 0's); ValueError if
-    one is a held-out problem in either operand order."""
-    test = {tuple(sorted(p)) for p in pairs("test", TEST_COUNT)}
+    """``count`` SFT rows of training problems (``seed``: which draws; the RL rows are seed 0's); ``write_traces``
+    checks the file it writes against the held-out problems."""
     rows = []
     for i, (a, b) in enumerate(pairs("train", count, seed)):
-        if held_out(a, b) or tuple(sorted((a, b))) in test:
-            raise ValueError(f"trace {i}: {a} * {b} is a held-out problem")
         r = row(a, b, "train", i)
         rows.append(r | {"messages": r["prompt"] + solution(a, b)})
     return rows
@@ -81,23 +75,8 @@ def s1k_rows(records: list[dict], where: str) -> list[dict]:
     return rows
 
 
-def read_s1k(src: str | None) -> tuple[list[dict], str]:
-    """s1K's records from ``src`` (a .parquet or .jsonl file), else the hub's simplescaling/s1K."""
-    if src and src != "hub":
-        import pandas as pd
-
-        path = Path(src)
-        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_json(path, lines=True)
-        return frame.to_dict("records"), str(path)
-    try:
-        import datasets
-    except ImportError as e:
-        raise ValueError("s1k: the hub needs `pip install -e '.[hub]'`, or --src s1k=FILE") from e
-    return list(datasets.load_dataset("simplescaling/s1K", split="train")), "hub simplescaling/s1K"
-
-
 def write_s1k(out: str | Path, src: str | None) -> dict[str, Path]:
-    records, where = read_s1k(src)
+    records, where = read_table(src or "hub", "simplescaling/s1K")  # the hub, or a .parquet / .jsonl file
     paths = {"train": Path(out) / "s1k" / "train.parquet", "aime24": Path(out) / "s1k" / "aime24.parquet"}
     write_parquet(s1k_rows(records, where), paths["train"])
     aime, aime_where = read_records("aime24", "test", None)

@@ -22,6 +22,7 @@ from typing import Callable
 
 from core.config import AlgoConfig
 from core.loop import Roles, Timer, reduce_over_ranks, sync_rollout
+from core.plan_report import dp_size
 from core.protocol import Batch
 from core.sft import collate, conversation_sample, pack
 from core.train.policy import PolicyWorker
@@ -47,9 +48,7 @@ def make_step(cfg, sections: dict) -> Callable:
         raise ConfigError(f"recipes/sft trains on the FSDP2 actor without sequence parallelism; got actor.strategy="
                           f"{cfg.actor.strategy}, actor.ulysses_sp={cfg.actor.ulysses_sp}: set actor.strategy=fsdp and "
                           "actor.ulysses_sp=1", "actor.strategy")
-    tokenizer, max_tokens = load_tokenizer(cfg.actor.model), sections["sft"].max_tokens
-    ranks = cfg.placement.pools[cfg.placement.roles["actor"]]
-    dp = ranks.nnodes * ranks.slots_per_node
+    tokenizer, max_tokens, dp = load_tokenizer(cfg.actor.model), sections["sft"].max_tokens, dp_size(cfg)
 
     def step(roles: Roles, draw: Callable[[], Batch], algo: AlgoConfig, reward_fn: Callable, update_actor: bool = True,
              kl_ctrl=None) -> tuple[None, dict[str, float]]:

@@ -2,10 +2,6 @@
 held-out problems (a leaked file is refused naming it); the config validates with its own section; and (slow) the
 CPU tier reproduces recipes/sft/expected.yaml."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,10 +10,10 @@ from core.cli import recipe_module
 from core.data.agent_mult import held_out, operands, pairs, solution
 from core.data.dataset import load_rl_parquet
 from core.data.prepare import write_parquet
-from core.expected import check, load_expected, metric_figures, run_figures
-from core.report import read_metrics
+from core.expected import load_expected
 from core.run import load_recipe_config
 from tests.recipes.plans import plan
+from tests.recipes.tiers import reproduce
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "sft"
 EXPECTED = load_expected(RECIPE)
@@ -83,11 +79,5 @@ def test_the_full_scale_run_plans_and_fits(capsys):
 @pytest.mark.slow
 def test_cpu_tier_reproduces_expected_yaml(tmp_path):
     """The real CPU tier (about 5 minutes on 2 cores with bf16): SFT of SmolLM2-135M-Instruct on 512 traces."""
-    env = dict(os.environ, PY=sys.executable)
-    subprocess.run(["bash", str(RECIPE / EXPECTED["cpu"]["run"]), f"trainer.output_dir={tmp_path}"],
-                   cwd=RECIPE.parents[1], env=env, check=True)
-    history = read_metrics(tmp_path / "metrics.jsonl")
-    figures = run_figures(history) | metric_figures(history, EXPECTED["cpu"]["bounds"])
-    print(json.dumps(figures))
-    assert check(figures, EXPECTED["cpu"], "recipes/sft cpu tier") == []
+    reproduce(RECIPE, EXPECTED["cpu"], tmp_path, "recipes/sft cpu tier")
     assert (tmp_path / "curves.png").is_file()

@@ -78,7 +78,7 @@ def test_verl_columns_and_openai_messages_rows_read_alike(tok, tmp_path):
 def test_bad_rows_are_named(tok, tmp_path):
     path = tmp_path / "broken.jsonl"
     path.write_text('{"messages": []}\n{"messages": \n')
-    with pytest.raises(ValueError, match=r"broken\.jsonl:2: not JSON"):
+    with pytest.raises(ValueError, match=r"broken\.jsonl:2: not valid JSON"):
         read_rows(path)
     with pytest.raises(ValueError, match="row 3: no assistant turn"):
         conversation_sample(tok, [{"role": "user", "content": "hi"}], where="row 3")

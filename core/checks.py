@@ -25,8 +25,9 @@ are reported at once:
   run of the layout is ``core.train.megatron_actor.run_problem``, checked once the model is located);
 - PRIME's implicit PRM (``implicit_prm``) has a pool, starts from ``actor.model`` (the reference's);
   its loss is not the actor's; estimator ``prime`` only with it;
-- a ``critic.model`` other than ``actor.model`` tokenizes as the actor does (``check_inputs``: it reads the actor's
-  token ids; its tokenizer files are read, no weights, and a hub id not downloaded yet is not checked).
+- a ``critic.model`` or ``teacher.model`` other than ``actor.model`` tokenizes as the actor does (``check_inputs``:
+  they read the actor's token ids; their tokenizer files are read, no weights, and a hub id not downloaded yet is
+  not checked); a distill estimator has a teacher, a teacher a distill estimator (``core.teacher``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from core.algos.losses import FIXED_AGGREGATION, REWARD_MODEL_LOSSES
 from core.config import ActorConfig, RunConfig
 from core.config.errors import ConfigError, did_you_mean
 from core.data.dataset import TRUNCATIONS
+from core.teacher import teacher_problems
 
 DEFAULT_AGG = ActorConfig.loss_agg_mode  # its default: what "not set" reads as
 
@@ -126,7 +128,7 @@ def problems(cfg: "RunConfig") -> list[str]:
                    "(or streaming, which also runs time-sliced on one pool)")
     if cfg.trainer.async_.mode == "streaming":
         out += _streaming_problems(cfg)
-    out += _agent_problems(cfg) + _megatron_problems(cfg) + _implicit_prm_problems(cfg)
+    out += _agent_problems(cfg) + _megatron_problems(cfg) + _implicit_prm_problems(cfg) + teacher_problems(cfg)
     return out
 
 
@@ -254,8 +256,8 @@ def check_data_sources(rows: list[dict], where: str, custom_reward: bool) -> Non
 
 def check_inputs(cfg: "RunConfig", rows: list[dict]) -> None:
     """What the data and the models' own configs must agree with (before Ray; ``rows``: train and val): image
-    prompts need an engine that takes images, a critic reads the actor's token ids so it needs the actor's
-    tokenizer, Ulysses groups must divide the heads, a Megatron layout must fit the model, code that a policy writes
+    prompts need an engine that takes images, a critic and a teacher read the actor's token ids so they need the
+    actor's tokenizer, Ulysses groups must divide the heads, a Megatron layout must fit the model, code that a policy writes
     needs the isolation the run asks for."""
     from core.data.vision_inputs import image_prompt_problem
 
@@ -263,7 +265,7 @@ def check_inputs(cfg: "RunConfig", rows: list[dict]) -> None:
     if pictured is not None and (problem := image_prompt_problem(cfg.rollout)):
         raise ConfigError(f"{pictured['where']}: {problem}")
     if problem := tokenizer_problem(cfg):
-        raise ConfigError(problem, key="critic.model")
+        raise ConfigError(problem, key=problem.split("=", 1)[0])  # critic.model or teacher.model
     if cfg.actor.ulysses_sp > 1:
         heads = _model_config(cfg.actor.model).num_attention_heads
         if heads % cfg.actor.ulysses_sp:
@@ -297,23 +299,29 @@ TOKENIZER_PROBES = ("Hello world", "The answer is 42.", "Let's think step by ste
 
 
 def tokenizer_problem(cfg: "RunConfig") -> str:
-    """A critic on another model than the actor's must tokenize as the actor does (it is fed the actor's token
-    ids): the same vocabulary size and the same ids for ``TOKENIZER_PROBES``. "" when it does, when the critic is
-    the actor's model, or when either tokenizer is not here to read (a hub id not downloaded yet: not checked)."""
-    if not cfg.use_critic or not cfg.critic.model or cfg.critic.model == cfg.actor.model:
-        return ""
-    critic, actor = _local_tokenizer(cfg.critic.model), _local_tokenizer(cfg.actor.model)
-    if critic is None or actor is None:
-        return ""
-    ids = [(text, critic.encode(text, add_special_tokens=False), actor.encode(text, add_special_tokens=False))
-           for text in TOKENIZER_PROBES]
-    differ = [probe for probe in ids if probe[1] != probe[2]]
-    if len(critic) == len(actor) and not differ:
-        return ""
-    text, mine, theirs = (differ or ids)[0]
-    return (f"critic.model={cfg.critic.model}: its tokenizer differs from actor.model={cfg.actor.model}'s (vocab "
-            f"{len(critic)} vs {len(actor)}; {text!r} -> {_ids(mine)} vs {_ids(theirs)}); the critic reads the "
-            "actor's token ids, so use a model of the same tokenizer family")
+    """A role on another model than the actor's that is fed the actor's token ids -- a critic (it values them), a
+    distillation teacher (it scores them) -- must tokenize as the actor does: the same vocabulary size and the same
+    ids for ``TOKENIZER_PROBES``. The problem starts with the role's key (``critic.model=...``); "" when each does,
+    when a role is on the actor's model, or when a tokenizer is not here to read (a hub id not downloaded yet: not
+    checked)."""
+    readers = [("critic.model", cfg.critic.model if cfg.use_critic else "", "the critic reads the actor's token ids"),
+               ("teacher.model", cfg.teacher.model, "the teacher scores the student's token ids")]
+    for key, model, why in readers:
+        if not model or model == cfg.actor.model:
+            continue
+        theirs_tok, actor = _local_tokenizer(model), _local_tokenizer(cfg.actor.model)
+        if theirs_tok is None or actor is None:
+            continue
+        ids = [(text, theirs_tok.encode(text, add_special_tokens=False), actor.encode(text, add_special_tokens=False))
+               for text in TOKENIZER_PROBES]
+        differ = [probe for probe in ids if probe[1] != probe[2]]
+        if len(theirs_tok) == len(actor) and not differ:
+            continue
+        text, mine, theirs = (differ or ids)[0]
+        return (f"{key}={model}: its tokenizer differs from actor.model={cfg.actor.model}'s (vocab "
+                f"{len(theirs_tok)} vs {len(actor)}; {text!r} -> {_ids(mine)} vs {_ids(theirs)}); {why}, so use a "
+                "model of the same tokenizer family")
+    return ""
 
 
 def _ids(ids: list[int], most: int = 12) -> str:
@@ -416,6 +424,7 @@ def file_problems(cfg: "RunConfig") -> tuple[list[str], list[str]]:
     models = [("actor.model", cfg.actor.model), ("rollout.model", cfg.rollout.model)]
     models += [("critic.model", cfg.critic.model)] if cfg.use_critic else []
     models += [("reward_model.model", cfg.reward_model.model)] if cfg.use_reward_model else []
+    models += [("teacher.model", cfg.teacher.model)]
     out += [f"{key}: {m} not found (a model folder with config.json, or a hub id such as Qwen/Qwen2.5-7B-Instruct)"
             for key, m in models if m and _looks_local(m) and not Path(m).expanduser().exists()]
     return out, missing

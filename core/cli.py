@@ -9,6 +9,7 @@
     hybridrl recipes                                                     the recipes and what each reproduces
     hybridrl config show grpo --config-name demo_cpu actor.optim.lr=2e-6 the resolved, validated config
     hybridrl report outputs/grpo_smollm2_cpu                             a run's summary and curves.png
+    hybridrl compare grpo=outputs/a distill=outputs/b --png cmp.png      runs' held-out scores side by side
     hybridrl data prepare grpo --config-name config                      write the data a config names
     hybridrl train --verl data.train_batch_size=8 actor_rollout_ref.rollout.n=4 ...   a run from verl's keys
     hybridrl convert-verl verl/examples/grpo_trainer/run_qwen3_8b_fsdp.sh             a verl script, translated
@@ -48,6 +49,8 @@ EXAMPLES = {
     "convert-verl": "hybridrl convert-verl verl/examples/grpo_trainer/run_qwen3_8b_fsdp.sh --out runs/qwen3_grpo\n"
                     "  (`hybridrl train --verl <verl overrides>` runs verl's keys directly; docs/coming-from-verl.md)",
     "report": "hybridrl report outputs/grpo_smollm2_cpu   (a finished or running run: its folder or metrics.jsonl)",
+    "compare": "hybridrl compare grpo=outputs/distill_teacher_cpu distill=outputs/distill_smollm2_cpu --png cmp.png\n"
+               "  (each run: name=its folder or metrics.jsonl; all options: `hybridrl compare --help`)",
 }
 
 
@@ -86,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    """The ``hybridrl`` parser (eval, export and convert-verl parse their own arguments: ``core.eval.parser`` ...)."""
+    """The ``hybridrl`` parser (eval, export, convert-verl and compare parse their own arguments: ``core.eval.parser``
+    ...)."""
     parser = argparse.ArgumentParser(prog="hybridrl", description=__doc__.split("\n\n")[0],
                                      epilog=__doc__.split("\n\n")[1], formatter_class=argparse.RawTextHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -94,7 +98,7 @@ def parser() -> argparse.ArgumentParser:
     def command(name: str, text: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=text, description=text, epilog="example:\n  " + EXAMPLES[name].replace(
             "\n", "\n  "), formatter_class=argparse.RawDescriptionHelpFormatter,
-            add_help=name not in ("eval", "export", "convert-verl"))
+            add_help=name not in ("eval", "export", "convert-verl", "compare"))
 
     for name, text in (("train", "run a recipe: its train.py with its config.yaml and your overrides"),
                        ("plan", "validate a recipe's config and print its capacity plan; start nothing")):
@@ -107,7 +111,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-check", action="store_true", help="skip the 2-step run of the copy on a tiny model")
     for name, text in (("eval", "score a model on a benchmark (core.eval)"),
                        ("export", "write a checkpoint as a Hugging Face folder (core.export)"),
-                       ("convert-verl", "translate a verl run script into a hybridrl run (core.verl)")):
+                       ("convert-verl", "translate a verl run script into a hybridrl run (core.verl)"),
+                       ("compare", "runs' held-out scores side by side, at equal steps and equal time (core.compare)")):
         command(name, text).add_argument("args", nargs=argparse.REMAINDER)
     check = command("selfcheck", "place the roles on Ray (or locally) and check dispatch and collectives")
     check.add_argument("--backend", choices=["ray", "local"], default="ray",
@@ -130,7 +135,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _main(argv: list[str]) -> int:
-    if argv[:1] in (["eval"], ["export"], ["convert-verl"]):  # their own parsers own every option, --help included
+    if argv[:1] in (["eval"], ["export"], ["convert-verl"], ["compare"]):  # their own parsers own every option
         args = argparse.Namespace(command=argv[0], args=argv[1:])
     elif argv[:1] in (["train"], ["plan"]) and argv[1:2] == ["--verl"]:
         from core.verl.run import run_verl
@@ -169,6 +174,10 @@ def _main(argv: list[str]) -> int:
         from core.export import main as export_main
 
         return export_main(args.args)
+    if args.command == "compare":
+        from core.compare import main as compare_main
+
+        return compare_main(args.args)
     return _selfcheck(args)
 
 

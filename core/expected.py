@@ -63,7 +63,7 @@ def metric_figures(history: list[dict], names) -> dict[str, float]:
 
 def run_figures(history: list[dict]) -> dict[str, float]:
     """From a run's metrics rows: train reward at the start / end (mean over a window of steps) and their gain (a
-    supervised run: its loss at the start / end), held-out score before / after and its gain, the largest per-step
+    supervised run: its loss at the start / end; a distillation: its sampled KL to the teacher at the start / end), held-out score before / after and its gain, the largest per-step
     rollout-vs-trainer log-prob gap, and with a critic its value loss and explained variance at the start / end."""
     train = [m for m in history if "reward/mean" in m]
     val = [m for m in history if "val/reward/mean" in m]
@@ -72,6 +72,10 @@ def run_figures(history: list[dict]) -> dict[str, float]:
     if sft:
         out["sft_loss_start"], _ = window(sft, "sft/nll_loss", first=True)
         out["sft_loss_end"], _ = window(sft, "sft/nll_loss", first=False)
+    distill = [m for m in history if "distill/reverse_kl" in m]  # with a teacher: the student's KL to it
+    if distill:
+        out["distill_kl_start"], _ = window(distill, "distill/reverse_kl", first=True)
+        out["distill_kl_end"], _ = window(distill, "distill/reverse_kl", first=False)
     if train:
         out["reward_start"], _ = window(train, "reward/mean", first=True)
         out["reward_end"], _ = window(train, "reward/mean", first=False)

@@ -1,5 +1,5 @@
 """``python -m core.export <checkpoint> <out_dir> [--dtype bfloat16] [--adapter-only]``: a checkpoint's actor as a HF
-model folder.
+model folder (``<checkpoint>``: a ``step_*`` folder, or a run's ``checkpoints/latest``: the newest complete one).
 
 The folder (config, safetensors weights, tokenizer, generation config) loads with
 ``AutoModelForCausalLM.from_pretrained`` and is accepted by the rollout engine and ``core.eval`` like any model.
@@ -21,12 +21,14 @@ import torch
 def export(checkpoint: str | Path, out_dir: str | Path, dtype: str = "bfloat16", adapter_only: bool = False) -> Path:
     import torch.distributed.checkpoint as dcp
 
-    from core.checkpoint import driver_state
+    from core.checkpoint import LATEST, driver_state
     from core.config import LoraConfig
     from core.train import lora
     from core.models import load_causal_lm, load_tokenizer
 
     ckpt, out = Path(checkpoint), Path(out_dir)
+    if ckpt.is_file() and ckpt.name == LATEST:  # <output_dir>/checkpoints/latest: the newest complete checkpoint
+        ckpt = ckpt.parent / ckpt.read_text().strip()
     if not (ckpt / "actor").is_dir():
         raise FileNotFoundError(f"{ckpt}: no actor/ folder -- not a checkpoint written by trainer.save_freq")
     driver = driver_state(ckpt)

@@ -19,6 +19,7 @@ import torch
 from core.algos import (AdaptiveKLController, FixedKLController, apply_kl_reward_penalty, compute_advantages,
                         scores_to_token_rewards, value_targets_explained_variance)
 from core.algos.advantages import BASELINE_ESTIMATORS
+from core.algos.distill import DISTILL_ESTIMATORS, distill_metrics
 from core.algos.filters import pf_ppo_rows
 from core.algos.off_policy import OFF_POLICY, off_policy_metrics
 from core.config import AlgoConfig, SamplingParams
@@ -37,8 +38,8 @@ from core.worker_group import Pending, RoleGroup
 
 @dataclass
 class Roles:
-    """Handles of the roles of a run; ``ref``, ``critic``, ``reward_model`` and ``prm`` exist only when the run asks
-    for them."""
+    """Handles of the roles of a run; ``ref``, ``critic``, ``reward_model``, ``prm`` and ``teacher`` exist only when
+    the run asks for them."""
 
     actor: RoleGroup
     # on a pool of its own (Ray): replicas that may be lost (core.replicas)
@@ -48,6 +49,8 @@ class Roles:
     reward_model: RoleGroup | None = None
     # PRIME's implicit process reward model (implicit_prm.enable; core.implicit_prm)
     prm: RoleGroup | None = None
+    # on-policy distillation's frozen teacher (teacher.model; core.algos.distill)
+    teacher: RoleGroup | None = None
     # trainer.async.mode=one_step_off: the rollout generating the next step's samples during this step's update
     ahead: RolloutAhead | None = None
     # trainer.async.mode=streaming: the rollout generating continuously, across weight updates
@@ -87,8 +90,8 @@ def step(roles: Roles, prompts: Batch, cfg: AlgoConfig, reward_fn: Callable = de
         scored = score(roles, batch, cfg, reward_fn, timer)
         if cfg.adv.estimator in BASELINE_ESTIMATORS:
             greedy_baselines(roles, prompts, batch, cfg, reward_fn, timer)
-        # 3. log-probs of the same tokens under the actor before the update, and under the reference if any; the
-        #    rows of the actor's first mini-batch are left to its update's own forward when nothing reads them first
+        # 3. log-probs of the same tokens under the actor before the update, and under the reference and the teacher
+        #    if any; the actor's first mini-batch's rows are left to its update's own forward when nothing reads them
         batch = logprobs(roles, batch, cfg, timer, update_actor, kl_ctrl)
         # 4. KL to the reference as a reward penalty (with a KL controller); the critic's values (with a critic)
         kl = reward_kl_penalty(batch, kl_ctrl, cfg)
@@ -164,8 +167,8 @@ def reward_extra_infos(batch: Batch) -> list:
 
 def logprobs(roles: Roles, batch: Batch, cfg: AlgoConfig, timer: Timer, update_actor: bool = True,
              kl_ctrl: FixedKLController | AdaptiveKLController | None = None) -> Batch:
-    """``old_logprobs`` under the actor before its update (the PPO ratio's denominator), and ``ref_logprobs``
-    under the frozen reference when the run has one. ``update_actor`` and ``kl_ctrl``: the step's (``step``).
+    """``old_logprobs`` under the actor before its update (the PPO ratio's denominator), ``ref_logprobs`` under the
+    frozen reference and ``teacher_logprobs`` under the distillation teacher when the run has them. ``update_actor`` and ``kl_ctrl``: the step's (``step``).
 
     When nothing before ``update`` reads ``old_logprobs`` (``_old_left_to_update``), the rows the actor's update
     reaches before its first optimizer step get theirs from that update's own forward: the same policy, one forward
@@ -184,6 +187,10 @@ def logprobs(roles: Roles, batch: Batch, cfg: AlgoConfig, timer: Timer, update_a
         with timer("ref"):
             batch["ref_logprobs"] = overlapped(roles, roles.ref.dp_split_async(PolicyWorker.compute_logprobs,
                                                                                batch))["old_logprobs"]
+    if roles.teacher is not None:
+        with timer("teacher"):
+            batch["teacher_logprobs"] = overlapped(roles, roles.teacher.dp_split_async(PolicyWorker.compute_logprobs,
+                                                                                       batch))["old_logprobs"]
     return batch
 
 
@@ -225,9 +232,10 @@ def advantages(batch: Batch, cfg: AlgoConfig, timer: Timer) -> None:
 def _old_left_to_update(cfg: AlgoConfig, update_actor: bool = True, kl_ctrl=None) -> bool:
     """May the actor's update fill in its first mini-batch's old log-probs (``logprobs``)? Only
     when the actor updates and nothing before the update reads or reorders them: no KL-in-reward controller, no
-    truncated IS, no PF-PPO resampling, no bypass mode (old log-probs are the rollout's there)."""
+    truncated IS, no PF-PPO resampling, no bypass mode (old log-probs are the rollout's there), no estimator that
+    reads them (distillation's)."""
     return (update_actor and kl_ctrl is None and cfg.tis_cap == 0 and not cfg.pf_ppo.enable
-            and not cfg.bypass_mode)
+            and not cfg.bypass_mode and cfg.adv.estimator not in DISTILL_ESTIMATORS)
 
 
 def update(roles: Roles, batch: Batch, cfg: AlgoConfig, timer: Timer, update_actor: bool = True) -> dict[str, float]:
@@ -278,7 +286,7 @@ def sync_rollout(roles: Roles, timeout_s: float) -> dict[str, float]:
 def step_metrics(batch: Batch, updates: dict[str, float], timer: Timer, num_failed: int,
                  cfg: AlgoConfig) -> dict[str, float]:
     """The metrics of a step's trained batch: reward, response lengths and clip ratio, failed rewards, rollout vs
-    trainer log-prob gap, the updates' metrics, the critic's explained variance, phase times (``timer`` must hold
+    trainer log-prob gap, the updates' metrics, the critic's explained variance, the student-teacher gap, phase times (``timer`` must hold
     ``step``) and throughput. A recipe's step adds its own keys to these."""
     mask, scores = batch["response_mask"], batch["scores"]
     lengths = mask.sum(-1)
@@ -296,7 +304,7 @@ def step_metrics(batch: Batch, updates: dict[str, float], timer: Timer, num_fail
             **_reward_model_metrics(batch), **_agent_metrics(batch),
             **off_policy_metrics(batch, cfg.tis_cap, cfg.off_policy_correction),
             **batch.meta.get("stream", {}),  # streaming: the stream's counters (core.streaming)
-            **_explained_variance(batch),
+            **_explained_variance(batch), **distill_metrics(batch),
             **{f"timing_s/{k}": v for k, v in timer.seconds.items()},
             "perf/throughput_tokens_per_s": tokens / timer.seconds["step"]}
 

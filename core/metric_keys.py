@@ -101,6 +101,11 @@ METRICS: list[tuple[str, str, list[tuple[str, str, str]]]] = [
          'explained variance of the returns by the values'),
         ('prm/<name>', "with PRIME's implicit PRM",
          "the implicit PRM's loss, accuracy and reward statistics"),
+        ('distill/reverse_kl', 'with a distillation teacher',
+         "mean over response tokens of log pi_student - log pi_teacher of the sampled token: the sampled reverse KL "
+         "(0 when the student says what the teacher would)"),
+        ('distill/teacher_logprob_mean', 'with a distillation teacher',
+         "the teacher's mean log-prob of the student's tokens"),
     ]),
     ('Weight sync, time and throughput', '', [
         ('sync/seconds', EVERY_STEP,
@@ -118,7 +123,7 @@ METRICS: list[tuple[str, str, list[tuple[str, str, str]]]] = [
         ('timing_s/<name>', EVERY_STEP,
          ("each phase's wall time: `gen`, `reward`, `old_logprob`, `ref`, `adv`, `update_actor`, "
           '`sync_weights`; with the roles or features that add them: `values`, `update_critic`, `reward_model`,'
-          ' `gen_baseline`, `gen_wait`')),
+          ' `gen_baseline`, `gen_wait`, `teacher`')),
         ('perf/throughput_tokens_per_s', EVERY_STEP,
          'prompt and response tokens of the step per second of the step'),
     ]),

@@ -33,19 +33,21 @@ class ModelShape:
     experts: int = 0
     experts_per_token: int = 0
     moe_layer_params: float = 0.0
+    # config.json's head_dim where it is not hidden / heads (Qwen3-32B: 64 heads of 128 on a hidden size of 5120)
+    attention_head_dim: int = 0
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.attention_head_dim or self.hidden // self.heads
 
     @property
     def layer_params(self) -> float:
-        """One decoder layer: q, o (h x h), k, v (h x kv_heads x head_dim), gate/up/down (3 h i), 2 norms (an MoE
+        """One decoder layer: q, o (h x heads x head_dim), k, v (h x kv_heads x head_dim), gate/up/down (3 h i), 2 norms (an MoE
         layer: counted on the meta device, every expert included)."""
         if self.moe_layer_params:
             return self.moe_layer_params
-        kv = self.kv_heads * self.head_dim
-        return 2 * self.hidden * self.hidden + 2 * self.hidden * kv + 3 * self.hidden * self.intermediate + 2 * self.hidden
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return 2 * self.hidden * q + 2 * self.hidden * kv + 3 * self.hidden * self.intermediate + 2 * self.hidden
 
     @staticmethod
     def from_config(c: dict) -> "ModelShape":
@@ -56,14 +58,17 @@ class ModelShape:
         heads = t["num_attention_heads"]
         kv = t.get("num_key_value_heads") or heads
         tied = bool(c.get("tie_word_embeddings", t.get("tie_word_embeddings", False)))
-        shape = ModelShape(0.0, L, h, i, heads, kv, V, tied)
+        head_dim = int(t.get("head_dim") or 0)
+        shape = ModelShape(0.0, L, h, i, heads, kv, V, tied, attention_head_dim=head_dim)
         params = float(L * shape.layer_params + V * h * (1 if tied else 2) + h)
         if any(t.get(k) for k in MOE_KEYS):
             moe = moe_shape(c)
             # activations: a token goes through k experts (and the shared ones): that MLP width
-            return ModelShape(moe.pop("params"), L, h, moe.pop("active_width"), heads, kv, V, tied, **moe)
+            return ModelShape(moe.pop("params"), L, h, moe.pop("active_width"), heads, kv, V, tied,
+                              attention_head_dim=head_dim, **moe)
         vision = vision_shape(c) if "vision_config" in c else {}
-        return ModelShape(params + vision.get("vision_params", 0.0), L, h, i, heads, kv, V, tied, **vision)
+        return ModelShape(params + vision.get("vision_params", 0.0), L, h, i, heads, kv, V, tied,
+                          attention_head_dim=head_dim, **vision)
 
 
 def meta_model(c: dict, auto_class: str):
@@ -148,12 +153,16 @@ KNOWN: dict[str, dict] = {
     "Qwen/Qwen3-8B": {"hidden_size": 4096, "num_hidden_layers": 36, "intermediate_size": 12288,
                       "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 151936,
                       "tie_word_embeddings": False},
+    # on-policy distillation's published teacher (Thinking Machines' reasoning run: Qwen3-32B -> Qwen3-8B-Base)
+    "Qwen/Qwen3-32B": {"hidden_size": 5120, "num_hidden_layers": 64, "intermediate_size": 25600,
+                       "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+                       "tie_word_embeddings": False},
     "Qwen/Qwen2.5-0.5B-Instruct": {"hidden_size": 896, "num_hidden_layers": 24, "intermediate_size": 4864,
                                    "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
                                    "tie_word_embeddings": True},
 }
 for _alias, _base in (("Qwen/Qwen2.5-Math-7B", "Qwen/Qwen2.5-7B"), ("Qwen/Qwen2.5-32B-Instruct", "Qwen/Qwen2.5-32B"),
-                      ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B"),
+                      ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B"), ("Qwen/Qwen3-8B-Base", "Qwen/Qwen3-8B"),
                       # PRIME's SFT model: Qwen2.5-Math-7B-Base fine-tuned, the same architecture
                       ("PRIME-RL/Eurus-2-7B-SFT", "Qwen/Qwen2.5-7B"),
                       ("sfairXC/FsfairX-LLaMA3-RM-v0.1", "meta-llama/Meta-Llama-3-8B-Instruct")):

@@ -64,7 +64,11 @@ def run_shape(cfg, pool_name: str | None = None) -> RunShape:
                         "rm_dtype_bytes": 4 if cfg.reward_model.dtype == "float32" else 2}
                        if cfg.use_reward_model and "reward_model" in here else {}),
                     **({"prm": True, "prm_offload": cfg.implicit_prm.offload,
-                        "prm_checkpointing": cfg.implicit_prm.gradient_checkpointing} if "prm" in here else {}))
+                        "prm_checkpointing": cfg.implicit_prm.gradient_checkpointing} if "prm" in here else {}),
+                    **({"teacher": model_shape(cfg.teacher.model), "teacher_offload": cfg.teacher.offload,
+                        "teacher_tokens_per_micro": cfg.actor.max_tokens_per_micro or
+                        (cfg.teacher.micro_batch_size or cfg.actor.micro_batch_size) * max_seq}
+                       if "teacher" in here else {}))
 
 
 def _critic_shape(cfg, max_seq: int, here: bool) -> dict:
@@ -78,12 +82,12 @@ def _critic_shape(cfg, max_seq: int, here: bool) -> dict:
             "critic_shards": c.megatron.tp * c.megatron.pp if c.strategy == "megatron" else 0}
 
 
-def _model_line(name: str, m) -> str:
-    """The actor model's size; ``m`` None: a model that is not there yet (one an earlier stage of the run script
+def _model_line(name: str, m, what: str = "model") -> str:
+    """The actor model's (or the teacher's: ``what``) size; ``m`` None: a model that is not there yet (one an earlier stage of the run script
     writes, e.g. recipes/vlm's aligned model), which a CPU-only plan, having no memory terms, does not need."""
     if m is None:
-        return f"model {name}: not there yet (no config.json); a CPU plan needs no model shape"
-    about = [f"model {name}: {m.params / 1e9:.2f}B parameters, {m.layers} layers, hidden {m.hidden}, vocab {m.vocab}"]
+        return f"{what} {name}: not there yet (no config.json); a CPU plan needs no model shape"
+    about = [f"{what} {name}: {m.params / 1e9:.2f}B parameters, {m.layers} layers, hidden {m.hidden}, vocab {m.vocab}"]
     if m.experts:
         about.append(f"{m.active_params / 1e9:.2f}B active per token ({m.experts_per_token} of {m.experts} experts)")
     if m.vision_params:
@@ -106,13 +110,18 @@ def plan_run(cfg) -> tuple[str, bool]:
     out.append(f"placement: {roles}; " + "; ".join(
         f"pool {name!r}: {cfg.placement.pools[name].nnodes} node(s) x {cfg.placement.pools[name].slots_per_node} "
         f"{cfg.placement.pools[name].device} rank(s)" for name in used))
-    try:
-        m = model_shape(cfg.actor.model)
-    except ConfigError:
-        if any(cfg.placement.pools[name].device == "cuda" for name in used):
-            raise  # a GPU pool's memory plan needs the shape
-        m = None
-    out.append(_model_line(cfg.actor.model, m))
+    shapes = {}
+    for what, model in (("model", cfg.actor.model), ("teacher", cfg.teacher.model if "teacher" in placed else "")):
+        if not model:
+            continue
+        try:
+            shapes[what] = model_shape(model)
+        except ConfigError:
+            if any(cfg.placement.pools[name].device == "cuda" for name in used):
+                raise  # a GPU pool's memory plan needs the shape
+            shapes[what] = None
+        out.append(_model_line(model, shapes[what], what))
+    m = shapes["model"]
     from core.tools.isolation import describe
     out.append(f"tools (agent calls, code rewards): {describe(cfg.tools.isolation)}")
     fits = True

@@ -36,6 +36,9 @@ training phase, per GPU (``offload``: none | idle | full, ``core.config.OFFLOAD_
     critic (use_critic)        4Pc/W + 4Pc/W + 8Pc/W  (its fp32 weights, gradients and moments, by critic.offload as
                                above) + its update's gathered layers, embeddings (4 V h) and activations where they
                                exceed the actor's (the updates take turns); kept during rollout with offload none
+    teacher (distillation)     4Pt/W             (frozen fp32 shards of the teacher's model, by teacher.offload) + one
+                               forward's gathered layers, activations and bf16 logits 2 T Vt beyond the actor's
+                               transients
     implicit PRM (PRIME)       4P/W + 4P/W + 8P/W  (a trained copy of the policy, by implicit_prm.offload; one rank: +
                                2P bf16 copy); its update's transients are the actor's (same model; they take turns)
 Megatron (actor.strategy megatron; G = tp x pp GPUs per model replica): fp32 weights, gradients and AdamW moments
@@ -115,6 +118,10 @@ class RunShape:
     prm: bool = False
     prm_offload: str = "none"
     prm_checkpointing: bool = True
+    # on-policy distillation's teacher (teacher.model) on the same GPUs: its shape, offload mode, tokens per forward
+    teacher: ModelShape | None = None
+    teacher_offload: str = "none"
+    teacher_tokens_per_micro: int = 16384
     # which other roles this pool holds (split placement: a plan per pool)
     actor: bool = True
     rollout: bool = True
@@ -186,6 +193,8 @@ def plan(m: ModelShape, r: RunShape) -> Plan:
         host, parked, resident = (a + b for a, b in zip((host, parked, resident), _reward_model_terms(r, W, p)))
     if r.prm:
         host, parked, resident = (a + b for a, b in zip((host, parked, resident), _prm_terms(m, r, W, p)))
+    if r.teacher is not None:
+        host, parked, resident = (a + b for a, b in zip((host, parked, resident), _teacher_terms(r, W, p)))
     weights = _rollout_terms(m, r, resident, p) if r.rollout else 0.0
     gpu = r.gpu_memory_gb * GB
     limit = gpu - r.reserve_gb * GB
@@ -369,28 +378,40 @@ def _prm_terms(m: ModelShape, r: RunShape, W: int, p: Plan) -> tuple[float, floa
 
 
 def _reward_model_terms(r: RunShape, W: int, p: Plan) -> tuple[float, float, float]:
-    """The reward model's lines: shards in its compute dtype (no fp32 master: it is never trained in a run) and one
-    forward's gathered layers, embeddings and activations, counted where they exceed the actor's transient terms
-    (the reward phase comes between the rollout and the training passes, never beside them)."""
-    rm, nbytes = r.reward_model, r.rm_dtype_bytes
+    """The reward model's lines: shards in its compute dtype (no fp32 master: it is never trained in a run)."""
     check_offload_mode(r.rm_offload, "reward_model")
-    shards = nbytes * rm.params / W
+    return _frozen_terms("reward model", "Prm", r.reward_model, r.rm_offload, r.rm_tokens_per_micro,
+                         r.rm_dtype_bytes, r.rm_dtype_bytes, 0, W, p)
+
+
+def _teacher_terms(r: RunShape, W: int, p: Plan) -> tuple[float, float, float]:
+    """The distillation teacher's lines: frozen fp32 shards (as the reference's) and one forward in bf16, its
+    log-probs over its own vocabulary included (bf16 logits of a micro-batch)."""
+    check_offload_mode(r.teacher_offload, "teacher")
+    return _frozen_terms("teacher", "Pt", r.teacher, r.teacher_offload, r.teacher_tokens_per_micro, 4, 2,
+                         2 * r.teacher_tokens_per_micro * r.teacher.vocab, W, p)
+
+
+def _frozen_terms(name: str, short: str, m: ModelShape, offload: str, T: int, shard_bytes: int, nbytes: int,
+                  logits: float, W: int, p: Plan) -> tuple[float, float, float]:
+    """A frozen model's lines (reward model, teacher): its shards by its offload mode, and one forward's gathered
+    layers, embeddings, activations (and ``logits``), counted where they exceed the actor's transient terms (its
+    forward comes between the rollout and the training passes, never beside them)."""
+    shards = shard_bytes * m.params / W
     host = parked = resident = 0.0
-    if r.rm_offload == "full":
+    if offload == "full":
         host = shards
     else:
-        p.lines.append((f"reward model shards ({nbytes}Prm/W)", shards, "train"))
-        parked, resident = (shards, 0.0) if r.rm_offload == "idle" else (0.0, shards)
-    T = r.rm_tokens_per_micro
-    act = (T * (14 * rm.hidden + 4 * rm.kv_heads * rm.head_dim + 8 * rm.intermediate) + 2 * T * rm.hidden) * nbytes // 2
+        p.lines.append((f"{name} shards ({shard_bytes}{short}/W)", shards, "train"))
+        parked, resident = (shards, 0.0) if offload == "idle" else (0.0, shards)
+    act = (T * (14 * m.hidden + 4 * m.kv_heads * m.head_dim + 8 * m.intermediate) + 2 * T * m.hidden) * nbytes // 2
     # FSDP2 gathers two layers and the embeddings at a time; on one rank without offload nothing is gathered
-    gathered = 0.0 if one_rank(W, r.rm_offload, False) else nbytes * (2 * rm.layer_params + rm.vocab * rm.hidden)
-    transient = gathered + act
+    gathered = 0.0 if one_rank(W, offload, False) else nbytes * (2 * m.layer_params + m.vocab * m.hidden)
+    transient = gathered + act + logits
     a_transient = sum(b for item, b, ph in p.lines if ph == "train" and item.startswith(
         ("gathered bf16", "embeddings + LM head", "activations", "logits", "critic update")))
-    p.lines.append(("reward model forward, beyond the training transients" if a_transient else
-                    "reward model forward (layers, embeddings, activations)", max(0.0, transient - a_transient),
-                    "train"))
+    p.lines.append((f"{name} forward, beyond the training transients" if a_transient else
+                    f"{name} forward (layers, embeddings, activations)", max(0.0, transient - a_transient), "train"))
     return host, parked, resident
 
 

@@ -25,6 +25,7 @@ old_logprobs        (B, Tr)      float   the same tokens' log-probs under the ac
 old_from_update     (B,)         bool    rows whose ``old_logprobs`` the actor's update fills in from its own
                                          first forward (0 until then; ``FSDPActor.compute_logprobs``)
 ref_logprobs        (B, Tr)      float   ... under the frozen reference policy
+teacher_logprobs    (B, Tr)      float   ... under on-policy distillation's frozen teacher (teacher.model)
 entropy             (B, Tr)      float   per-token entropy of the actor's distribution
 values              (B, Tr)      float   critic values per response token
 scores              (B,)         float   outcome reward of each sample (the reward function's output; with a reward
@@ -87,6 +88,7 @@ KEYS: dict[str, str] = {
     "old_logprobs": "(B, Tr) float: log-probs under the actor before the update",
     "old_from_update": "(B,) bool: old_logprobs left to the update's first forward (0 until it runs)",
     "ref_logprobs": "(B, Tr) float: log-probs under the reference policy",
+    "teacher_logprobs": "(B, Tr) float: log-probs under the distillation teacher",
     "entropy": "(B, Tr) float: per-token entropy",
     "values": "(B, Tr) float: critic values",
     "scores": "(B,) float: outcome reward per sample",

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 # the phases of core.loop.step, in dataflow order (a phase a run did not have is left out)
-PHASES = ("gen", "reward", "gen_baseline", "old_logprob", "ref", "values", "update_prm", "prm", "adv", "update_critic",
+PHASES = ("gen", "reward", "gen_baseline", "old_logprob", "ref", "teacher", "values", "update_prm", "prm", "adv", "update_critic",
           "update_actor", "gen_wait", "sync_weights")
 
 

@@ -1,5 +1,5 @@
 """The roles of a run: which worker class runs each (``role_specs``: the actor and its frozen reference on their
-training engine, the rollout engine, the critic, the reward model, the implicit PRM), and the weight sync between
+training engine, the rollout engine, the critic, the reward model, the implicit PRM, the distillation teacher), and the weight sync between
 pools (with the rollout on a pool of its own the controller moves the actor's weights to it bucket by bucket;
 colocated, each process syncs itself: ``core.rollout.worker.RolloutWorker.sync_weights``)."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from core.config import ActorConfig, CriticConfig, LoraConfig, PolicyLossConfig, RunConfig
+from core.config import ActorConfig, CriticConfig, LoraConfig, PolicyLossConfig, RunConfig, TeacherConfig
 from core.rollout.weight_sync import WeightSyncError
 from core.rollout.worker import RolloutWorker
 from core.train.critic import FSDPCritic
@@ -24,6 +24,13 @@ def reference_config(actor: ActorConfig) -> ActorConfig:
     """The frozen reference: the actor's config (its model, dtype, engine, layout, micro-batching, temperature,
     offload), not trainable and without adapters -- so a setting of the actor's forward reaches the reference's."""
     return replace(actor, trainable=False, lora=LoraConfig())
+
+
+def teacher_config(actor: ActorConfig, teacher: TeacherConfig) -> ActorConfig:
+    """On-policy distillation's teacher: the reference's config (the actor's engine, layout, temperature; frozen, no
+    adapters) with the teacher's model, dtype, offload mode and micro-batch size."""
+    return replace(reference_config(actor), model=teacher.model, dtype=teacher.dtype, offload=teacher.offload,
+                   micro_batch_size=teacher.micro_batch_size or actor.micro_batch_size)
 
 
 def prm_actor_config(cfg: RunConfig) -> ActorConfig:
@@ -76,6 +83,8 @@ def role_specs(cfg: RunConfig) -> dict[str, RoleSpec]:
         specs["reward_model"] = RoleSpec(RewardModelWorker, {"cfg": cfg.reward_model, "policy_model": cfg.actor.model})
     if cfg.implicit_prm.enable:  # PRIME's implicit PRM: a policy on the FSDP engine whose loss is implicit_prm
         specs["prm"] = policy_spec(prm_actor_config(cfg))
+    if cfg.teacher.model:  # on-policy distillation: a frozen policy of its own model, scoring the student's tokens
+        specs["teacher"] = policy_spec(teacher_config(cfg.actor, cfg.teacher))
     return specs
 
 

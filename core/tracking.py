@@ -38,6 +38,7 @@ class Console:
                    f" | pg_loss {metrics['actor/pg_loss']:.4f} | kl {metrics['actor/kl_loss']:.4f}"
                    + (f" | vf_loss {metrics['critic/vf_loss']:.4f}" if "critic/vf_loss" in metrics else "")
                    + (f" | ev {metrics['critic/explained_var']:.3f}" if "critic/explained_var" in metrics else "")
+                   + (f" | kl to teacher {metrics['distill/reverse_kl']:.4f}" if "distill/reverse_kl" in metrics else "")
                    + f" | {metrics['timing_s/step']:.1f}s"
                    + (f" | val {metrics['val/reward/mean']:.3f}" if "val/reward/mean" in metrics else ""))
 

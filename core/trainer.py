@@ -37,19 +37,21 @@ from core.tracking import MetricsLog, make_trackers
 from core.worker_group import WorkerError, init_ray
 
 
-def fit(cfg: RunConfig, step_fn: Callable | None = None, given: reads.Given | None = None) -> list[dict]:
+def fit(cfg: RunConfig, step_fn: Callable | None = None, given: reads.Given | None = None,
+        sizes: str | None = None) -> list[dict]:
     """Run ``cfg``. ``step_fn(roles, draw, algo, reward_fn, update_actor=, kl_ctrl=) -> (batch, metrics)`` replaces
     ``core.loop.step`` for an algorithm whose step differs (a recipe's own copy of the loop, e.g. DAPO's dynamic
-    sampling); ``draw()`` returns the next prompt batch, as many times as the step needs. ``given``: the keys the
+    sampling); ``draw()`` returns the next prompt batch, as many times as the step needs. ``sizes``: that step's
+    account of its batch sizes, printed at start in place of the RL step's (SFT: conversations, packed rows). ``given``: the keys the
     user set; those that nothing read by the end of the first step that updates the actor are warned of
     (``core.config.reads``)."""
     try:
-        return _fit(cfg, step_fn, given)
+        return _fit(cfg, step_fn, given, sizes)
     finally:
         reads.stop()  # however the run ends, no hooks stay behind in this process
 
 
-def _fit(cfg: RunConfig, step_fn: Callable | None, given: reads.Given | None) -> list[dict]:
+def _fit(cfg: RunConfig, step_fn: Callable | None, given: reads.Given | None, sizes: str | None) -> list[dict]:
     with reads.paused():  # a check reading a key is no use of it
         check_run(cfg, own_step=step_fn is not None)  # how the sections agree, before anything is loaded or started
         check_files(cfg)  # data, reward file, output dir, local model paths
@@ -69,7 +71,7 @@ def _fit(cfg: RunConfig, step_fn: Callable | None, given: reads.Given | None) ->
         config = asdict(cfg)
     trackers = make_trackers(t.logger, out, t.project_name, t.experiment_name or out.name, config,
                              t.tracker_mode, write=tqdm.write)  # before Ray: a missing package fails here
-    placement, roles = start_roles(cfg, trackers)
+    placement, roles = start_roles(cfg, trackers, sizes)
     stream, draw = prompt_source(cfg, roles, rows)
     val_prompts = prompts_from_rows(val_rows) if val_rows else None
     kl_ctrl, nonfinite = kl_controller(cfg.algo), 0
@@ -224,7 +226,7 @@ def load_inputs(cfg: RunConfig, out: Path) -> tuple[Callable, list[dict], list[d
         (out / "config.json").write_text(json.dumps(asdict(cfg), indent=1, default=str))
     reward_fn = load_reward_fn(cfg.reward.path, cfg.reward.name) if cfg.reward.path else default_compute_score
     rows = load_rl_parquet(cfg.data.train_files, cfg.data.limit or None)
-    for model in {cfg.actor.model, cfg.rollout.model}:
+    for model in {cfg.actor.model, cfg.rollout.model, cfg.teacher.model} - {""}:
         resolve_model(model)  # convert / locate once here, not in every rank at the same time
     val_rows = load_rl_parquet(cfg.data.val_files, cfg.data.val_limit or None) if cfg.data.val_files else []
     check_data_sources(rows, f"data.train_files {cfg.data.train_files}", bool(cfg.reward.path))
@@ -246,12 +248,13 @@ def load_inputs(cfg: RunConfig, out: Path) -> tuple[Callable, list[dict], list[d
     return reward_fn, rows, val_rows
 
 
-def start_roles(cfg: RunConfig, trackers: list) -> tuple:
+def start_roles(cfg: RunConfig, trackers: list, sizes: str | None = None) -> tuple:
     """Ray (with backend ray) and the worker groups of every role; the trackers' runs end if a worker fails to
-    start (no dangling "running" runs). Returns (placement, Roles)."""
+    start (no dangling "running" runs). ``sizes``: a recipe step's own account of its batch sizes (else the RL
+    step's). Returns (placement, Roles)."""
     from core.placement import place
 
-    print("effective sizes:\n" + effective_sizes(cfg, dp_size(cfg)), flush=True)
+    print("effective sizes:\n" + (sizes or effective_sizes(cfg, dp_size(cfg))), flush=True)
     placement = None
     try:
         if cfg.trainer.backend == "ray":
@@ -271,7 +274,8 @@ def start_roles(cfg: RunConfig, trackers: list) -> tuple:
                       ref=placement["ref"] if "ref" in placement else None,
                       critic=placement["critic"] if "critic" in placement else None,
                       reward_model=placement["reward_model"] if "reward_model" in placement else None,
-                      prm=placement["prm"] if "prm" in placement else None)
+                      prm=placement["prm"] if "prm" in placement else None,
+                      teacher=placement["teacher"] if "teacher" in placement else None)
         if cfg.trainer.backend == "ray" and (cfg.trainer.save_freq or cfg.trainer.resume_mode != "disable"):
             check_shared_output(Path(cfg.trainer.output_dir), roles)  # before step 1, not at the first save
     except BaseException:

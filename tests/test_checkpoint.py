@@ -178,6 +178,10 @@ def test_export_writes_a_folder_transformers_loads_and_that_generates(tmp_path, 
     ckpt = checkpoint.find(tmp_path / "run", "auto")
     out = export(ckpt, tmp_path / "hf", dtype="float32")
     model = AutoModelForCausalLM.from_pretrained(out)
+    # the run's checkpoints/latest names the same checkpoint: the same weights
+    again = AutoModelForCausalLM.from_pretrained(export(tmp_path / "run" / "checkpoints" / "latest", tmp_path / "hf2",
+                                                        dtype="float32"))
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in model.state_dict().items())
     group = LocalWorkerGroup({"actor": RoleSpec(FSDPActor, {"cfg": ActorConfig(model=str(tiny_model_dir), dtype="float32")})})
     try:
         group.role("actor").call_all(FSDPActor.load_checkpoint, str(ckpt / "actor"))

@@ -110,7 +110,7 @@ def test_a_role_map_naming_one_role_leaves_the_others_where_the_default_puts_the
     on 'main' (the map once replaced the default whole, and the checks failed with KeyError: 'actor')."""
     pools = {"main": {"slots_per_node": 2}, "gen": {"slots_per_node": 1}}
     cfg = validate(RunConfig, {"placement": {"pools": pools, "roles": {"rollout": "gen"}}})
-    assert cfg.placement.roles == {"actor": "main", "ref": "main", "rollout": "gen"}
+    assert cfg.placement.roles == {"actor": "main", "ref": "main", "teacher": "main", "rollout": "gen"}
     assert problems(cfg) == []
     cfg = validate(RunConfig, {"placement": {"pools": {"train": {}, "infer": {}}, "roles": {"actor": "train",
                                                                                          "rollout": "infer"}}})

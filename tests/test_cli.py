@@ -32,7 +32,7 @@ def test_plan_is_the_dry_run_and_its_exit_code_says_whether_it_fits(capsys):
 
 
 def test_an_unknown_recipe_lists_the_known_ones():
-    with pytest.raises(SystemExit, match=r"no recipe 'grpoo' .*recipes here: agent, dapo, grpo, ppo"):
+    with pytest.raises(SystemExit, match=r"no recipe 'grpoo' .*recipes here: agent, dapo, distill, grpo, ppo"):
         main(["train", "grpoo"])
 
 

@@ -27,6 +27,13 @@ def test_figures_by_hand():
                                "rollout/logprob_diff_mean": 0.03, "val_start": 0.5, "val_end": 0.75, "val_gain": 0.25})
 
 
+def test_a_distillation_runs_kl_to_its_teacher_at_the_start_and_end():
+    rows = [{"step": i, "reward/mean": 0.5, "distill/reverse_kl": k} for i, k in enumerate([0.9, 0.5, 0.3, 0.1], 1)]
+    f = run_figures(rows)  # 4 steps: windows of 1 step
+    assert (f["distill_kl_start"], f["distill_kl_end"]) == pytest.approx((0.9, 0.1))
+    assert "distill_kl_start" not in run_figures([{"step": 1, "reward/mean": 0.5}])
+
+
 def test_check_names_each_broken_bound_and_missing_figure():
     tier = {"hardware": {"gpus": 0}, "steps": 5,
             "bounds": {"reward_end": {"min": 0.9}, "reward_start": {"max": 0.1}, "val_gain": {"min": 0.1, "max": 0.3},

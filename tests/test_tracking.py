@@ -15,8 +15,11 @@ def test_console_prints_one_line_per_step_and_the_val_only_row():
     c = Console(lines.append)
     c.log(ROW, 3)
     c.log({"val/reward/mean": 0.4, "step": 0}, 0)
+    c.log(ROW | {"distill/reverse_kl": 0.1234}, 4)  # a distillation run: its distance to the teacher
     assert lines == ["step 3: reward 0.500 | len 12 | pg_loss -0.0100 | kl 0.0020 | 3.2s | val 0.750",
-                     "step 0: val reward 0.400"]
+                     "step 0: val reward 0.400",
+                     "step 4: reward 0.500 | len 12 | pg_loss -0.0100 | kl 0.0020 | kl to teacher 0.1234 | 3.2s | "
+                     "val 0.750"]
 
 
 def test_swanlab_offline_writes_its_run_under_the_output_folder(tmp_path):

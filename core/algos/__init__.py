@@ -9,6 +9,7 @@
 
 from core.algos.advantages import (ADVANTAGES, compute_advantages, gae_scan, length_adaptive_lambda,
                                    reverse_linear_scan, value_targets_explained_variance)
+from core.algos.distill import DISTILL_ESTIMATORS
 from core.algos.aggregate import AGGREGATIONS, LossNorm, aggregate, seq_mean
 from core.algos.filters import groups_with_variance, overlong_penalty, pf_ppo_resample
 from core.algos.kl import (KL_KINDS, AdaptiveKLController, FixedKLController, apply_kl_reward_penalty,
@@ -19,7 +20,7 @@ from core.algos.ops import (group_ids, group_stats, masked_mean, masked_var, mas
 from core.algos.off_policy import OFF_POLICY
 
 __all__ = [
-    "ADVANTAGES", "AGGREGATIONS", "KL_KINDS", "OFF_POLICY", "POLICY_LOSSES", "AdaptiveKLController",
+    "ADVANTAGES", "AGGREGATIONS", "DISTILL_ESTIMATORS", "KL_KINDS", "OFF_POLICY", "POLICY_LOSSES", "AdaptiveKLController",
     "FixedKLController", "LossNorm", "aggregate", "apply_kl_reward_penalty",
     "compute_advantages", "entropy_bonus", "gae_scan", "group_ids", "group_stats", "groups_with_variance",
     "kl_loss", "kl_penalty", "length_adaptive_lambda", "masked_mean", "masked_var", "masked_whiten", "overlong_penalty", "pf_ppo_resample",

@@ -17,7 +17,7 @@ from core.config.errors import ConfigError, did_you_mean
 from core.config.ranges import Range
 from core.config.roles import (OFFLOAD_MODES, STRATEGIES, ActorConfig, AgentConfig, CriticConfig, ImplicitPRMConfig,
                                LoraConfig, MegatronConfig, OptimConfig, RewardModelConfig, RolloutConfig,
-                               check_offload_mode)
+                               TeacherConfig, check_offload_mode)
 from core.config.run import DataConfig, RewardConfig, RunConfig, ToolsConfig
 from core.config.schema import AsyncConfig, PlacementConfig, PoolConfig, TrainerConfig
 
@@ -27,7 +27,7 @@ __all__ = ["validate", "RunConfig", "TrainerConfig", "DataConfig", "PlacementCon
            "OptimConfig", "AgentConfig", "CriticConfig", "RewardModelConfig", "RolloutConfig", "AlgoConfig",
            "SamplingParams", "AdvantageConfig", "PolicyLossConfig", "KLInRewardConfig", "RewardConfig", "OFFLOAD_MODES",
            "check_offload_mode", "MegatronConfig", "ImplicitPRMConfig", "STRATEGIES", "LoraConfig", "AsyncConfig", "PFPPOConfig",
-           "ToolsConfig", "ConfigError"]
+           "ToolsConfig", "TeacherConfig", "ConfigError"]
 
 
 def validate(schema: type[T], tree: Any, where: str = "config", prefix: str = "") -> T:

@@ -56,6 +56,13 @@ class AdvantageConfig:
     # reward_dpo_coef, reward_gt_coef)
     prime_process_coef: float = 5.0
     prime_outcome_coef: float = 5.0
+    # on-policy distillation (core.algos.distill): distill_mixed's weight of the reverse-KL term (1 - it: the
+    # forward-KL term; GKD's beta)
+    distill_beta: Unit = 0.5
+    # distill_forward_kl (and distill_mixed): the cap on the teacher / student probability ratio of a token
+    distill_ratio_cap: PositiveFloat = 10.0
+    # any distill estimator: the weight of GRPO's outcome advantage added to the teacher's signal (0: none)
+    distill_outcome_coef: NonNegative = 0.0
 
     def __post_init__(self):
         check_fields(self)

@@ -207,6 +207,25 @@ class ImplicitPRMConfig:
 
 
 @dataclass(frozen=True)
+class TeacherConfig:
+    # on-policy distillation's teacher (core.algos.distill): a frozen causal LM that scores every token the student
+    # samples -- the ``teacher`` role, on the reference's machinery (the actor's engine, layout and micro-batching,
+    # not trainable). HF id or local folder; it must share the student's tokenizer. empty: the run has no teacher
+    model: str = ""
+    # compute dtype: auto (bf16 where the hardware has it), float32, bfloat16
+    dtype: str = "auto"
+    # samples per forward on one rank (0 = actor.micro_batch_size): a larger teacher may need fewer
+    micro_batch_size: Count = 0
+    # CUDA only: none | idle | full -- where its sharded weights live between its forwards (as actor.offload; it
+    # has no optimizer state)
+    offload: str = "none"
+
+    def __post_init__(self):
+        check_fields(self)
+        check_offload_mode(self.offload, "teacher")
+
+
+@dataclass(frozen=True)
 class CriticConfig:
     # HF id or local folder of the backbone (normally the actor's model)
     model: str = "SmolLM2-135M-Instruct"

@@ -3,6 +3,7 @@
     trainer: TrainerConfig   data: DataConfig   placement: PlacementConfig   actor: ActorConfig
     use_ref, use_critic      critic: CriticConfig   rollout: RolloutConfig   algo: AlgoConfig   reward: RewardConfig
     use_reward_model         reward_model: RewardModelConfig   implicit_prm: ImplicitPRMConfig   tools: ToolsConfig
+    teacher: TeacherConfig
 
 A recipe with a section of its own (DAPO's ``dapo:``) keeps it as a dataclass in its train.py, validated beside
 this one (``core.run.load_recipe_config``), not as a subclass.
@@ -15,7 +16,8 @@ from typing import Literal
 
 from core.config.algo import AlgoConfig
 from core.config.ranges import Count, PositiveInt, check_fields
-from core.config.roles import ActorConfig, CriticConfig, ImplicitPRMConfig, RewardModelConfig, RolloutConfig
+from core.config.roles import (ActorConfig, CriticConfig, ImplicitPRMConfig, RewardModelConfig, RolloutConfig,
+                               TeacherConfig)
 from core.config.schema import PlacementConfig, TrainerConfig
 
 
@@ -81,6 +83,8 @@ class RunConfig:
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     # PRIME's implicit process reward model, trained online (a role of its own: placement.roles.prm)
     implicit_prm: ImplicitPRMConfig = field(default_factory=ImplicitPRMConfig)
+    # on-policy distillation's frozen teacher (a role of its own: placement.roles.teacher; teacher.model set)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -103,5 +107,5 @@ class RunConfig:
         """{role: pool} of the roles this run has (``placement.roles`` may name more: a recipe's map covers the
         reference, critic and reward model whether or not a run turns them on)."""
         has = {"actor": True, "rollout": True, "ref": self.has_reference(), "critic": self.use_critic,
-               "reward_model": self.use_reward_model, "prm": self.implicit_prm.enable}
+               "reward_model": self.use_reward_model, "prm": self.implicit_prm.enable, "teacher": bool(self.teacher.model)}
         return {role: pool for role, pool in self.placement.roles.items() if has.get(role, False)}

@@ -35,7 +35,8 @@ class PlacementConfig:
     # named resource pools
     pools: dict[str, PoolConfig] = field(default_factory=lambda: {"main": PoolConfig()})
     # role -> pool; roles on the same pool are colocated in one process per rank
-    roles: dict[str, str] = field(default_factory=lambda: {"actor": "main", "rollout": "main", "ref": "main"})
+    roles: dict[str, str] = field(default_factory=lambda: {"actor": "main", "rollout": "main", "ref": "main",
+                                                          "teacher": "main"})
 
     def __post_init__(self):
         check_fields(self)

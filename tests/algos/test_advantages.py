@@ -238,7 +238,11 @@ def test_sppo_softmean_baseline():
 def test_outputs_vanish_on_masked_tokens(name):
     b = outcome_batch([1, 0, 0.5, 1], uid=["a", "a", "b", "b"], lengths=[3, 1, 2, 3],
                       values=torch.rand(4, 3, generator=torch.Generator().manual_seed(0)),
-                      process_rewards=torch.rand(4, 3, generator=torch.Generator().manual_seed(1)))  # prime's
+                      process_rewards=torch.rand(4, 3, generator=torch.Generator().manual_seed(1)),  # prime's
+                      # distillation's: NaN past each row's end (a padded position need not be finite)
+                      old_logprobs=-torch.rand(4, 3, generator=torch.Generator().manual_seed(2)),
+                      teacher_logprobs=-torch.rand(4, 3, generator=torch.Generator().manual_seed(3)))
+    b["old_logprobs"] = b["old_logprobs"].masked_fill(b["response_mask"] == 0, float("nan"))
     adv, ret = ADVANTAGES[name](b, C)
     assert adv.shape == ret.shape == (4, 3)
     assert torch.all(adv[b["response_mask"] == 0] == 0) and torch.all(ret[b["response_mask"] == 0] == 0)
@@ -284,6 +288,8 @@ def _gapped_batch() -> Batch:
     g = torch.Generator().manual_seed(0)
     return Batch({"token_rewards": r, "response_mask": mask, "values": torch.rand(4, 5, generator=g, dtype=torch.float64),
                   "process_rewards": torch.rand(4, 5, generator=g, dtype=torch.float64),
+                  "old_logprobs": -torch.rand(4, 5, generator=g, dtype=torch.float64),  # distillation's
+                  "teacher_logprobs": -torch.rand(4, 5, generator=g, dtype=torch.float64),
                   "reward_baselines": torch.tensor([0.25, 0.5, 0.0, 1.0], dtype=torch.float64)},
                  {"uid": ["a", "a", "b", "b"]})
 
@@ -292,7 +298,7 @@ def _cut_gaps(b: Batch) -> Batch:
     """The same rows with their masked tokens cut out (valid tokens moved left, padding after)."""
     keep = b["response_mask"] > 0
     out = {}
-    for k in ("token_rewards", "response_mask", "values", "process_rewards"):
+    for k in ("token_rewards", "response_mask", "values", "process_rewards", "old_logprobs", "teacher_logprobs"):
         x = torch.zeros_like(b[k])
         for i in range(len(x)):
             x[i, :int(keep[i].sum())] = b[k][i][keep[i]]

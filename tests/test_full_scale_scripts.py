@@ -42,6 +42,8 @@ SCRIPTS = {
     "vlm/run_qwen2.5_vl_7b_geo3k.sh": (["__vlm__"], [PLAN]),
     "agent/run_retool_qwen32b.sh": ([], [PLAN, FALLBACK]),
     "sft/run_s1_qwen32b.sh": (["++trainer.total_epochs=0", "__sft__"], [PLAN, FALLBACK]),
+    "sft/run_retool_qwen32b.sh": (["++trainer.total_epochs=0", "__sft__"], [PLAN, FALLBACK]),
+    "distill/run_qwen3_8b_from_32b.sh": (["__teacher__"], [PLAN, FALLBACK]),
 }
 
 
@@ -66,17 +68,14 @@ def tiny(tmp_path_factory, tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def tiny_sft(tiny, tmp_path_factory):
-    """The tiny rows with their conversations (``messages``: the question and its answer), for the SFT script."""
-    from core.data.dataset import load_rl_parquet
-    from core.data.prepare import write_parquet
+    """The tiny rows with their conversations (``messages``: the question and its answer), for the SFT scripts."""
+    import pandas as pd
+
+    from core.scaffold import tiny_data
 
     tmp = tmp_path_factory.mktemp("fullscale_sft")
-    for name in ("train", "val"):
-        rows = [{"data_source": r["data_source"], "prompt": r["prompt"], "ability": "math",
-                 "reward_model": {"style": "rule", "ground_truth": r["ground_truth"]}, "extra_info": r["extra_info"],
-                 "messages": r["prompt"] + [{"role": "assistant", "content": r["ground_truth"]}]}
-                for r in load_rl_parquet(tiny[0] / f"{name}.parquet")]
-        write_parquet(rows, tmp / f"{name}.parquet")
+    tiny_data(tmp, conversations=True)
+    pd.read_parquet(tmp / "train.parquet").head(2).to_parquet(tmp / "val.parquet")
     return tmp, tiny[1]
 
 
@@ -114,7 +113,7 @@ def overrides(script: str, data: Path, model: Path, out: Path) -> list[str]:
         "placement.pools.main.gpu_memory_gb": 0, "placement.pools.main.host_memory_gb": 0,
     }
     roles = ["actor", "rollout"] + [r.strip("_") for r in extra if r in ("__critic__", "__reward_model__",
-                                                                           "__implicit_prm__")]
+                                                                           "__implicit_prm__", "__teacher__")]
     for role in roles:
         sizes |= {f"{role}.model": model, f"{role}.dtype": "float32"}
     for role in ("actor", "critic"):
@@ -122,7 +121,7 @@ def overrides(script: str, data: Path, model: Path, out: Path) -> list[str]:
             sizes |= {f"{role}.ppo_mini_batch_size": 4, f"{role}.micro_batch_size": 2,
                       f"{role}.max_tokens_per_micro": 0, f"{role}.gradient_checkpointing": "false",
                       f"{role}.offload": "none"}
-    for role in ("reward_model", "implicit_prm"):
+    for role in ("reward_model", "implicit_prm", "teacher"):
         if role in roles:
             sizes |= {f"{role}.offload": "none"}  # (its max_tokens_per_micro: the yaml's; 0 is no value here)
     args = [f"++{k}={v}" for k, v in sizes.items()]

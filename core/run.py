@@ -140,9 +140,10 @@ def _shown(path) -> str:
 
 def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
          sections: dict[str, type] | None = None, make_step: Callable | None = None,
-         implied: list[str] | None = None) -> int:
+         implied: list[str] | None = None, sizes: Callable | None = None) -> int:
     """The CLI of a run. A recipe's ``train.py`` calls it with its folder, its own config ``sections`` and
-    ``make_step(cfg, sections) -> step_fn`` (its copy of the step, ``core.trainer.fit``'s ``step_fn``). ``implied``:
+    ``make_step(cfg, sections) -> step_fn`` (its copy of the step, ``core.trainer.fit``'s ``step_fn``);
+    ``sizes(cfg, sections, dp) -> text``: its step's batch sizes in words, where they are not the RL step's (SFT). ``implied``:
     overrides a front end derives rather than the user gives (verl's defaults, ``core.verl``): applied with the
     command line's (the two never share a key), never warned of as unread."""
     p = argparse.ArgumentParser(prog="hybridrl train <recipe>", description=__doc__.split("\n\n")[0].replace("``", "`"),
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
             print(f"warning: {m}")
         dp, device = dp_size(cfg), cfg.placement.pools[cfg.placement.roles["actor"]].device
         print(f"config valid: actor {cfg.actor.model} on {dp} {device} rank(s)\neffective sizes:\n"
-              + effective_sizes(cfg, dp))
+              + (sizes(cfg, extra, dp) if sizes else effective_sizes(cfg, dp)))
         text, fits = plan_run(cfg)
         print(text)
         if a.time:  # the step time too (core.time_plan): the three async modes on the config's placement
@@ -223,7 +224,8 @@ def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
         reads.label(section, name)
     reads.start(cfg, extra)
     try:
-        fit(cfg, make_step(cfg, extra) if make_step else None, given)
+        fit(cfg, make_step(cfg, extra) if make_step else None, given,
+            sizes=sizes(cfg, extra, dp_size(cfg)) if sizes else None)
     except Preempted as e:  # a scheduler's SIGTERM / SIGUSR1: checkpointed (or abandoned), exit 75 = requeue me
         print(f"hybridrl: {e}", file=sys.stderr, flush=True)
         return EXIT_PREEMPTED

@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import yaml
+
 TEXT = (".yaml", ".yml", ".sh", ".py", ".md", ".txt")
 
 
@@ -73,29 +75,35 @@ def new_recipe(name: str, source: Path, check: bool = True, out=print) -> Path:
     return dest
 
 
-def tiny_overrides(tmp: Path, model: Path) -> list[str]:
+def tiny_overrides(tmp: Path, model: Path, teacher: bool = False) -> list[str]:
     """Hydra overrides that make any recipe's run tiny: local backend, 2 steps of 2 prompts x 2 samples of 4 tokens,
-    the tiny ``model`` in fp32 for every role, ``tmp``'s data and reward (``++``: set whether the yaml has the key)."""
+    the tiny ``model`` in fp32 for every role (``teacher``: the distillation teacher's too), ``tmp``'s data and
+    reward (``++``: set whether the yaml has the key)."""
     sizes = {"trainer.backend": "local", "trainer.total_steps": 2, "trainer.output_dir": tmp / "out",
              "trainer.save_freq": 0, "trainer.test_freq": 0, "trainer.logger": "[jsonl]",
              "data.train_files": f"[{tmp / 'train.parquet'}]", "data.val_files": "[]", "data.limit": 0,
              "data.prompts_per_step": 2, "data.train_prompts_per_step": 2, "data.truncation": "left",
              "algo.sampling.n": 2, "algo.sampling.max_new_tokens": 4, "rollout.max_prompt_length": 48,
              "reward.path": tmp / "reward.py", "reward.name": "compute_score"}
-    for role in ("actor", "rollout", "critic"):
+    for role in ("actor", "rollout", "critic") + (("teacher",) if teacher else ()):
         sizes |= {f"{role}.model": model, f"{role}.dtype": "float32"}
     for role in ("actor", "critic"):
         sizes |= {f"{role}.ppo_mini_batch_size": 4, f"{role}.micro_batch_size": 2, f"{role}.max_tokens_per_micro": 0}
     return [f"++{k}={v}" for k, v in sizes.items()]
 
 
-def tiny_data(tmp: Path) -> None:
-    """8 arithmetic prompts and a reward that varies with the text (a random model's groups then have a gradient)."""
+def tiny_data(tmp: Path, conversations: bool = False) -> None:
+    """8 arithmetic prompts and a reward that varies with the text (a random model's groups then have a gradient);
+    ``conversations``: each row also holds its whole conversation (``messages``: the question and its answer), for
+    a step that trains on them (SFT)."""
     from core.data.prepare import write_parquet
 
     rows = [{"data_source": "hybridrl/arith", "prompt": [{"role": "user", "content": f"{a} + {a} = ?"}],
              "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(2 * a)},
              "extra_info": {"index": a}} for a in range(1, 9)]
+    if conversations:
+        rows = [r | {"messages": r["prompt"] + [{"role": "assistant", "content": r["reward_model"]["ground_truth"]}]}
+                for r in rows]
     write_parquet(rows, tmp / "train.parquet")
     (tmp / "reward.py").write_text(
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
@@ -114,8 +122,11 @@ def tiny_check(folder: Path, out=print) -> None:
     with tempfile.TemporaryDirectory(prefix=f"hybridrl-new-{folder.name}-") as tmp:
         tmp = Path(tmp)
         model = tiny_random_model(tmp / "model")
-        tiny_data(tmp)
-        cmd = [sys.executable, "-m", "core.cli", "train", str(folder), *tiny_overrides(tmp, model)]
+        train = folder / "train.py"  # a step that reads the rows' conversations (SFT's) gets them
+        tiny_data(tmp, conversations=train.is_file() and '"messages"' in train.read_text())
+        config = yaml.safe_load((folder / "config.yaml").read_text()) or {}
+        teacher = bool((config.get("teacher") or {}).get("model"))  # a distillation recipe: its teacher tiny too
+        cmd = [sys.executable, "-m", "core.cli", "train", str(folder), *tiny_overrides(tmp, model, teacher)]
         run = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
         if run.returncode != 0:
             raise SystemExit(f"hybridrl new: the copy's 2-step tiny run failed (exit {run.returncode}):\n"

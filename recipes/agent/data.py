@@ -15,36 +15,15 @@ config names; ``python recipes/agent/data.py --help`` lists the datasets).
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from core.data.agent_mult import (EXAMPLE, FOLDER, HIGH, LOW, ONE_SHOT, QUESTION, SOURCE, SYSTEM,  # noqa: F401
                                    held_out, pairs, row, write_mult)
 from core.data.dapo_math import dapo_math_rows, read_dapo_math
+from core.data.retool import retool_prompt
 from core.data.prepare import make_rows, read_records, write_parquet
 from core.data.recipe_data import Dataset, data_cli
-
-# ReTool at full scale, as verl's recipe/retool prepares it: DAPO-Math-17k's prompt (or the bare AIME problem) plus
-# its answer-format line, and Qwen2.5's system prompt listing the code interpreter (the text Qwen2.5's chat template
-# renders for ``tools=[CODE_INTERPRETER]``; written here so that any engine and tokenizer see the same prompt)
-ANSWER_FORMAT = "\nThe answer format must be: \\boxed{'The final answer goes here.'}"
-CODE_INTERPRETER = {"type": "function", "function": {
-    "name": "code_interpreter", "description": "A tool for executing code.",
-    "parameters": {"type": "object", "properties": {"code": {"type": "string", "description": "The code to execute."}},
-                   "required": ["code"]}}}
-RETOOL_SYSTEM = ("You are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n# Tools\n\nYou may call one "
-                 "or more functions to assist with the user query.\n\nYou are provided with function signatures within "
-                 f"<tools></tools> XML tags:\n<tools>\n{json.dumps(CODE_INTERPRETER)}\n</tools>\n\nFor each function "
-                 "call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:"
-                 "\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>")
-
-
-def retool_prompt(rows: list[dict]) -> list[dict]:
-    """verl-schema rows with ReTool's prompt: the system message above, the user turn plus the answer format."""
-    return [r | {"prompt": [{"role": "system", "content": RETOOL_SYSTEM},
-                            {"role": "user", "content": r["prompt"][-1]["content"] + ANSWER_FORMAT}]} for r in rows]
-
 
 def write_retool(dapo_src: str, aime_src: str | Path, out: str | Path) -> dict[str, Path]:
     """``<out>/retool/train.parquet`` (DAPO-Math-17k, one row per distinct problem) and ``aime24.parquet``."""

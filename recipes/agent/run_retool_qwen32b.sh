@@ -7,8 +7,9 @@
 #        per-GPU / per-node memory plan; no GPU needed; exit 1 (with the numbers) when it does not fit
 #   MODEL=/ckpt/retool-sft bash recipes/agent/run_retool_qwen32b.sh [overrides]   the run, from the Ray head node
 #
-# MODEL: the cold-start SFT checkpoint (verl-recipe retool/run_qwen2-32b_sft.sh on JoeYing/ReTool-SFT, 6 epochs);
-# the default is the untuned Qwen2.5-32B-Instruct, which calls tools far less (the published figures need the SFT).
+# MODEL: the cold-start SFT checkpoint, exported (recipes/sft/run_retool_qwen32b.sh on JoeYing/ReTool-SFT, 6 epochs,
+# then hybridrl export <its checkpoints/latest> <folder>); the default is the untuned Qwen2.5-32B-Instruct, which
+# calls tools far less (the published figures need the SFT).
 # Ray multi-node (README "Multi-node"): `ray start --head` on one machine, `ray start --address=<head-ip>:6379` on
 # the other, this repository at the same path on both, then run this on the head.
 # Data: the retool dataset, written on the first run by the recipe's data.py when missing (hybridrl data prepare agent

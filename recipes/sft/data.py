@@ -14,6 +14,11 @@ names; ``python recipes/sft/data.py --help`` lists the datasets).
                 its columns question, thinking_trajectories, attempt), each a user turn and an assistant turn in s1's
                 form (``<|im_start|>think`` ... ``<|im_start|>answer`` ...) -> s1k/train.parquet; AIME 2024 for
                 validation (../shared/data beside the checkout, else the hub) -> s1k/aime24.parquet
+  retool_sft    ReTool's cold start (Feng et al. 2025, arXiv:2504.11536): ReTool-SFT's code-interleaved traces (the
+                hub's JoeYing/ReTool-SFT, or --src retool_sft=FILE: a .parquet / .jsonl of its ``messages``) as the
+                conversations the agent recipe's ReTool run produces -- its system prompt listing the
+                code_interpreter, the answer format, the code as tool calls, the interpreter's output as tool turns
+                (masked) -> retool_sft/train.parquet; AIME 2024 with the same prompt -> retool_sft/aime24.parquet
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from pathlib import Path
 
 from core.data.agent_mult import TEST_COUNT, operands, pairs, row, solution, write_mult
 from core.data.prepare import make_rows, read_records, read_table, write_parquet
+from core.data.retool import retool_prompt, sft_messages
 from core.data.recipe_data import Dataset, data_cli
 
 def traces(count: int, seed: int = 1) -> list[dict]:
@@ -85,11 +91,39 @@ def write_s1k(out: str | Path, src: str | None) -> dict[str, Path]:
     return paths
 
 
+def retool_rows(records: list[dict], where: str) -> list[dict]:
+    """ReTool-SFT's records as SFT rows: each its conversation as the RL stage's agent loop produces it
+    (``core.data.retool.sft_messages``: ReTool's system prompt and answer format, code_interpreter calls, the
+    interpreter's outputs as tool turns), its prompt the first two turns. ``data_source`` names a registered rule
+    (``math``) so a run's checks pass; an SFT row is never scored."""
+    rows = []
+    for i, rec in enumerate(records):
+        messages = sft_messages(rec, f"{where} row {i + 1}")
+        rows.append({"data_source": "math", "prompt": messages[:2], "ability": "math",
+                     "reward_model": {"style": "rule", "ground_truth": ""},
+                     "extra_info": {"split": "train", "index": i}, "messages": messages})
+    return rows
+
+
+def write_retool_sft(out: str | Path, src: str | None, aime_src: str | Path | None = None) -> dict[str, Path]:
+    """``<out>/retool_sft/train.parquet`` and ``aime24.parquet`` (``aime_src``: a folder holding aime24/test.jsonl;
+    default ../shared/data beside the checkout, else the hub)."""
+    records, where = read_table(src or "hub", "JoeYing/ReTool-SFT")  # the hub, or a .parquet / .jsonl file
+    paths = {"train": Path(out) / "retool_sft" / "train.parquet", "aime24": Path(out) / "retool_sft" / "aime24.parquet"}
+    write_parquet(retool_rows(records, where), paths["train"])
+    aime, aime_where = read_records("aime24", "test", aime_src)
+    write_parquet(retool_prompt(make_rows("aime24", "test", aime, aime_where)[0]), paths["aime24"])
+    print(f"retool_sft: {paths['train']} ({where}), {paths['aime24']} ({aime_where})")
+    return paths
+
+
 DATASETS = {
     "agent_traces": Dataset(lambda out, src: write_traces(out), "correct tool-using traces of a x b, training "
                                                                 "problems only, checked against the held-out ones"),
     "agent_mult": Dataset(lambda out, src: write_mult(out), "a x b with a calculator tool; test held out by content"),
     "s1k": Dataset(write_s1k, "s1K's 1,000 reasoning traces (the hub, or --src s1k=FILE) + AIME 2024, s1's form"),
+    "retool_sft": Dataset(write_retool_sft, "ReTool's cold-start traces (the hub, or --src retool_sft=FILE) + AIME "
+                                            "2024, as the agent recipe's ReTool run prompts and calls the tool"),
 }
 
 if __name__ == "__main__":

@@ -76,10 +76,21 @@ def make_step(cfg, sections: dict) -> Callable:
     return step
 
 
+def sizes(cfg, sections: dict, dp: int) -> str:
+    """The step's batch sizes in words (printed at start and by --dry-run, in place of the RL step's)."""
+    return "\n".join([
+        f"  conversations per step     {cfg.data.prompts_per_step}  (data.prompts_per_step)",
+        f"  packed rows                <= {sections['sft'].max_tokens} tokens each (sft.max_tokens), a multiple of "
+        f"{dp} per step",
+        f"  data-parallel ranks        {dp}  (each takes an equal share of the packed rows)",
+        f"  micro-batch per rank       {cfg.actor.micro_batch_size} packed rows",
+        "  optimizer updates per step 1  (the mean NLL of every trained token of the step)"])
+
+
 def main(argv: list[str] | None = None) -> int:
     from core.run import main as run
 
-    return run(argv, config_dir=HERE, sections=SECTIONS, make_step=make_step)
+    return run(argv, config_dir=HERE, sections=SECTIONS, make_step=make_step, sizes=sizes)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import pytest
 
 from core.cli import recipe_module
 from core.data.dataset import load_rl_parquet
+from core.data.retool import ANSWER_FORMAT, CODE_INTERPRETER, RETOOL_SYSTEM
 from core.expected import load_expected
 from core.rewards import load_reward_fn
 from core.run import load_run_config
@@ -86,12 +87,12 @@ def test_retool_data_is_verl_s_prompt_with_the_tool_in_the_system_message(tmp_pa
     (tmp_path / "dapo.jsonl").write_text(json.dumps({"problem": "What is 1 + 1?", "answer": "2"}) + "\n")
     paths = data.write_retool(str(tmp_path / "dapo.jsonl"), tmp_path, tmp_path / "out")
     aime, train = load_rl_parquet(paths["aime24"]), load_rl_parquet(paths["train"])
-    assert aime[0]["prompt"] == [{"role": "system", "content": data.RETOOL_SYSTEM},
-                                 {"role": "user", "content": "Find x." + data.ANSWER_FORMAT}]
+    assert aime[0]["prompt"] == [{"role": "system", "content": RETOOL_SYSTEM},
+                                 {"role": "user", "content": "Find x." + ANSWER_FORMAT}]
     assert aime[0]["ground_truth"] == "204" and aime[0]["data_source"] == "aime24"
     assert train[0]["prompt"][1]["content"].endswith("What is 1 + 1?\n\nRemember to put your answer on its own "
-                                                     "line after \"Answer:\"." + data.ANSWER_FORMAT)
-    assert json.dumps(data.CODE_INTERPRETER) in data.RETOOL_SYSTEM and "<tool_call>" in data.RETOOL_SYSTEM
+                                                     "line after \"Answer:\"." + ANSWER_FORMAT)
+    assert json.dumps(CODE_INTERPRETER) in RETOOL_SYSTEM and "<tool_call>" in RETOOL_SYSTEM
 
 
 def test_full_scale_script_plans_and_fits(capsys):

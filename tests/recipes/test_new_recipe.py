@@ -68,3 +68,16 @@ def test_an_edited_phase_of_the_copys_step_is_what_trains(recipes, tmp_path, tin
     steps = read_metrics(tmp_path / "out" / "metrics.jsonl")
     assert [m["step"] for m in steps] == [1, 2]
     assert all(m["myalgo/adv_abs_mean"] > 0 and m["actor/grad_norm"] > 0 for m in steps)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("source", ["sft", "distill"])
+def test_new_from_the_sft_and_distill_recipes_passes_its_tiny_check(source, tmp_path):
+    """A copy of the SFT recipe gets tiny rows with their conversations, a copy of the distillation recipe a tiny
+    teacher: each copy's 2-step tiny run trains (the SFT step reports its loss, the distillation its reward)."""
+    folder = tmp_path / "recipes"
+    shutil.copytree(ROOT / "recipes" / source, folder / source, ignore=shutil.ignore_patterns("__pycache__", "*.png"))
+    said = []
+    new_recipe("myalgo", folder / source, out=said.append)
+    assert said[1].startswith("tiny check: myalgo/train.py ran"), said
+    assert ("sft/nll_loss" if source == "sft" else "reward/mean") in said[1], said

@@ -32,7 +32,9 @@ def make_batch(B, T, n=8):
                   "old_logprobs": logp + 0.1 * torch.randn(B, T, generator=g), "scores": scores,
                   # PRIME's: the implicit PRM's dense rewards (estimator prime) and the reference (loss implicit_prm)
                   "process_rewards": 0.01 * torch.randn(B, T, generator=g),
-                  "ref_logprobs": logp + 0.1 * torch.randn(B, T, generator=g)},
+                  "ref_logprobs": logp + 0.1 * torch.randn(B, T, generator=g),
+                  # distillation's: the teacher's log-probs of the same tokens
+                  "teacher_logprobs": logp + 0.1 * torch.randn(B, T, generator=g)},
                  {"uid": np.array([f"p{i // n}" for i in range(B)], dtype=object)}), logp
 
 

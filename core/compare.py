@@ -15,18 +15,17 @@ from core.report import _pyplot, _save, read_metrics
 
 
 def held_out_curve(history: list[dict], key: str = "val/reward/mean") -> list[tuple[int, float, float]]:
-    """(step, training seconds up to it, score) at each validation of the run, in step order."""
-    seconds, elapsed = {0: 0.0}, 0.0
-    for m in sorted((m for m in history if "timing_s/step" in m), key=lambda m: m["step"]):
-        elapsed += m["timing_s/step"]
-        seconds[m["step"]] = elapsed
-    return [(m["step"], seconds.get(m["step"], elapsed), m[key]) for m in history if key in m]
+    """(step, training seconds up to it, score) at each validation of the run, in step order. A step logged twice
+    (a resumed run repeats the steps after its checkpoint) counts once, as last logged."""
+    timed = {m["step"]: m["timing_s/step"] for m in history if "timing_s/step" in m}
+    scores = {m["step"]: m[key] for m in history if key in m}
+    return [(s, sum(t for step, t in timed.items() if step <= s), scores[s]) for s in sorted(scores)]
 
 
-def score_at(curve: list[tuple[int, float, float]], budget: float) -> tuple[int, float]:
-    """The (step, score) of the curve's last validation within ``budget`` training seconds."""
+def score_at(curve: list[tuple[int, float, float]], budget: float) -> tuple[int, float] | None:
+    """The (step, score) of the curve's last validation within ``budget`` training seconds (None: none yet)."""
     done = [(step, score) for step, t, score in curve if t <= budget + 1e-9]
-    return done[-1]
+    return done[-1] if done else None
 
 
 def compare(runs: dict[str, list[dict]], key: str = "val/reward/mean", png: str | Path | None = None) -> str:
@@ -45,7 +44,8 @@ def compare(runs: dict[str, list[dict]], key: str = "val/reward/mean", png: str 
     lines += ["", "at equal training time:"]
     for budget in (shortest / 4, shortest / 2, shortest):
         at = {n: score_at(curves[n], budget) for n in names}
-        lines.append(f"  {budget:.0f} s: " + ", ".join(f"{n} {v:.3f} (step {s})" for n, (s, v) in at.items()))
+        lines.append(f"  {budget:.0f} s: " + ", ".join(f"{n} {a[1]:.3f} (step {a[0]})" if a else f"{n} none yet"
+                                                        for n, a in at.items()))
     ref, target = names[0], curves[names[0]][-1][2]
     firsts = {n: next(((s, t) for s, t, v in curves[n] if v >= target - 1e-9), None) for n in names}
     lines.append(f"first validation at or above {ref}'s final {target:.3f}: " + ", ".join(
@@ -65,7 +65,7 @@ def _plot(curves: dict[str, list[tuple[int, float, float]]], key: str, path: str
         for ax, x in zip(axes, ([s for s, _, _ in curve], [t for _, t, _ in curve])):
             ax.plot(x, [v for _, _, v in curve], marker="o", ms=4, label=name)
     low = min(v for c in curves.values() for _, _, v in c)
-    axes[0].set(xlabel="step", ylabel=f"held-out {key.split('/', 1)[1]} (greedy)", title="by step",
+    axes[0].set(xlabel="step", ylabel=f"held-out {key.split('/', 1)[-1]} (greedy)", title="by step",
                 ylim=(max(0.0, low - 0.05), 1.0))
     axes[1].set(xlabel="training seconds (validation not counted)", title="by training time")
     for ax in axes:

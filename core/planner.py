@@ -303,8 +303,8 @@ def _megatron_policy_terms(m: ModelShape, r: RunShape, W: int, p: Plan) -> tuple
 def lora_params(m: ModelShape, rank: int, targets: tuple[str, ...]) -> float:
     """Adapter parameters: r (in + out) per adapted linear per layer. Example, h 896, kv 128, i 4864, 24 layers, r 32,
     all seven targets: 32 x (9 x 896 + 2 x 128 + 3 x 4864) x 24 = 17.6M."""
-    h, kvd, i = m.hidden, m.kv_heads * m.head_dim, m.intermediate
-    sizes = {"q_proj": (h, h), "k_proj": (h, kvd), "v_proj": (h, kvd), "o_proj": (h, h), "gate_proj": (h, i),
+    h, qd, kvd, i = m.hidden, m.heads * m.head_dim, m.kv_heads * m.head_dim, m.intermediate
+    sizes = {"q_proj": (h, qd), "k_proj": (h, kvd), "v_proj": (h, kvd), "o_proj": (qd, h), "gate_proj": (h, i),
              "up_proj": (h, i), "down_proj": (i, h)}
     return float(rank * m.layers * sum(sum(sizes[t]) for t in targets if t in sizes))
 
@@ -381,22 +381,27 @@ def _reward_model_terms(r: RunShape, W: int, p: Plan) -> tuple[float, float, flo
     """The reward model's lines: shards in its compute dtype (no fp32 master: it is never trained in a run)."""
     check_offload_mode(r.rm_offload, "reward_model")
     return _frozen_terms("reward model", "Prm", r.reward_model, r.rm_offload, r.rm_tokens_per_micro,
-                         r.rm_dtype_bytes, r.rm_dtype_bytes, 0, W, p)
+                         r.rm_dtype_bytes, r.rm_dtype_bytes, 0, W, p, gathers=not one_rank(W, r.rm_offload, False),
+                         bf16_copy=False)
 
 
 def _teacher_terms(r: RunShape, W: int, p: Plan) -> tuple[float, float, float]:
-    """The distillation teacher's lines: frozen fp32 shards (as the reference's) and one forward in bf16, its
-    log-probs over its own vocabulary included (bf16 logits of a micro-batch)."""
+    """The distillation teacher's lines: frozen fp32 shards (as the reference's), kept whole in bf16 on one rank
+    without offload or checkpointing (the actor's: the teacher's engine settings are the actor's), and one forward in
+    bf16, its log-probs over its own vocabulary included (bf16 logits of a micro-batch)."""
     check_offload_mode(r.teacher_offload, "teacher")
+    unwrapped = one_rank(W, r.teacher_offload, r.gradient_checkpointing)
     return _frozen_terms("teacher", "Pt", r.teacher, r.teacher_offload, r.teacher_tokens_per_micro, 4, 2,
-                         2 * r.teacher_tokens_per_micro * r.teacher.vocab, W, p)
+                         2 * r.teacher_tokens_per_micro * r.teacher.vocab, W, p, gathers=not unwrapped,
+                         bf16_copy=unwrapped)
 
 
 def _frozen_terms(name: str, short: str, m: ModelShape, offload: str, T: int, shard_bytes: int, nbytes: int,
-                  logits: float, W: int, p: Plan) -> tuple[float, float, float]:
-    """A frozen model's lines (reward model, teacher): its shards by its offload mode, and one forward's gathered
-    layers, embeddings, activations (and ``logits``), counted where they exceed the actor's transient terms (its
-    forward comes between the rollout and the training passes, never beside them)."""
+                  logits: float, W: int, p: Plan, gathers: bool, bf16_copy: bool) -> tuple[float, float, float]:
+    """A frozen model's lines (reward model, teacher): its shards by its offload mode (``bf16_copy``: plus a whole
+    bf16 copy, a one-rank fp32 model's ``core.train.one_rank``), and one forward's layers FSDP2 gathers (two and
+    the embeddings, when ``gathers``), activations (and ``logits``), counted where they exceed the actor's
+    transient terms (its forward comes between the rollout and the training passes, never beside them)."""
     shards = shard_bytes * m.params / W
     host = parked = resident = 0.0
     if offload == "full":
@@ -404,9 +409,11 @@ def _frozen_terms(name: str, short: str, m: ModelShape, offload: str, T: int, sh
     else:
         p.lines.append((f"{name} shards ({shard_bytes}{short}/W)", shards, "train"))
         parked, resident = (shards, 0.0) if offload == "idle" else (0.0, shards)
+    if bf16_copy:
+        p.lines.append((f"{name} bf16 compute copy, one rank (2{short})", 2 * m.params, "train"))
+        resident += 2 * m.params
     act = (T * (14 * m.hidden + 4 * m.kv_heads * m.head_dim + 8 * m.intermediate) + 2 * T * m.hidden) * nbytes // 2
-    # FSDP2 gathers two layers and the embeddings at a time; on one rank without offload nothing is gathered
-    gathered = 0.0 if one_rank(W, offload, False) else nbytes * (2 * m.layer_params + m.vocab * m.hidden)
+    gathered = nbytes * (2 * m.layer_params + m.vocab * m.hidden) if gathers else 0.0
     transient = gathered + act + logits
     a_transient = sum(b for item, b, ph in p.lines if ph == "train" and item.startswith(
         ("gathered bf16", "embeddings + LM head", "activations", "logits", "critic update")))

@@ -219,13 +219,13 @@ def main(argv: list[str] | None = None, *, config_dir: str | Path | None = None,
 
             print("\n" + time_report(cfg, a.time, a.lengths or ""))
         return 0 if fits else 1
+    text = sizes(cfg, extra, dp_size(cfg)) if sizes else None  # before recording: printing a key is no use of it
     reads.label(cfg)  # from here to the end of the first step, every key read is recorded (core.config.reads)
     for name, section in extra.items():
         reads.label(section, name)
     reads.start(cfg, extra)
     try:
-        fit(cfg, make_step(cfg, extra) if make_step else None, given,
-            sizes=sizes(cfg, extra, dp_size(cfg)) if sizes else None)
+        fit(cfg, make_step(cfg, extra) if make_step else None, given, sizes=text)
     except Preempted as e:  # a scheduler's SIGTERM / SIGUSR1: checkpointed (or abandoned), exit 75 = requeue me
         print(f"hybridrl: {e}", file=sys.stderr, flush=True)
         return EXIT_PREEMPTED

@@ -62,6 +62,8 @@ class Workload:
     lengths: tuple[int, ...]
     model_gb: float = 0.0           # weights sent per sync
     reference: bool = True          # a reference forward each step
+    # a distillation teacher's forward each step, as a multiple of the policy's (its parameters / the policy's)
+    teacher: float = 0.0
     ppo_epochs: int = 1
     turns: tuple[tuple[int, ...], ...] = ()
 
@@ -176,10 +178,10 @@ class Replica:
 
 
 def train_s(costs: Costs, work: Workload, layout: Layout, response_tokens: float) -> float:
-    """Old log-probs (+ reference) forwards and the update, throughput-bound over the training ranks."""
+    """Old log-probs (+ reference, + teacher) forwards and the update, throughput-bound over the training ranks."""
     tokens = work.prompts_per_step * work.n * work.prompt_tokens + response_tokens
     ranks = layout.train_gpus * costs.scaling
-    forwards = 1 + work.reference
+    forwards = 1 + work.reference + work.teacher
     return tokens * (forwards / costs.forward_tok_s + work.ppo_epochs / costs.update_tok_s) / ranks
 
 

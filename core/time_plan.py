@@ -150,7 +150,7 @@ def time_report(cfg, hardware: str, lengths: str = "", steps: int = 8) -> str:
     turns = run_turns(lengths) if lengths else ()  # an agent run's: model turns and tool answers
     work = Workload(cfg.data.prompts_per_step, s.n, round(measured or cfg.rollout.max_prompt_length), dist,
                     model_gb=2 * shape.params / 1e9, reference=cfg.has_reference(), ppo_epochs=cfg.actor.ppo_epochs,
-                    turns=turns)
+                    turns=turns, teacher=model_shape(cfg.teacher.model).params / shape.params if cfg.teacher.model else 0.0)
     layouts = [layout]
     if layout.colocated and layout.train_gpus >= 2:  # the same GPUs split in half between training and rollout
         half = layout.train_gpus // 2

@@ -20,6 +20,10 @@ def test_the_curve_sums_step_times_up_to_each_validation():
     assert held_out_curve(SLOW) == [(0, 0.0, 0.5), (2, 10.0, 0.6), (4, 20.0, 0.95)]
     assert score_at(held_out_curve(SLOW), 15.0) == (2, 0.6)  # step 4 ends at 20 s: not yet
     assert score_at(held_out_curve(FAST), 19.9) == (0, 0.5)
+    assert score_at(held_out_curve(FAST[1:]), 19.9) is None  # no validation before step 2's
+    # a resumed run logs steps 1 and 2 again: each counts once, as last logged
+    resumed = FAST + [{"step": 1, "timing_s/step": 10.0}, {"step": 2, "timing_s/step": 10.0, "val/reward/mean": 0.8}]
+    assert held_out_curve(resumed) == [(0, 0.0, 0.5), (2, 20.0, 0.8)]
 
 
 def test_the_table_puts_the_runs_at_equal_steps_and_equal_time(tmp_path):

@@ -31,6 +31,9 @@ def test_a_synchronous_step_by_hand():
     # two training ranks halve the training; colocated, the same 2 GPUs generate (the one group on one replica)
     two = simulate(COSTS, ONE, Layout(train_gpus=2, replicas=2, colocated=True), "sync", steps=5)
     assert two.step_s == pytest.approx(0.56 + 1.5 + 0.5) and two.tokens_per_s_per_gpu == pytest.approx(6 / 2.56 / 2)
+    # a distillation teacher 4x the policy's size: 4 more forwards of the 26 tokens (26 x 4 / 26 = 4 s)
+    taught = simulate(COSTS, dataclasses.replace(ONE, teacher=4.0), Layout(train_gpus=1, replicas=1), "sync", steps=5)
+    assert taught.step_s == pytest.approx(0.56 + 3 + 4 + 0.5)
 
 
 def test_one_step_off_hides_the_generation_behind_the_training():

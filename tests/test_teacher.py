@@ -33,6 +33,9 @@ def test_a_distill_estimator_needs_a_teacher_and_a_teacher_needs_one():
                                           r"never reads the teacher's log-probs; pick one that does \(distill_forward_kl, "
                                           r"distill_mixed, distill_reverse_kl\)"):
         check_run(distill(estimator="grpo"))
+    with pytest.raises(ConfigError, match=r"^teacher.model is set with actor.strategy=fsdp, actor.ulysses_sp=2: the "
+                                          r"teacher runs on the actor's engine settings"):
+        check_run(distill(actor={"ulysses_sp": 2}))
     assert set(distill().placed_roles()) == {"actor", "rollout", "teacher"}
     assert "teacher" not in validate(RunConfig, {}).placed_roles()
 
@@ -86,6 +89,12 @@ def test_the_planner_counts_the_teacher_by_its_offload_mode_and_its_forward_peak
     full = {item: b for item, b, _ in plan(actor, replace(base, teacher_offload="full")).lines}
     assert "teacher shards (4Pt/W)" not in full and full["(offloaded training state, host, per GPU)"] == pytest.approx(
         8 * GB)
+    # one rank without offload or checkpointing: the teacher is kept whole in bf16 beside its fp32 weights, nothing
+    # gathered (core.train.one_rank)
+    solo = {item: b for item, b, _ in plan(actor, replace(base, nnodes=1, gpus_per_node=1, gpu_memory_gb=1000,
+                                                        gradient_checkpointing=False)).lines}
+    assert solo["teacher shards (4Pt/W)"] == pytest.approx(4 * 32e9) and solo[
+        "teacher bf16 compute copy, one rank (2Pt)"] == pytest.approx(2 * 32e9)
     T = 8192
     transient = (2 * (2 * teacher.layer_params + teacher.vocab * teacher.hidden) + 2 * T * teacher.vocab
                  + T * (14 * 5120 + 4 * 8 * 128 + 8 * 25600) + 2 * T * 5120)

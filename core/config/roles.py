@@ -214,7 +214,8 @@ class TeacherConfig:
     model: str = ""
     # compute dtype: auto (bf16 where the hardware has it), float32, bfloat16
     dtype: str = "auto"
-    # samples per forward on one rank (0 = actor.micro_batch_size): a larger teacher may need fewer
+    # samples per forward on one rank (0 = actor.micro_batch_size): a larger teacher may need fewer. With
+    # actor.max_tokens_per_micro > 0 the teacher's micro-batches are cut by that token budget instead, as the actor's
     micro_batch_size: Count = 0
     # CUDA only: none | idle | full -- where its sharded weights live between its forwards (as actor.offload; it
     # has no optimizer state)

@@ -1,13 +1,15 @@
 """ReTool's prompt and cold-start data (Feng et al. 2025, arXiv:2504.11536), shared by the SFT stage that teaches the
-tool protocol (``recipes/sft``) and the RL stage that follows it (``recipes/agent``): both must show the model the
-same system message and answer format, or the cold start teaches a prompt the RL run never gives.
+tool protocol (``recipes/sft``) and the RL stage that follows it (``recipes/agent``): both show the model the same
+system message listing the tool and the same tool-call format, or the cold start teaches a protocol the RL run never
+uses. (The user turns differ as in ReTool's own pipeline: the SFT traces answer ReTool-SFT's questions as stated,
+the RL prompts are DAPO-Math's with the answer format.)
 
 ``RETOOL_SYSTEM``: Qwen2.5's system prompt listing the code interpreter (the text its chat template renders for
 ``tools=[CODE_INTERPRETER]``, written out so that any engine and tokenizer see the same prompt). ``retool_prompt``:
 rows with it and the answer format. ``sft_messages``: one record of ReTool-SFT (the hub's ``JoeYing/ReTool-SFT``: a
 user turn holding "*user question:*" and the question, an assistant turn whose text interleaves ``<code>`` blocks,
-``<interpreter>`` outputs and a final ``<answer>``) as the conversation the RL run's agent loop produces: assistant
-turns with ``code_interpreter`` tool calls, tool turns with the interpreter's output, the final answer.
+``<interpreter>`` outputs and a final ``<answer>``) in the form the RL run's agent loop produces: the system message,
+assistant turns with ``code_interpreter`` tool calls, tool turns with the interpreter's output, the final answer.
 """
 
 from __future__ import annotations
@@ -51,10 +53,12 @@ def sft_messages(record: dict, where: str) -> list[dict]:
     assistant (the answer)]; ``where`` names the record in errors."""
     turns = record.get("messages")
     turns = list(turns) if turns is not None else []
-    if len(turns) < 2 or QUESTION_MARK not in str(turns[0].get("content", "")):
+    if len(turns) < 2 or QUESTION_MARK not in str(turns[0].get("content", "")) or turns[1].get("role") != "assistant":
         raise ValueError(f"{where}: expected messages [user with {QUESTION_MARK!r} and the question, assistant]")
     question = turns[0]["content"].split(QUESTION_MARK, 1)[1].replace("<answer>", "").replace("</answer>", "").strip()
-    out = [{"role": "system", "content": RETOOL_SYSTEM}, {"role": "user", "content": question + ANSWER_FORMAT}]
+    # the question as ReTool-SFT states it (with its own answer instruction, tags dropped, as verl's preprocessing
+    # keeps it): the RL prompt's DAPO template and ANSWER_FORMAT are not added, the traces answer to this text
+    out = [{"role": "system", "content": RETOOL_SYSTEM}, {"role": "user", "content": question}]
     rest = str(turns[1]["content"])
     while rest.strip():
         code = _between(rest, "<code>", "</code>", where)

@@ -15,10 +15,10 @@ names; ``python recipes/sft/data.py --help`` lists the datasets).
                 form (``<|im_start|>think`` ... ``<|im_start|>answer`` ...) -> s1k/train.parquet; AIME 2024 for
                 validation (../shared/data beside the checkout, else the hub) -> s1k/aime24.parquet
   retool_sft    ReTool's cold start (Feng et al. 2025, arXiv:2504.11536): ReTool-SFT's code-interleaved traces (the
-                hub's JoeYing/ReTool-SFT, or --src retool_sft=FILE: a .parquet / .jsonl of its ``messages``) as the
-                conversations the agent recipe's ReTool run produces -- its system prompt listing the
-                code_interpreter, the answer format, the code as tool calls, the interpreter's output as tool turns
-                (masked) -> retool_sft/train.parquet; AIME 2024 with the same prompt -> retool_sft/aime24.parquet
+                hub's JoeYing/ReTool-SFT, or --src retool_sft=FILE: a .parquet / .jsonl of its ``messages``) in the
+                form the agent recipe's ReTool run produces -- its system prompt listing the code_interpreter, the
+                code as tool calls, the interpreter's output as tool turns (masked) -> retool_sft/train.parquet;
+                AIME 2024 with the RL run's prompt -> retool_sft/aime24.parquet
 """
 
 from __future__ import annotations
@@ -92,9 +92,9 @@ def write_s1k(out: str | Path, src: str | None) -> dict[str, Path]:
 
 
 def retool_rows(records: list[dict], where: str) -> list[dict]:
-    """ReTool-SFT's records as SFT rows: each its conversation as the RL stage's agent loop produces it
-    (``core.data.retool.sft_messages``: ReTool's system prompt and answer format, code_interpreter calls, the
-    interpreter's outputs as tool turns), its prompt the first two turns. ``data_source`` names a registered rule
+    """ReTool-SFT's records as SFT rows: each its conversation in the form the RL stage's agent loop produces
+    (``core.data.retool.sft_messages``: ReTool's system prompt, code_interpreter calls, the interpreter's outputs as
+    tool turns), its prompt the first two turns. ``data_source`` names a registered rule
     (``math``) so a run's checks pass; an SFT row is never scored."""
     rows = []
     for i, rec in enumerate(records):

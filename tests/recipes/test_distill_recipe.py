@@ -47,5 +47,5 @@ def test_the_full_scale_run_plans_and_fits(capsys):
 def test_cpu_tier_reproduces_expected_yaml(tmp_path):
     """The real CPU tier (9 min 9 s on 2 cores with bf16): GRPO makes the teacher, then 20 distillation
     steps."""
-    reproduce(RECIPE, EXPECTED["cpu"], tmp_path / "run", "recipes/distill cpu tier", TEACHER=str(tmp_path / "teacher" / "hf"))
+    reproduce(RECIPE, EXPECTED["cpu"], tmp_path / "run", "recipes/distill cpu tier", TEACHER_RUN=str(tmp_path / "teacher"))
     assert (tmp_path / "teacher" / "hf" / "config.json").is_file() and (tmp_path / "run" / "curves.png").is_file()

@@ -1,5 +1,5 @@
 """ReTool's cold-start data (core.data.retool, recipes/sft's retool_sft): a ReTool-SFT record in the hub's form becomes
-the conversation the agent recipe's ReTool run produces -- its system prompt and answer format, code as
+a conversation in the form the agent recipe's ReTool run produces -- its system prompt listing the tool, code as
 code_interpreter calls, the interpreter's output as tool turns, the answer last -- and a malformed record is named."""
 
 import json
@@ -28,7 +28,7 @@ def call(code: str) -> list[dict]:
 def test_a_record_becomes_the_rl_stages_conversation():
     assert sft_messages(RECORD, "r") == [
         {"role": "system", "content": RETOOL_SYSTEM},
-        {"role": "user", "content": "What is 6 x 7?" + ANSWER_FORMAT},
+        {"role": "user", "content": "What is 6 x 7?"},
         {"role": "assistant", "content": "I will compute it.", "tool_calls": call("print(6 * 7)")},
         {"role": "tool", "content": "42"},
         {"role": "assistant", "content": "Check once more.", "tool_calls": call("print(42 // 6)")},

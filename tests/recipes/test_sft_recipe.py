@@ -81,3 +81,35 @@ def test_cpu_tier_reproduces_expected_yaml(tmp_path):
     """The real CPU tier (about 5 minutes on 2 cores with bf16): SFT of SmolLM2-135M-Instruct on 512 traces."""
     reproduce(RECIPE, EXPECTED["cpu"], tmp_path, "recipes/sft cpu tier")
     assert (tmp_path / "curves.png").is_file()
+
+
+def test_a_resumed_sft_run_continues_with_the_uninterrupted_runs_losses(tmp_path):
+    """``hybridrl train sft`` on a tiny model (local backend, fp32): 4 steps straight, against 2 steps that save and
+    stop and a second run that resumes from that checkpoint: steps 3 and 4 have the same loss to the last digit (the
+    actor, its optimizer, the data position and the RNG all come back)."""
+    from core.cli import main
+    from core.models import tiny_random_model
+    from core.report import read_metrics
+    from core.scaffold import tiny_data, tiny_overrides
+
+    model = tiny_random_model(tmp_path / "model")
+    tiny_data(tmp_path, conversations=True)
+
+    def run(out: str, steps: int, save: int) -> dict[int, float]:
+        args = [a for a in tiny_overrides(tmp_path, model) if not a.startswith(("++trainer.output_dir",
+                                                                                 "++trainer.total_steps",
+                                                                                 "++trainer.save_freq"))]
+        assert main(["train", "sft", *args, f"++trainer.output_dir={tmp_path / out}",
+                     f"++trainer.total_steps={steps}", f"++trainer.save_freq={save}"]) == 0
+        return {m["step"]: m["sft/nll_loss"] for m in read_metrics(tmp_path / out / "metrics.jsonl")
+                if "sft/nll_loss" in m}
+
+    straight = run("straight", 4, 0)
+    first = run("resumed", 2, 2)
+    resumed = run("resumed", 4, 2)  # resume_mode auto: from step 2's checkpoint
+    assert sorted(first) == [1, 2] and sorted(resumed) == [1, 2, 3, 4]
+    # it resumed (a fresh run would have moved the first run's metrics.jsonl aside and started from step 1)
+    assert (tmp_path / "resumed" / "checkpoints" / "step_000002").is_dir()
+    assert not list((tmp_path / "resumed").glob("metrics.*.jsonl"))
+    assert [resumed[s] for s in (3, 4)] == [straight[s] for s in (3, 4)], (straight, resumed)
+    assert [first[s] for s in (1, 2)] == [straight[s] for s in (1, 2)]

@@ -99,15 +99,16 @@ def test_a_step_that_outlasts_the_deadline_is_abandoned_and_the_run_exits_at_onc
     """A reward that takes 30 s a call: SIGTERM during the step, trainer.preempt_deadline_s=1 -- the run exits 75
     within seconds, without a new checkpoint, saying where a rerun resumes (here: nowhere yet)."""
     conf = write_run(tmp_path, tiny_model_dir, total_steps=6, save_freq=0)
-    (tmp_path / "reward.py").write_text("import time\n\ndef compute_score(data_source, solution_str, ground_truth, "
-                                        "extra_info=None):\n    time.sleep(30)\n    return 0.0\n")
+    inside = tmp_path / "in_reward"  # the reward marks its first call: the signal lands inside step 1's reward
+    (tmp_path / "reward.py").write_text(f"import pathlib, time\n\ndef compute_score(data_source, solution_str, "
+                                        f"ground_truth, extra_info=None):\n    pathlib.Path({str(inside)!r}).touch()\n"
+                                        "    time.sleep(30)\n    return 0.0\n")
     out = tmp_path / "slow"
     run = start(conf, out, "trainer.preempt_deadline_s=1", "algo.reward_timeout_s=60")
-    deadline = time.time() + 120
-    while not (out / "config.json").exists():  # written as the run loads its inputs
-        assert run.poll() is None and time.time() < deadline
+    deadline = time.time() + 300  # a first run on a fresh checkout loads slowly: wait for the reward, not a guess
+    while not inside.exists():
+        assert run.poll() is None and time.time() < deadline, run.stderr.read()[-2000:] if run.poll() else ""
         time.sleep(0.05)
-    time.sleep(3)  # Ray-free local run: inside step 1's reward by now
     sent = time.time()
     run.send_signal(signal.SIGTERM)
     assert run.wait(timeout=60) == EXIT_PREEMPTED

@@ -6,6 +6,8 @@
 #        print the placement and per-GPU / per-node memory plan; no GPU needed; exit 1 (with the numbers) when it
 #        does not fit, e.g.: bash recipes/vapo/run_qwen32b.sh --dry-run trainer.nnodes=1
 #   bash recipes/vapo/run_qwen32b.sh [overrides]             the run, from the Ray head node of a started cluster
+#   MODEL=<folder> bash recipes/vapo/run_qwen32b.sh            the policy from a cold-start SFT checkpoint, exported
+#        (recipes/sft, then hybridrl export <its checkpoints/latest> <folder>); the value model stays critic.model
 #
 # Ray multi-node (README "Multi-node"), on every machine with this repository at the same path:
 #   head:     ray start --head --port=6379 --num-gpus=8
@@ -27,6 +29,7 @@ cd "$root"
 [ -n "${PY:-}" ] || { PY="$root/.venv/bin/python"; [ -x "$PY" ] || PY=python3; }
 dry=0
 args=()
+[ -n "${MODEL:-}" ] && args+=("actor.model=$MODEL" "rollout.model=$MODEL")
 for a in "$@"; do
   if [ "$a" = --dry-run ]; then dry=1; else args+=("$a"); fi
 done

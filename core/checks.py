@@ -306,20 +306,21 @@ def tokenizer_problem(cfg: "RunConfig") -> str:
     checked)."""
     readers = [("critic.model", cfg.critic.model if cfg.use_critic else "", "the critic reads the actor's token ids"),
                ("teacher.model", cfg.teacher.model, "the teacher scores the student's token ids")]
+    actor = None  # the actor's tokenizer, read once, when a role needs it
     for key, model, why in readers:
         if not model or model == cfg.actor.model:
             continue
-        theirs_tok, actor = _local_tokenizer(model), _local_tokenizer(cfg.actor.model)
-        if theirs_tok is None or actor is None:
+        role, actor = _local_tokenizer(model), actor or _local_tokenizer(cfg.actor.model)
+        if role is None or actor is None:
             continue
-        ids = [(text, theirs_tok.encode(text, add_special_tokens=False), actor.encode(text, add_special_tokens=False))
+        ids = [(text, role.encode(text, add_special_tokens=False), actor.encode(text, add_special_tokens=False))
                for text in TOKENIZER_PROBES]
         differ = [probe for probe in ids if probe[1] != probe[2]]
-        if len(theirs_tok) == len(actor) and not differ:
+        if len(role) == len(actor) and not differ:
             continue
-        text, mine, theirs = (differ or ids)[0]
+        text, role_ids, actor_ids = (differ or ids)[0]
         return (f"{key}={model}: its tokenizer differs from actor.model={cfg.actor.model}'s (vocab "
-                f"{len(theirs_tok)} vs {len(actor)}; {text!r} -> {_ids(mine)} vs {_ids(theirs)}); {why}, so use a "
+                f"{len(role)} vs {len(actor)}; {text!r} -> {_ids(role_ids)} vs {_ids(actor_ids)}); {why}, so use a "
                 "model of the same tokenizer family")
     return ""
 

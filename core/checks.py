@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from core import determinism
 from core.algos import ADVANTAGES, AGGREGATIONS, KL_KINDS, POLICY_LOSSES
 from core.algos.advantages import BASELINE_ESTIMATORS, VALUE_ESTIMATORS
 from core.algos.losses import FIXED_AGGREGATION, REWARD_MODEL_LOSSES
@@ -129,6 +130,7 @@ def problems(cfg: "RunConfig") -> list[str]:
     if cfg.trainer.async_.mode == "streaming":
         out += _streaming_problems(cfg)
     out += _agent_problems(cfg) + _megatron_problems(cfg) + _implicit_prm_problems(cfg) + teacher_problems(cfg)
+    out += determinism.problems(cfg)
     return out
 
 

@@ -87,6 +87,9 @@ METRICS: list[tuple[str, str, list[tuple[str, str, str]]]] = [
          "its coefficient (the adaptive controller's current value)"),
         ('actor/moe/<name>', 'mixture-of-experts models',
          'router load statistics'),
+        ('actor/weights_sha256', '`trainer.deterministic`',
+         ("sha256 of the actor's full weights after the step (a string): two runs that repeat bit for bit log the "
+          'same digest at every step; the first step where they differ is where a change begins')),
         ('critic/vf_loss', 'with a critic',
          'the clipped value loss'),
         ('critic/vf_clipfrac', 'with a critic',

@@ -18,6 +18,7 @@ from typing import Callable
 
 from tqdm import tqdm
 
+from core import determinism
 from core.checks import check_data_sources, check_files, check_inputs, check_run
 from core.config import ConfigError, RunConfig, reads
 from core.data.prompt_stream import PromptStream
@@ -33,6 +34,7 @@ from core.checkpoint import checkpoint_dir, find as find_checkpoint
 from core.preemption import Preempted, PreemptionWatch
 from core.run_state import RunStopped, check_shared_output, resume, save, stopped_message
 from core.tools import isolation
+from core.train.policy import PolicyWorker
 from core.tracking import MetricsLog, make_trackers
 from core.worker_group import WorkerError, init_ray
 
@@ -93,6 +95,8 @@ def _fit(cfg: RunConfig, step_fn: Callable | None, given: reads.Given | None, si
                 metrics = {"step": i + 1, **metrics}
                 if isinstance(roles.rollout, RolloutReplicas):
                     metrics |= roles.rollout.metrics()
+                if t.deterministic:  # the step's weights, to compare runs step by step
+                    metrics[determinism.DIGEST_KEY] = roles.actor.call_all(PolicyWorker.weights_sha256)[0]
                 if val_prompts is not None and due(i + 1, t.test_freq, t.total_steps):
                     metrics |= held_out(cfg, roles, val_prompts, reward_fn, out, i + 1)
                 log.record(metrics)  # written before a stop below: nothing of the step is lost
@@ -257,9 +261,12 @@ def start_roles(cfg: RunConfig, trackers: list, sizes: str | None = None) -> tup
     print("effective sizes:\n" + (sizes or effective_sizes(cfg, dp_size(cfg))), flush=True)
     placement = None
     try:
+        if cfg.trainer.backend == "local":  # the roles run in this process, which reads the switch now
+            os.environ.update(determinism.worker_env(cfg.trainer.deterministic))
         if cfg.trainer.backend == "ray":
             env = dict(cfg.trainer.runtime_env)  # every worker runs tools with the run's isolation
-            env["env_vars"] = {**env.get("env_vars", {}), isolation.ENV: cfg.tools.isolation}
+            env["env_vars"] = {**env.get("env_vars", {}), isolation.ENV: cfg.tools.isolation,
+                               **determinism.worker_env(cfg.trainer.deterministic)}
             init_ray(cfg.trainer.ray_address, env)
         placement = place(cfg.placement, role_specs(cfg), cfg.trainer.backend, cfg.trainer.call_timeout_s,
                           cfg.trainer.node_loss_timeout_s)

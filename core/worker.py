@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from core import determinism
 from core.config import reads
 from core.memory import keep_freed_memory
 from core.preemption import ignore_sigterm_in_worker
@@ -134,6 +135,7 @@ class WorkerHost:
         if own_process:  # a Ray worker: a scheduler's SIGTERM is the driver's to act on (core.preemption)
             ignore_sigterm_in_worker()
         _quiet_progress_bars()  # their output reaches the driver: keep warnings, drop each rank's loading bars
+        determinism.enable_if_asked()  # trainer.deterministic: its environment came with the process
         if num_threads:
             torch.set_num_threads(num_threads)
         if device == "cuda":

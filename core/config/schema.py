@@ -150,6 +150,10 @@ class TrainerConfig:
     # after a collective breaks (a peer gone), wait up to this long for Ray to name the lost worker or node before
     # reporting the broken call itself
     node_loss_timeout_s: PositiveFloat = 60.0
+    # repeat the run bit for bit on the same machine kind: deterministic kernels in every worker, configurations
+    # whose numbers depend on timing refused, and the actor's weights hashed after every step (actor/weights_sha256;
+    # one full gather a step) so two runs compare step by step (core/determinism.py)
+    deterministic: bool = False
 
     def __post_init__(self):
         check_fields(self)

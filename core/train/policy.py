@@ -22,6 +22,7 @@ from core.algos import POLICY_LOSSES, LossNorm, entropy_bonus, positive_nll_loss
 from core.algos.kl import kl_loss
 from core.algos.ops import masked_mean
 from core.checkpoint import answer_probe
+from core.determinism import weights_sha256
 from core.config import ActorConfig
 from core.train.micro_batches import (equalise_passes, global_counts, length_order, micro_batches, reshuffle_seed,
                                        restore_order)
@@ -297,6 +298,11 @@ class PolicyWorker:
         """Collective: every rank gathers these full parameters; rank 0 returns them on CPU (cast to ``dtype``, the
         receiving engine's, to halve the bytes that travel), the others None. For a rollout on another pool."""
         raise NotImplementedError
+
+    def weights_sha256(self) -> str:
+        """Collective: the digest of the full weights (``core.determinism.weights_sha256`` over ``weight_buckets``),
+        the same on every rank; equal digests, equal weights bit for bit."""
+        return weights_sha256(self.weight_buckets())
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """All full parameters on CPU in HF names (tests and export; a whole-model copy, unlike ``weight_buckets``)."""

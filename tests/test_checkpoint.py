@@ -67,7 +67,7 @@ def test_resume_from_a_path_that_is_no_checkpoint_names_it(tmp_path):
 
 # ----------------------------------------------------------------------------------------------- real runs
 def write_run(tmp_path: Path, model_dir: Path, total_steps: int, save_freq: int, critic: bool = False,
-              backend: str = "local") -> Path:
+              backend: str = "local", deterministic: bool = False) -> Path:
     rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"{a} + {a}?"}],
              "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(2 * a)},
              "extra_info": {"index": a}} for a in range(12)]
@@ -79,7 +79,8 @@ def write_run(tmp_path: Path, model_dir: Path, total_steps: int, save_freq: int,
     (tmp_path / "reward.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                                         "    return sum(map(ord, solution_str)) % 7 / 7\n")
     (conf / "config.yaml").write_text(f"""
-trainer: {{backend: {backend}, total_steps: {total_steps}, save_freq: {save_freq}, save_keep: 2, output_dir: set-per-run}}
+trainer: {{backend: {backend}, total_steps: {total_steps}, save_freq: {save_freq}, save_keep: 2, output_dir: set-per-run,
+          deterministic: {str(deterministic).lower()}}}
 data: {{train_files: ["{tmp_path / 'train.parquet'}"], prompts_per_step: 2}}
 actor: {{model: "{model_dir}", dtype: float32, ppo_mini_batch_size: 4, micro_batch_size: 2, kl_loss_coef: 0.01,
         optim: {{lr: 0.01, warmup_steps: 2}}}}
@@ -131,7 +132,9 @@ def steady(rows: list[dict]) -> dict[int, dict]:
 def test_a_run_killed_between_saves_resumes_to_the_uninterrupted_metrics(tmp_path, tiny_model_dir, critic, backend):
     """World size 1 in one process, and FSDP2 world size 2 on two Ray workers (each rank's RNG, shards and optimizer
     state in the checkpoint; the driver, Ray and its workers killed together)."""
-    conf = write_run(tmp_path, tiny_model_dir, total_steps=6, save_freq=3, critic=critic, backend=backend)
+    # deterministic: the metrics compared below include the actor's weights digest after every step
+    conf = write_run(tmp_path, tiny_model_dir, total_steps=6, save_freq=3, critic=critic, backend=backend,
+                     deterministic=True)
     whole = train(conf, tmp_path / "whole")
     assert whole.wait(timeout=300) == 0, whole.stderr.read()[-3000:]
     # the same run, killed once step 4 is logged: it is inside step 5, between the saves after steps 3 and 6
@@ -150,6 +153,7 @@ def test_a_run_killed_between_saves_resumes_to_the_uninterrupted_metrics(tmp_pat
     for s in (4, 5, 6):
         assert got[s] == want[s], (s, {k: (got[s].get(k), want[s].get(k)) for k in want[s] if got[s].get(k) != want[s][k]})
     assert want[6]["reward/std"] > 0 and want[4]["actor/grad_norm"] > 0  # the steps did learn something
+    assert len({want[s]["actor/weights_sha256"] for s in (4, 5, 6)}) == 3  # compared above: the weights themselves
     assert ("critic/vf_loss" in want[4]) == critic and (not critic or (out / "checkpoints/step_000006/critic").is_dir())
     if critic:  # the adaptive KL-in-reward coefficient moved, and resumed from the checkpoint's value
         assert want[4]["actor/reward_kl_penalty_coeff"] != want[6]["actor/reward_kl_penalty_coeff"]

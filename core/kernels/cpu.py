@@ -26,7 +26,9 @@ without AVX-512, the path an AVX2-only CPU takes, testable on an AVX-512 machine
 
 Each kernel's contract, per path (``isa()``; tests/kernels/test_cpu_kernels.py asserts the one this build takes):
 - ``decode_attention``: bf16, within 2e-3 + 0.8% of an fp32 reference (bf16 output rounding); fp32, within 1e-5;
-  masked keys weigh exactly 0.
+  masked keys weigh exactly 0, and a query's output is the same bits whatever masked keys lie before or after its
+  own (its sums start at its first live key, a partial last chunk padded): with the row-wise packed linears, norms
+  and sampling, a sequence decodes alike beside any batch neighbours (tests/rollout/test_rollout.py).
 - ``rms_norm``: Llama's rounding steps. bf16: bit-identical to LlamaRMSNorm on the AVX-512 path; the other paths
   sum the squares in 16 partial sums in another order than torch does, so an output may differ by one bf16 ulp
   (at most 1 in 1,000 in the tests). fp32: within 2 fp32 ulps (the mean's last bits).

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from core.config import RolloutConfig, SamplingParams
+from core.rollout import packed
 from core.rollout.engine import RolloutEngine
 from core.rollout.sampling import filter_logits
 from core.models import load_causal_lm, load_tokenizer
@@ -223,3 +224,20 @@ def test_the_additive_mask_stays_on_the_boolean_masks_device():
     assert _additive(allowed.to("meta"), torch.bfloat16).device.type == "meta"
     out = _additive(allowed, torch.float32)
     assert out.tolist() == [[0.0, torch.finfo(torch.float32).min]]
+
+
+@pytest.mark.skipif(not packed.kernel_usable(torch.float32),
+                    reason="batch invariance rests on our CPU kernels (HYBRIDRL_CPU_KERNELS=0 or not built: torch's "
+                           "matmuls and SDPA block by the batch's shape)")
+@pytest.mark.parametrize("slots", [8, 3])
+def test_a_sequence_samples_alike_whatever_its_batch_neighbours(engine, slots):
+    """fp32 on our kernels: a sequence's tokens and log-probs bit for bit the same alone and beside longer and shorter
+    prompts (other cache lengths, padding and batch rows around it), with room for all or through 3 slots: each row's
+    linears, norms, attention (its keys summed from its own first) and sampling see only that row."""
+    a, others = ids_of(engine, ["a longer prompt here"]), ids_of(engine, ["xyz 123, abc, and more words", "hi"])
+    p = SamplingParams(n=2, temperature=1.0, max_new_tokens=12)
+    small = RolloutEngine(engine.model, engine.tokenizer, max_batch_size=slots)
+    alone = small.generate(a, p, seeds=[11, 12])
+    beside = small.generate([others[0], a[0], others[1]], p, seeds=[1, 2, 11, 12, 3, 4])
+    for key in ("responses", "response_mask", "rollout_logprobs"):
+        assert torch.equal(alone[key], beside[key][2:4, :alone[key].shape[1]]), key

@@ -45,15 +45,19 @@ inline void softmax_rows(float* s, int64_t G, int64_t T) {
       continue;
     }
     const __m512 mxv = _mm512_set1_ps(row_max);
+    // summed 16 lanes wide from the first live key (the tail masked, exactly 0): a query's weights do not depend on
+    // how many masked keys lie before or after its own (its batch neighbours' lengths)
+    int64_t t0 = 0;
+    while (sg[t0] == -INFINITY) sg[t0++] = 0.f;
     __m512 sum = _mm512_setzero_ps();
-    for (int64_t t = 0; t < T; t += 16) {
+    for (int64_t t = t0; t < T; t += 16) {
       __mmask16 km = T - t >= 16 ? 0xffff : (__mmask16)((1u << (T - t)) - 1);
       __m512 e = _mm512_maskz_mov_ps(km, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(km, sg + t), mxv)));
       _mm512_mask_storeu_ps(sg + t, km, e);
       sum = _mm512_add_ps(sum, e);
     }
     const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sum));
-    for (int64_t t = 0; t < T; t += 16) {
+    for (int64_t t = t0; t < T; t += 16) {
       __mmask16 km = T - t >= 16 ? 0xffff : (__mmask16)((1u << (T - t)) - 1);
       _mm512_mask_storeu_ps(sg + t, km, _mm512_mul_ps(_mm512_maskz_loadu_ps(km, sg + t), inv));
     }
@@ -68,26 +72,31 @@ void attend_avx512(const uint16_t* q, int64_t qs_head, const uint16_t* k, int64_
                    const uint16_t* next_k) {
   constexpr int D = 32 * C32, C = 2 * C32;
   const __m512 scv = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY), masked = _mm512_set1_ps(MASKED);
+  // 16 keys a chunk from the first live one, the last chunk padded: each key's score takes the same lane of the same
+  // reduction whatever masked keys lie before or after (a query scores alike in any batch)
+  int64_t t0 = 0;
+  while (t0 < T && m[t0] < MASKED) ++t0;
   for (int64_t g = 0; g < G; ++g) {
     Dot<C32> dot;
     dot.load(q + g * qs_head);
     float* sg = s + g * T;
-    int64_t t = 0;
-    for (; t + 16 <= T; t += 16) {
-      const __m512 mt = _mm512_loadu_ps(m + t);
-      const __mmask16 dead = _mm512_cmp_ps_mask(mt, masked, _CMP_LT_OQ);
-      if (dead == 0xffff) {  // 16 masked keys (left padding): not read
-        _mm512_storeu_ps(sg + t, ninf);
+    std::fill(sg, sg + t0, -INFINITY);
+    for (int64_t t = t0; t < T; t += 16) {
+      const int64_t n = std::min<int64_t>(16, T - t);
+      const __mmask16 live = n == 16 ? 0xffff : (__mmask16)((1u << n) - 1);
+      const __m512 mt = _mm512_maskz_loadu_ps(live, m + t);
+      const __mmask16 dead = _mm512_cmp_ps_mask(mt, masked, _CMP_LT_OQ) | (__mmask16)~live;
+      if (dead == 0xffff) {  // 16 masked keys (padding): not read
+        _mm512_mask_storeu_ps(sg + t, live, ninf);
         continue;
       }
       if (g == 0)  // the values of these positions are read after the softmax: start fetching them now
-        for (int j = 0; j < 16; ++j)
+        for (int j = 0; j < n; ++j)
           for (int c = 0; c < D; c += 32) _mm_prefetch(reinterpret_cast<const char*>(v + (t + j) * vs_t + c), _MM_HINT_T0);
       __m512 part[16];
-      for (int j = 0; j < 16; ++j) part[j] = dot.partial(k + (t + j) * ks_t);
-      _mm512_storeu_ps(sg + t, _mm512_mask_blend_ps(dead, _mm512_fmadd_ps(reduce16(part), scv, mt), ninf));
+      for (int j = 0; j < 16; ++j) part[j] = j < n ? dot.partial(k + (t + j) * ks_t) : _mm512_setzero_ps();
+      _mm512_mask_storeu_ps(sg + t, live, _mm512_mask_blend_ps(dead, _mm512_fmadd_ps(reduce16(part), scv, mt), ninf));
     }
-    for (; t < T; ++t) sg[t] = m[t] < MASKED ? -INFINITY : _mm512_reduce_add_ps(dot.partial(k + t * ks_t)) * scale + m[t];
   }
   softmax_rows(s, G, T);
   // values: GB heads at a time, so each value row is converted to fp32 once per block, not once per head

@@ -37,16 +37,22 @@ void attend_f32(const float* q, int64_t qs_head, const float* k, int64_t ks_t, c
       std::fill(sg, sg + T, 0.f);
       continue;
     }
-    vf8 sum = vf8{};
+    // the exponentials summed 8 lanes wide from the first live key, the last chunk padded with masked keys (exactly
+    // 0): a query's weights do not depend on how many masked keys the cache holds before or after its own
+    // (its batch neighbours' lengths), so a sequence decodes alike in any batch
     int64_t t = 0;
-    for (; t + 8 <= T; t += 8) {
-      const vf8 e = exp8(vload(sg + t) - mx);
-      vstore(sg + t, e);
+    while (sg[t] == -INFINITY) sg[t++] = 0.f;
+    vf8 sum = vf8{};
+    for (; t < T; t += 8) {
+      float chunk[8];
+      const int64_t n = std::min<int64_t>(8, T - t);
+      for (int64_t j = 0; j < 8; ++j) chunk[j] = j < n ? sg[t + j] : -INFINITY;
+      const vf8 e = exp8(vload(chunk) - mx);
+      vstore(chunk, e);
+      std::copy(chunk, chunk + n, sg + t);
       sum += e;
     }
-    float total = vsum(sum);
-    for (; t < T; ++t) total += (sg[t] = std::exp(sg[t] - mx));
-    const float inv = 1.f / total;
+    const float inv = 1.f / vsum(sum);
     for (t = 0; t < T; ++t) sg[t] *= inv;
   }
   // values: 32 columns at a time for up to 4 heads, the accumulators in registers

@@ -365,18 +365,20 @@ def test_fp32_engine_on_the_kernels_matches_a_teacher_forced_forward(tiny_model_
 @pytest.mark.parametrize("dtype", [bf16, torch.float32])
 @pytest.mark.parametrize("D,T", [(64, 37), (128, 21), (48, 9)])
 def test_a_query_attends_alike_whatever_masked_keys_lie_before_or_after(dtype, D, T):
-    """Batch invariance: a decode query's output is the same bits over its own T keys, over a cache with masked keys
-    after them (a longer neighbour) and with masked keys before them (left padding), so a sequence decodes alike in
-    any batch. Before its sums were anchored at the first live key, every fp32 case here differed by 1-2 ulps (the
+    """Batch invariance: a decode query's output is the same bits over its own T keys and over a cache with masked
+    keys after them (a longer neighbour), before them (left padding) or among them (the gap between a shared prefix
+    and a prompt's rest), so a sequence decodes alike in any batch. Before its sums were anchored at the first live key, every fp32 case here differed by 1-2 ulps (the
     softmax's tail summed apart); the bf16 scores' tail, reduced apart too, was hidden here by the output's rounding."""
     g = torch.Generator().manual_seed(D + T)
     q = torch.randn(2, 6, 1, D, generator=g).to(dtype)
     k, v = torch.randn(2, 3, T, D, generator=g).to(dtype), torch.randn(2, 3, T, D, generator=g).to(dtype)
     own = cpu_kernels.decode_attention(q, k, v, torch.zeros(2, 1, 1, T), scale=D ** -0.5)
-    for before, after in ((0, 11), (5, 0), (3, 30), (17, 2)):
-        pad = lambda x: torch.cat([torch.randn(2, 3, before, D, generator=g).to(dtype), x,
-                                   torch.randn(2, 3, after, D, generator=g).to(dtype)], 2)
-        mask = torch.full((2, 1, 1, before + T + after), float("-inf"))
-        mask[..., before:before + T] = 0
+    for before, gap, after in ((0, 0, 11), (5, 0, 0), (3, 0, 30), (17, 0, 2), (0, 6, 3), (2, 13, 0)):
+        def pad(x):  # masked keys before, after the first 4 keys (a shared prefix's gap), and after
+            rand = lambda n: torch.randn(2, 3, n, D, generator=g).to(dtype)
+            return torch.cat([rand(before), x[:, :, :4], rand(gap), x[:, :, 4:], rand(after)], 2)
+        mask = torch.full((2, 1, 1, before + gap + T + after), float("-inf"))
+        mask[..., before:before + 4] = 0
+        mask[..., before + 4 + gap:before + gap + T] = 0
         got = cpu_kernels.decode_attention(q, pad(k), pad(v), mask, scale=D ** -0.5)
-        assert torch.equal(got, own), (before, after, (got.float() - own.float()).abs().max())
+        assert torch.equal(got, own), (before, gap, after, (got.float() - own.float()).abs().max())

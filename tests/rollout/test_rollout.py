@@ -230,11 +230,14 @@ def test_the_additive_mask_stays_on_the_boolean_masks_device():
                     reason="batch invariance rests on our CPU kernels (HYBRIDRL_CPU_KERNELS=0 or not built: torch's "
                            "matmuls and SDPA block by the batch's shape)")
 @pytest.mark.parametrize("slots", [8, 3])
-def test_a_sequence_samples_alike_whatever_its_batch_neighbours(engine, slots):
+@pytest.mark.parametrize("texts", [["a longer prompt here", "xyz 123, abc, and more words", "hi"], SHARED],
+                         ids=["apart", "shared-prefix"])
+def test_a_sequence_samples_alike_whatever_its_batch_neighbours(engine, slots, texts):
     """fp32 on our kernels: a sequence's tokens and log-probs bit for bit the same alone and beside longer and shorter
-    prompts (other cache lengths, padding and batch rows around it), with room for all or through 3 slots: each row's
-    linears, norms, attention (its keys summed from its own first) and sampling see only that row."""
-    a, others = ids_of(engine, ["a longer prompt here"]), ids_of(engine, ["xyz 123, abc, and more words", "hi"])
+    prompts (other cache lengths, padding, a shared prefix prefilled once with a gap before each prompt's rest, other
+    batch rows), with room for all or through 3 slots: each row's linears, norms, attention (the live keys summed in
+    their order, masked ones skipped) and sampling see only that row."""
+    a, others = ids_of(engine, texts[:1]), ids_of(engine, texts[1:])
     p = SamplingParams(n=2, temperature=1.0, max_new_tokens=12)
     small = RolloutEngine(engine.model, engine.tokenizer, max_batch_size=slots)
     alone = small.generate(a, p, seeds=[11, 12])

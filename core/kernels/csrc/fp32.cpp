@@ -37,23 +37,32 @@ void attend_f32(const float* q, int64_t qs_head, const float* k, int64_t ks_t, c
       std::fill(sg, sg + T, 0.f);
       continue;
     }
-    // the exponentials summed 8 lanes wide from the first live key, the last chunk padded with masked keys (exactly
-    // 0): a query's weights do not depend on how many masked keys the cache holds before or after its own
-    // (its batch neighbours' lengths), so a sequence decodes alike in any batch
-    int64_t t = 0;
-    while (sg[t] == -INFINITY) sg[t++] = 0.f;
+    // the live keys' exponentials summed 8 lanes wide in their order, masked keys skipped wherever they lie (left
+    // padding, the gap after a shared prefix, a longer neighbour's tail): a query's weights do not depend on its
+    // batch neighbours, so a sequence decodes alike in any batch
     vf8 sum = vf8{};
-    for (; t < T; t += 8) {
-      float chunk[8];
-      const int64_t n = std::min<int64_t>(8, T - t);
-      for (int64_t j = 0; j < 8; ++j) chunk[j] = j < n ? sg[t + j] : -INFINITY;
-      const vf8 e = exp8(vload(chunk) - mx);
-      vstore(chunk, e);
-      std::copy(chunk, chunk + n, sg + t);
-      sum += e;
+    float chunk[8];
+    int64_t at[8], n = 0;
+    for (int64_t t = 0; t <= T; ++t) {
+      if (t < T && sg[t] == -INFINITY) {
+        sg[t] = 0.f;
+        continue;
+      }
+      if (t < T) {
+        at[n] = t;
+        chunk[n++] = sg[t];
+      }
+      if (n == 8 || (t == T && n > 0)) {
+        for (int64_t j = n; j < 8; ++j) chunk[j] = -INFINITY;  // exactly 0 after exp8
+        const vf8 e = exp8(vload(chunk) - mx);
+        vstore(chunk, e);
+        for (int64_t j = 0; j < n; ++j) sg[at[j]] = chunk[j];
+        sum += e;
+        n = 0;
+      }
     }
     const float inv = 1.f / vsum(sum);
-    for (t = 0; t < T; ++t) sg[t] *= inv;
+    for (int64_t t = 0; t < T; ++t) sg[t] *= inv;
   }
   // values: 32 columns at a time for up to 4 heads, the accumulators in registers
   for (int64_t c0 = 0; c0 < D; c0 += 32) {

@@ -130,8 +130,29 @@ def problems(cfg: "RunConfig") -> list[str]:
     if cfg.trainer.async_.mode == "streaming":
         out += _streaming_problems(cfg)
     out += _agent_problems(cfg) + _megatron_problems(cfg) + _implicit_prm_problems(cfg) + teacher_problems(cfg)
-    out += determinism.problems(cfg)
+    out += determinism.problems(cfg) + _exact_problems(cfg)
     return out
+
+
+def _exact_problems(cfg: "RunConfig") -> list[str]:
+    """``rollout.exact_logprobs``: what the actor's forward on the engine's CPU kernels covers (core/train/exact.py)."""
+    if not cfg.rollout.exact_logprobs:
+        return []
+    a, s, why = cfg.actor, cfg.algo.sampling, "rollout.exact_logprobs=true runs the actor's forward on the embedded "
+    pools = {role: cfg.placement.pools[cfg.placement.roles[role]].device for role in ("actor", "rollout")
+             if role in cfg.placement.roles and cfg.placement.roles[role] in cfg.placement.pools}
+    wants = [(cfg.rollout.backend != "embedded", f"rollout.backend={cfg.rollout.backend}", "rollout.backend=embedded"),
+             (any(d != "cpu" for d in pools.values()), f"pool devices {pools}", "CPU pools for actor and rollout"),
+             ((a.dtype, cfg.rollout.dtype) != ("float32", "float32"),
+              f"actor.dtype={a.dtype}, rollout.dtype={cfg.rollout.dtype}", "actor.dtype=float32 rollout.dtype=float32"),
+             (a.strategy != "fsdp" or a.ulysses_sp != 1 or a.lora.rank > 0,
+              f"actor.strategy={a.strategy}, ulysses_sp={a.ulysses_sp}, lora.rank={a.lora.rank}",
+              "the FSDP actor without Ulysses or LoRA"),
+             (s.temperature <= 0 or s.top_p < 1.0 or s.top_k > 0,
+              f"algo.sampling temperature={s.temperature}, top_p={s.top_p}, top_k={s.top_k}",
+              "temperature sampling without top-k / top-p"),
+             (cfg.rollout.agent.enable, "rollout.agent.enable=true", "single-turn rollouts")]
+    return [f"{why}engine's CPU kernels, which need {need}; got {got}" for bad, got, need in wants if bad]
 
 
 def _streaming_problems(cfg: "RunConfig") -> list[str]:

@@ -45,14 +45,16 @@ def prm_actor_config(cfg: RunConfig) -> ActorConfig:
                        offload=p.offload, seed=p.seed)
 
 
-def policy_spec(actor: ActorConfig) -> RoleSpec:
+def policy_spec(actor: ActorConfig, exact: bool = False) -> RoleSpec:
     """The actor's (or the reference's) role on its training engine; a Megatron model replica's tp x pp ranks, or
-    a Ulysses group's ulysses_sp ranks, share one chunk of rows."""
+    a Ulysses group's ulysses_sp ranks, share one chunk of rows. ``exact``: its forward on the rollout engine's
+    kernels (``rollout.exact_logprobs``)."""
     if actor.strategy == "megatron":
         from core.train.megatron_actor import MegatronActor
 
         return RoleSpec(MegatronActor, {"cfg": actor}, mp_size=actor.megatron.tp * actor.megatron.pp)
-    return RoleSpec(FSDPActor, {"cfg": actor}, mp_size=actor.ulysses_sp)  # a sequence-parallel group shares rows
+    kwargs = {"cfg": actor, "exact": True} if exact else {"cfg": actor}
+    return RoleSpec(FSDPActor, kwargs, mp_size=actor.ulysses_sp)  # a sequence-parallel group shares rows
 
 
 def critic_spec(critic: CriticConfig) -> RoleSpec:
@@ -66,7 +68,7 @@ def critic_spec(critic: CriticConfig) -> RoleSpec:
 
 def role_specs(cfg: RunConfig) -> dict[str, RoleSpec]:
     """The worker class and arguments of every role the run has."""
-    specs = {"actor": policy_spec(cfg.actor),
+    specs = {"actor": policy_spec(cfg.actor, exact=cfg.rollout.exact_logprobs),
              # a tensor-parallel engine's replica spans tensor_parallel_size ranks: they share one chunk of prompts
              "rollout": RoleSpec(RolloutWorker, {"cfg": cfg.rollout,
                                                  "max_response_length": max(cfg.algo.sampling.max_new_tokens,

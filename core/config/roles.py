@@ -341,6 +341,10 @@ class RolloutConfig:
     # embedded engine on a GPU: decode steps replayed as CUDA graphs, one per batch-size bucket
     # (core/rollout/decode_graphs.py); false = eager steps. No effect on CPU
     cuda_graphs: bool = True
+    # the actor's forward on the embedded engine's own CPU kernels (core/train/exact.py): its log-probs of the
+    # engine's samples equal rollout_logprobs bit for bit (the rollout/logprob_diff metrics read 0), so
+    # algo.bypass_mode skips the old-log-prob pass exactly. CPU, fp32, temperature sampling without top-k / top-p
+    exact_logprobs: bool = False
     # multi-turn tool-calling rollouts (off: one response per sample, as generated)
     agent: AgentConfig = field(default_factory=AgentConfig)
 

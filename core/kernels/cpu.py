@@ -36,7 +36,8 @@ Each kernel's contract, per path (``isa()``; tests/kernels/test_cpu_kernels.py a
   contraction, ``-ffp-contract=off``); ``write_decode``: exact copies.
 - ``silu_mul``: within one bf16 ulp (bf16) or 1e-6 relative (fp32) of torch's silu(gate) * up (its own exp).
 - ``sample_rows``: the inverse CDF of the tempered softmax (the same token as a float64 reference), log-prob
-  within 1e-5, on every path.
+  within 1e-5, on every path. ``token_logprobs``: the log-prob of given tokens by the same arithmetic, so the same
+  bits for the drawn ones (the trainer's exact forward, ``core.train.exact``).
 - ``train_attention_fwd`` / ``_bwd`` (the bf16 training passes' attention, ``core.train.train_attention``):
   AVX512-BF16 only; mean error to the fp32 attention of the same bf16 inputs at most 1.3x SDPA's bf16 one, values
   and gradients; masked keys weigh exactly 0 and get no gradient.

@@ -19,6 +19,7 @@ import torch
 
 from core.config import ActorConfig
 from core.train import lora
+from core.train.exact import available as exact_unavailable, response_logprobs_exact
 from core.train.forward import response_logprobs
 from core.train.moe import RouterStats
 from core.train.policy import PolicyWorker, bucket_names
@@ -42,10 +43,14 @@ def full_tensor(p: torch.Tensor) -> torch.Tensor:
 class FSDPActor(FSDPEngine, PolicyWorker):
     """A policy on FSDP2: log-probs for any batch; PPO-style updates when trainable (``core.train.policy``)."""
 
-    def __init__(self, ctx: WorkerContext, cfg: ActorConfig):
+    def __init__(self, ctx: WorkerContext, cfg: ActorConfig, exact: bool = False):
+        """``exact``: the forward on the rollout engine's CPU kernels (``core.train.exact``,
+        ``rollout.exact_logprobs``)."""
         from core.models import resolve_dtype
 
-        self.ctx, self.cfg = ctx, cfg
+        if exact and (why := exact_unavailable()):
+            raise RuntimeError(f"rank {ctx.rank}: rollout.exact_logprobs cannot run here: {why}")
+        self.ctx, self.cfg, self.exact = ctx, cfg, exact
         torch.manual_seed(cfg.seed)
         self.compute_dtype = resolve_dtype(cfg.dtype, ctx.device)
         self.model = load_sharded_causal_lm(cfg.model, ctx, self.compute_dtype, cfg.offload, "actor",
@@ -67,6 +72,8 @@ class FSDPActor(FSDPEngine, PolicyWorker):
 
     # ------------------------------------------------------------------------------------ engine hooks
     def _forward(self, mb: Batch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.exact:
+            return response_logprobs_exact(self.model, mb, self.cfg.temperature, with_entropy)
         if self.sp is not None:
             return sp_logprobs(self.model, mb, self.sp, self.cfg.temperature, with_entropy)
         return response_logprobs(self.model, mb, self.cfg.temperature, with_entropy, self.cfg.remove_padding,

@@ -382,3 +382,16 @@ def test_a_query_attends_alike_whatever_masked_keys_lie_before_or_after(dtype, D
         mask[..., before + 4 + gap:before + gap + T] = 0
         got = cpu_kernels.decode_attention(q, pad(k), pad(v), mask, scale=D ** -0.5)
         assert torch.equal(got, own), (before, gap, after, (got.float() - own.float()).abs().max())
+
+
+@pytest.mark.parametrize("dtype,V", [(bf16, 49152), (torch.float32, 1000), (torch.float32, 37)])
+def test_token_logprobs_are_the_samplers_log_probs_bit_for_bit(dtype, V):
+    """The trainer's exact log-softmax (``core.train.exact``) shares ``sample_rows``' arithmetic: the same bits for
+    the drawn tokens, within 1e-5 of torch's log_softmax for any token."""
+    g = torch.Generator().manual_seed(V)
+    x = (torch.randn(9, V, generator=g) * 3).to(dtype)
+    tok, logp = torch.ops.hybridrl_cpu.sample_rows(x, 1 / 0.7, torch.rand(9, generator=g))
+    assert torch.equal(torch.ops.hybridrl_cpu.token_logprobs(x, 1 / 0.7, tok), logp)
+    other = torch.randint(0, V, (9,), generator=g)
+    want = (x.float() / 0.7).log_softmax(-1).gather(-1, other[:, None]).squeeze(-1)
+    torch.testing.assert_close(torch.ops.hybridrl_cpu.token_logprobs(x, 1 / 0.7, other), want, atol=1e-5, rtol=0)

@@ -45,30 +45,12 @@ inline void softmax_rows(float* s, int64_t G, int64_t T) {
       continue;
     }
     const __m512 mxv = _mm512_set1_ps(row_max);
-    // the live keys' exponentials summed 16 lanes wide in their order, masked keys skipped wherever they lie (left
-    // padding, a shared prefix's gap, a longer neighbour's tail): a query's weights do not depend on its batch
-    // neighbours
-    __m512 sum = _mm512_setzero_ps();
-    float chunk[16];
-    int64_t at[16], n = 0;
-    for (int64_t t = 0; t <= T; ++t) {
-      if (t < T && sg[t] == -INFINITY) {
-        sg[t] = 0.f;
-        continue;
-      }
-      if (t < T) {
-        at[n] = t;
-        chunk[n++] = sg[t];
-      }
-      if (n == 16 || (t == T && n > 0)) {
-        const __mmask16 km = n == 16 ? 0xffff : (__mmask16)((1u << n) - 1);
-        const __m512 e = _mm512_maskz_mov_ps(km, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(km, chunk), mxv)));
-        _mm512_storeu_ps(chunk, e);
-        for (int64_t j = 0; j < n; ++j) sg[at[j]] = chunk[j];
-        sum = _mm512_add_ps(sum, e);
-        n = 0;
-      }
-    }
+    __m512 sum = _mm512_setzero_ps();  // the live keys' exponentials, 16 lanes wide in their order (kernels.h)
+    live_chunks<16>(sg, T, [&](float* chunk) {
+      const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(chunk), mxv));
+      _mm512_storeu_ps(chunk, e);
+      sum = _mm512_add_ps(sum, e);
+    });
     const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sum));
     for (int64_t t = 0; t < T; t += 16) {
       __mmask16 km = T - t >= 16 ? 0xffff : (__mmask16)((1u << (T - t)) - 1);

@@ -67,6 +67,57 @@ void write_decode(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& k_ne
     }
 }
 
+namespace {
+// Row b of logits (B, V) as the unnormalised weights of softmax(logits * it) into w (V): the scaled row, its max,
+// exp and sum -- one order of operations, so that sample_rows' log-probs and token_logprobs' are the same bits.
+// Returns the total.
+float row_weights(const at::Tensor& logits, int64_t b, float it, float* w) {
+  const int64_t V = logits.size(1), rs = logits.stride(0);
+  const bool is_bf16 = logits.scalar_type() == at::kBFloat16;
+  // the row as fp32, scaled by 1 / temperature
+  if (is_bf16) {
+    const auto* x = reinterpret_cast<const uint16_t*>(logits.data_ptr()) + b * rs;
+    for (int64_t i = 0; i < V; ++i) w[i] = bf16_to_f32(x[i]) * it;
+  } else {
+    const float* x = logits.data_ptr<float>() + b * rs;
+    for (int64_t i = 0; i < V; ++i) w[i] = x[i] * it;
+  }
+  float mx = -INFINITY, total = 0.f;
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  __m512 mv = _mm512_set1_ps(-INFINITY);
+  for (; i + 16 <= V; i += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(w + i));
+  mx = _mm512_reduce_max_ps(mv);
+#endif
+  for (; i < V; ++i) mx = std::max(mx, w[i]);
+  i = 0;
+#if defined(__AVX512F__)
+  const __m512 mxv = _mm512_set1_ps(mx);
+  __m512 sv = _mm512_setzero_ps();
+  for (; i + 16 <= V; i += 16) {
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(w + i), mxv));
+    _mm512_storeu_ps(w + i, e);
+    sv = _mm512_add_ps(sv, e);
+  }
+  total = _mm512_reduce_add_ps(sv);
+#else
+  vf8 s0 = vf8{}, s1 = vf8{};  // 16 lanes in two 8-lane sums, as the AVX-512 path's
+  for (; i + 16 <= V; i += 16) {
+    const vf8 e0 = exp8(vload(w + i) - mx), e1 = exp8(vload(w + i + 8) - mx);
+    vstore(w + i, e0);
+    vstore(w + i + 8, e1);
+    s0 += e0;
+    s1 += e1;
+  }
+  total = vsum(s0 + s1);
+#endif
+  float part[16] = {0.f};  // the tail in 16 partial sums too
+  for (int64_t j = 0; i < V; ++i, ++j) part[j % 16] += (w[i] = std::exp(w[i] - mx));
+  total += sum16(part);
+  return total;
+}
+}  // namespace
+
 // One token per row of logits (B, V) from softmax(logits * inv_temperature), by inverse CDF with the row's uniform
 // u[b] in [0, 1): the first index whose cumulative weight exceeds u * total. Returns (tokens (B,) int64, their
 // log-probs (B,) fp32). Per row, in a per-thread fp32 buffer: the scaled row, its max, exp and sum, the scan.
@@ -74,8 +125,7 @@ std::tuple<at::Tensor, at::Tensor> sample_rows(const at::Tensor& logits, double 
   TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1, "sample_rows: logits (B, V) with unit stride on V");
   TORCH_CHECK(logits.scalar_type() == at::kBFloat16 || logits.scalar_type() == at::kFloat, "sample_rows: bf16 or fp32");
   TORCH_CHECK(u.scalar_type() == at::kFloat && u.numel() == logits.size(0), "sample_rows: one fp32 uniform per row");
-  const int64_t B = logits.size(0), V = logits.size(1), rs = logits.stride(0);
-  const bool is_bf16 = logits.scalar_type() == at::kBFloat16;
+  const int64_t B = logits.size(0), V = logits.size(1);
   const auto uc = u.contiguous();
   const float* up = uc.data_ptr<float>();
   auto tok = at::empty({B}, logits.options().dtype(at::kLong));
@@ -86,51 +136,12 @@ std::tuple<at::Tensor, at::Tensor> sample_rows(const at::Tensor& logits, double 
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> w(V);
     for (int64_t b = begin; b < end; ++b) {
-      // the row as fp32, scaled by 1 / temperature
-      if (is_bf16) {
-        const auto* x = reinterpret_cast<const uint16_t*>(logits.data_ptr()) + b * rs;
-        for (int64_t i = 0; i < V; ++i) w[i] = bf16_to_f32(x[i]) * it;
-      } else {
-        const float* x = logits.data_ptr<float>() + b * rs;
-        for (int64_t i = 0; i < V; ++i) w[i] = x[i] * it;
-      }
-      float mx = -INFINITY, total = 0.f;
+      const float total = row_weights(logits, b, it, w.data());
       int64_t i = 0;
-#if defined(__AVX512F__)
-      __m512 mv = _mm512_set1_ps(-INFINITY);
-      for (; i + 16 <= V; i += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(w.data() + i));
-      mx = _mm512_reduce_max_ps(mv);
-#endif
-      for (; i < V; ++i) mx = std::max(mx, w[i]);
-      i = 0;
-#if defined(__AVX512F__)
-      const __m512 mxv = _mm512_set1_ps(mx);
-      __m512 sv = _mm512_setzero_ps();
-      for (; i + 16 <= V; i += 16) {
-        const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(w.data() + i), mxv));
-        _mm512_storeu_ps(w.data() + i, e);
-        sv = _mm512_add_ps(sv, e);
-      }
-      total = _mm512_reduce_add_ps(sv);
-#else
-      vf8 s0 = vf8{}, s1 = vf8{};  // 16 lanes in two 8-lane sums, as the AVX-512 path's
-      for (; i + 16 <= V; i += 16) {
-        const vf8 e0 = exp8(vload(w.data() + i) - mx), e1 = exp8(vload(w.data() + i + 8) - mx);
-        vstore(w.data() + i, e0);
-        vstore(w.data() + i + 8, e1);
-        s0 += e0;
-        s1 += e1;
-      }
-      total = vsum(s0 + s1);
-#endif
-      float part[16] = {0.f};  // the tail in 16 partial sums too
-      for (int64_t j = 0; i < V; ++i, ++j) part[j % 16] += (w[i] = std::exp(w[i] - mx));
-      total += sum16(part);
       // the scan: 16-wide block sums first, then inside the block
       const float target = up[b] * total;
       float acc = 0.f;
       int64_t pick = -1;
-      i = 0;
 #if defined(__AVX512F__)
       for (; i + 16 <= V; i += 16) {
         const float blk = _mm512_reduce_add_ps(_mm512_loadu_ps(w.data() + i));
@@ -157,6 +168,29 @@ std::tuple<at::Tensor, at::Tensor> sample_rows(const at::Tensor& logits, double 
     }
   });
   return {tok, logp};
+}
+
+// log softmax(logits * inv_temperature)[ids] per row of logits (B, V), fp32 (B,): the arithmetic of sample_rows'
+// log-probs (row_weights), so a trainer that scores the engine's samples from the same logits gets the same bits
+at::Tensor token_logprobs(const at::Tensor& logits, double inv_temperature, const at::Tensor& ids) {
+  TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1, "token_logprobs: logits (B, V) with unit stride on V");
+  TORCH_CHECK(logits.scalar_type() == at::kBFloat16 || logits.scalar_type() == at::kFloat, "token_logprobs: bf16 or fp32");
+  TORCH_CHECK(ids.scalar_type() == at::kLong && ids.numel() == logits.size(0), "token_logprobs: one int64 id per row");
+  const int64_t B = logits.size(0), V = logits.size(1);
+  const auto ic = ids.contiguous();
+  const int64_t* ip = ic.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) TORCH_CHECK(ip[b] >= 0 && ip[b] < V, "token_logprobs: id out of the vocabulary");
+  auto logp = at::empty({B}, logits.options().dtype(at::kFloat));
+  float* lp = logp.data_ptr<float>();
+  const float it = static_cast<float>(inv_temperature);
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> w(V);
+    for (int64_t b = begin; b < end; ++b) {
+      const float total = row_weights(logits, b, it, w.data());
+      lp[b] = std::log(w[ip[b]]) - std::log(total);
+    }
+  });
+  return logp;
 }
 
 inline uint16_t mul_bf16(uint16_t a, uint16_t b) { return f32_to_bf16(bf16_to_f32(a) * bf16_to_f32(b)); }

@@ -37,30 +37,12 @@ void attend_f32(const float* q, int64_t qs_head, const float* k, int64_t ks_t, c
       std::fill(sg, sg + T, 0.f);
       continue;
     }
-    // the live keys' exponentials summed 8 lanes wide in their order, masked keys skipped wherever they lie (left
-    // padding, the gap after a shared prefix, a longer neighbour's tail): a query's weights do not depend on its
-    // batch neighbours, so a sequence decodes alike in any batch
-    vf8 sum = vf8{};
-    float chunk[8];
-    int64_t at[8], n = 0;
-    for (int64_t t = 0; t <= T; ++t) {
-      if (t < T && sg[t] == -INFINITY) {
-        sg[t] = 0.f;
-        continue;
-      }
-      if (t < T) {
-        at[n] = t;
-        chunk[n++] = sg[t];
-      }
-      if (n == 8 || (t == T && n > 0)) {
-        for (int64_t j = n; j < 8; ++j) chunk[j] = -INFINITY;  // exactly 0 after exp8
-        const vf8 e = exp8(vload(chunk) - mx);
-        vstore(chunk, e);
-        for (int64_t j = 0; j < n; ++j) sg[at[j]] = chunk[j];
-        sum += e;
-        n = 0;
-      }
-    }
+    vf8 sum = vf8{};  // the live keys' exponentials, 8 lanes wide in their order (kernels.h: batch invariance)
+    live_chunks<8>(sg, T, [&](float* chunk) {
+      const vf8 e = exp8(vload(chunk) - mx);
+      vstore(chunk, e);
+      sum += e;
+    });
     const float inv = 1.f / vsum(sum);
     for (int64_t t = 0; t < T; ++t) sg[t] *= inv;
   }

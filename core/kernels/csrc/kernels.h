@@ -109,6 +109,32 @@ inline float vmax(vf8 v) {
 constexpr float MASKED = -1e30f;
 
 // e^x for x <= 0 as exp512 below (2^n * a degree-6 polynomial on [-0.5, 0.5] ln 2), exactly 0 below -87 and for -inf
+// A softmax row's live scores (s[t] > -inf; masked ones set to 0) W at a time in their order, the last chunk padded
+// with -inf (exactly 0 after exp8 / exp512): f(chunk) replaces a chunk by its exponentials, written back to their
+// places. A query's sum then depends on its live keys only -- not on masked keys before, among or after them (left
+// padding, a shared prefix's gap, a longer neighbour's tail): a sequence decodes alike in any batch.
+template <int W, class F>
+inline void live_chunks(float* s, int64_t T, F&& f) {
+  float chunk[W];
+  int64_t at[W], n = 0;
+  for (int64_t t = 0; t <= T; ++t) {
+    if (t < T && s[t] == -INFINITY) {
+      s[t] = 0.f;
+      continue;
+    }
+    if (t < T) {
+      at[n] = t;
+      chunk[n++] = s[t];
+    }
+    if (n == W || (t == T && n > 0)) {
+      for (int64_t j = n; j < W; ++j) chunk[j] = -INFINITY;
+      f(chunk);
+      for (int64_t j = 0; j < n; ++j) s[at[j]] = chunk[j];
+      n = 0;
+    }
+  }
+}
+
 inline vf8 exp8(vf8 x) {
   const vi8 live = x >= -87.f;
   x = x < -87.f ? vsplat(-87.f) : x;
@@ -237,6 +263,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> train_attention_bwd(const at::Ten
                                                                    const at::Tensor& out, const at::Tensor& lse,
                                                                    const at::Tensor& mask, double scale);
 std::tuple<at::Tensor, at::Tensor> sample_rows(const at::Tensor& logits, double inv_temperature, const at::Tensor& u);
+at::Tensor token_logprobs(const at::Tensor& logits, double inv_temperature, const at::Tensor& ids);
 void head_fold(const at::Tensor& logits, int64_t v0, at::Tensor peak, at::Tensor total, at::Tensor moment,
                bool with_moment, const at::Tensor& row_ptr, const at::Tensor& tok, at::Tensor picked,
                double temperature);

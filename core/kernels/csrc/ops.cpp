@@ -9,6 +9,7 @@ TORCH_LIBRARY(hybridrl_cpu, m) {
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("sample_rows(Tensor logits, float inv_temperature, Tensor u) -> (Tensor, Tensor)");
+  m.def("token_logprobs(Tensor logits, float inv_temperature, Tensor ids) -> Tensor");
   m.def("rotary(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
   m.def("linear_native() -> bool", hybridrl::linear_native);
@@ -33,6 +34,7 @@ TORCH_LIBRARY_IMPL(hybridrl_cpu, CPU, m) {
   m.impl("rms_norm", hybridrl::rms_norm);
   m.impl("write_decode", hybridrl::write_decode);
   m.impl("sample_rows", hybridrl::sample_rows);
+  m.impl("token_logprobs", hybridrl::token_logprobs);
   m.impl("rotary", hybridrl::rotary);
   m.impl("silu_mul", hybridrl::silu_mul);
   m.impl("pack_linear", hybridrl::pack_linear);

@@ -1,0 +1,225 @@
+"""The trainer's forward on the embedded rollout engine's own CPU kernels: the log-probs it gives the engine's samples
+are the engine's (``rollout_logprobs``), bit for bit.
+
+Why it can be exact: every kernel the engine runs on CPU computes a row from that row alone, in an order fixed by
+the row -- the packed linears (each output a K-long sum in one order, whatever the other rows: ``csrc/fp32.cpp``),
+RMSNorm, the gated MLP's activation, rotary, attention (a query's live keys summed in their order, masked ones
+skipped wherever they lie) and the sampler's log-softmax (``token_logprobs`` shares ``sample_rows``' arithmetic).
+A sequence decoded one token at a time and the same sequence teacher-forced in one forward then meet the same
+operations on the same numbers. torch's own CPU matmuls and SDPA block by the batch's shape, which is why the
+ordinary forward differs in the last bits.
+
+``exact_forward(model)`` switches a model's modules to those kernels for the values and leaves the gradients to
+the modules' own math (each backward recomputes the module's ordinary forward and differentiates it): the
+gradient is the ordinary one at the exact forward's point. ``response_logprobs_exact`` is the teacher-forced
+log-prob pass on it. CPU, fp32 and bf16, where ``core.kernels.cpu`` builds (else ``available`` says why not).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
+
+from core.kernels import cpu as cpu_kernels
+from core.models import keeps_logits
+from core.protocol import Batch
+
+NAME = "hybridrl_exact"
+
+
+def available() -> str:
+    """'' where the exact forward runs, else why not."""
+    if not cpu_kernels.available():
+        return "our CPU kernels are not built here (HYBRIDRL_CPU_KERNELS=0, or no compiler)"
+    if not torch.ops.hybridrl_cpu.linear_f32_native():
+        return "our packed fp32 linear needs AVX2 + FMA"
+    return ""
+
+
+class _KernelValue(torch.autograd.Function):
+    """``kernel(*inputs)``'s value, ``reference(*inputs)``'s gradient (recomputed in backward)."""
+
+    @staticmethod
+    def forward(ctx, kernel: Callable, reference: Callable, *inputs: torch.Tensor) -> torch.Tensor:
+        ctx.reference = reference
+        ctx.save_for_backward(*inputs)
+        return kernel(*[x.detach() for x in inputs])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        inputs = [x.detach().requires_grad_(need) for x, need in zip(ctx.saved_tensors, ctx.needs_input_grad[2:])]
+        wanted = [x for x in inputs if x.requires_grad]
+        with torch.enable_grad():
+            out = ctx.reference(*inputs)
+        grads = iter(torch.autograd.grad(out, wanted, grad, allow_unused=True) if wanted else ())
+        return (None, None, *[next(grads) if x.requires_grad else None for x in inputs])
+
+
+class _Linear(torch.autograd.Function):
+    """y = x W^T + b on the engine's packed kernel (W packed per call: the trainer's weights change every step);
+    the ordinary gradients."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        packed = torch.ops.hybridrl_cpu.pack_linear(weight.detach())
+        b = bias.detach().float().contiguous() if bias is not None else None
+        return torch.ops.hybridrl_cpu.linear_packed(x.detach().contiguous(), packed, b, weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        g2 = grad.reshape(-1, grad.shape[-1])
+        gx = grad @ weight.to(grad.dtype) if ctx.needs_input_grad[0] else None
+        gw = (g2.t() @ x.reshape(-1, x.shape[-1]).to(grad.dtype)).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        gb = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return gx, gw, gb
+
+
+def _additive(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The kernel's fp32 additive mask (B|1, 1, L, T) from transformers' (boolean, float or None = causal)."""
+    L, T = q.shape[2], k.shape[2]
+    if mask is None:
+        allowed = torch.ones(L, T, dtype=torch.bool).tril(T - L)[None, None]
+    elif mask.dtype == torch.bool:
+        allowed = mask
+    else:
+        return mask.float().contiguous()
+    low = torch.finfo(torch.float32).min  # no row is all -inf: the reference's softmax stays finite on padding
+    return torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(~allowed, low).contiguous()
+
+
+def exact_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                    **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' attention signature: q (B, H, L, D), k/v (B, KVH, T, D) -> (B, L, H, D), each query row on the
+    engine's decode kernel; its gradient is eager attention's (grouped heads repeated, fp32 softmax)."""
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    mask = _additive(attention_mask, query, key)
+    G = query.shape[1] // key.shape[1]
+
+    def kernel(q, k, v):
+        return torch.ops.hybridrl_cpu.decode_attention(q, k, v, mask, scale)
+
+    def reference(q, k, v):
+        k, v = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+        probs = (q @ k.transpose(-1, -2) * scale + mask).float().softmax(-1).to(q.dtype)
+        return (probs @ v).transpose(1, 2)
+
+    return _KernelValue.apply(kernel, reference, query, key, value), None
+
+
+AttentionInterface.register(NAME, exact_attention)
+AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS.get("sdpa", sdpa_mask))
+
+
+def _rms_eps(m: torch.nn.Module, own: Callable) -> float | None:
+    """A Llama-style RMSNorm's epsilon where the engine's kernel reproduces the module (as ``cpu_kernels.install``
+    checks it before the engine uses it: a norm of other math keeps its own code on both sides), else None."""
+    w, eps = getattr(m, "weight", None), getattr(m, "variance_epsilon", getattr(m, "eps", None))
+    if not (type(m).__name__.lower().endswith("rmsnorm") and isinstance(w, torch.Tensor) and w.dim() == 1
+            and isinstance(eps, float)):
+        return None
+    x = torch.randn(2, 3, w.shape[0], generator=torch.Generator().manual_seed(0), dtype=w.dtype)
+    with torch.no_grad():
+        want, got = own(x), torch.ops.hybridrl_cpu.rms_norm(x, w.detach(), eps)
+    return eps if bool((want - got).abs().max() <= 1e-2 * want.abs().max()) else None
+
+
+def _own_forward(m: torch.nn.Module, params: dict[str, torch.Tensor], *args):
+    """``m``'s class forward with ``params`` in place of its parameters, whatever forward is installed on it (the
+    exact one inside ``exact_forward``, a backward's recompute may run there)."""
+    with torch.nn.utils.stateless._reparametrize_module(m, params):
+        return type(m).forward(m, *args)
+
+
+def _swaps(model: torch.nn.Module) -> list[tuple[torch.nn.Module, Callable]]:
+    """(module, exact forward) for every linear, RMSNorm and gated MLP activation of ``model``; the gradients come
+    from each class's own forward (not from a forward the rollout engine installed on a shared model)."""
+    out = []
+    for m in model.modules():
+        own = type(m).forward.__get__(m)
+        if isinstance(m, torch.nn.Linear):
+            out.append((m, lambda x, m=m: _Linear.apply(x, m.weight, m.bias)))
+        elif (eps := _rms_eps(m, own)) is not None:
+            out.append((m, lambda x, m=m, eps=eps: _KernelValue.apply(
+                lambda x_, w_: torch.ops.hybridrl_cpu.rms_norm(x_.contiguous(), w_, eps),
+                lambda x_, w_: _own_forward(m, {"weight": w_}, x_), x, m.weight)))
+        elif all(isinstance(getattr(m, n, None), torch.nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")) \
+                and hasattr(m, "act_fn"):
+            out.append((m, lambda x, m=m: m.down_proj(_KernelValue.apply(
+                lambda g, u: torch.ops.hybridrl_cpu.silu_mul(g, u), lambda g, u: m.act_fn(g) * u,
+                m.gate_proj(x), m.up_proj(x)))))
+    return out
+
+
+@contextmanager
+def exact_forward(model: torch.nn.Module) -> Iterator[None]:
+    """``model`` runs on the engine's kernels inside the block (its own forwards and attention restored after). The
+    engine's rotary kernel is bit-identical to transformers' own (``core.kernels.cpu``): nothing to swap."""
+    if why := available():
+        raise RuntimeError(f"the exact forward cannot run: {why}")
+    swaps = _swaps(model)
+    before = model.config._attn_implementation
+    installed = [m.__dict__.get("forward") for m, _ in swaps]  # the engine's own, on a model it shares
+    for m, forward in swaps:
+        m.forward = forward
+    model.set_attn_implementation(NAME)
+    try:
+        yield
+    finally:
+        for (m, _), prev in zip(swaps, installed):
+            if prev is None:
+                del m.forward
+            else:
+                m.forward = prev
+        model.set_attn_implementation(before)
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    """log softmax(logits / T)[ids] on the sampler's arithmetic (``token_logprobs``); the ordinary gradient
+    (onehot - softmax) / T."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, ids: torch.Tensor, temperature: float) -> torch.Tensor:
+        ctx.save_for_backward(logits, ids)
+        ctx.temperature = temperature
+        return torch.ops.hybridrl_cpu.token_logprobs(logits.detach().contiguous(), 1.0 / temperature, ids)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        logits, ids = ctx.saved_tensors
+        probs = (logits.float() / ctx.temperature).softmax(-1)
+        g = -probs
+        g.scatter_add_(-1, ids[:, None], torch.ones_like(ids[:, None], dtype=g.dtype))
+        return (g * (grad[:, None] / ctx.temperature)).to(logits.dtype), None, None
+
+
+def response_logprobs_exact(model: torch.nn.Module, batch: Batch, temperature: float = 1.0, with_entropy: bool = False
+                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(response_t | context) (B, Tr) under logits / temperature, as the engine computed them when it sampled
+    (``rollout_logprobs``): the body and the LM head on the engine's kernels, the log-softmax on the sampler's; and
+    the entropy when asked (torch's arithmetic: it is no engine output). Differentiable. Keys: input_ids,
+    attention_mask, position_ids, responses; zeros after a response's end. The whole model is called (its root
+    hooks -- FSDP's gather, the one-rank compute copies -- run), the LM head on the response positions only."""
+    batch.require("input_ids", "attention_mask", "position_ids", "responses")
+    if "multi_modal_inputs" in batch:
+        raise ValueError("rollout.exact_logprobs covers text models; this batch has image inputs")
+    (B, T), Tr = batch["input_ids"].shape, batch["responses"].shape[1]
+    keep = {"logits_to_keep": torch.arange(T - Tr - 1, T - 1)} if keeps_logits(model) else {}
+    with exact_forward(model):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       position_ids=batch["position_ids"], use_cache=False, **keep).logits
+    logits = (logits if keep else logits[:, T - Tr - 1:T - 1]).reshape(B * Tr, -1)
+    mask = batch["attention_mask"][:, -Tr:].to(torch.float32)
+    logp = _TokenLogprobs.apply(logits, batch["responses"].reshape(-1), temperature).view(B, Tr) * mask
+    if not with_entropy:
+        return logp, None
+    x = logits.float() / temperature
+    entropy = (x.logsumexp(-1) - (x.softmax(-1) * x).sum(-1)).view(B, Tr) * mask
+    return logp, entropy

@@ -1,0 +1,91 @@
+"""``rollout.exact_logprobs`` (``core.train.exact``): the trainer's log-probs of the embedded engine's samples equal
+the engine's bit for bit (fp32, CPU kernels), its gradients are the ordinary ones, a run's rollout-vs-trainer gap
+reads 0, and skipping the old-log-prob pass (``algo.bypass_mode``) then changes no metric."""
+
+import pytest
+import torch
+
+from core.config import SamplingParams
+from core.models import load_causal_lm, load_tokenizer
+from core.protocol import Batch
+from core.rollout.engine import RolloutEngine
+from core.train.exact import available, response_logprobs_exact
+from core.train.forward import response_logprobs
+
+pytestmark = pytest.mark.skipif(bool(available()), reason=f"the exact forward: {available()}")
+
+PROMPTS = ["system: be brief. user: hi", "system: be brief. user: a longer prompt here", "xyz"]
+KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+
+
+@pytest.fixture(scope="module")
+def sampled(tiny_model_dir):
+    """n=2 samples of 3 prompts (two sharing a prefix the engine prefills once) at temperature 0.8, fp32."""
+    tok = load_tokenizer(str(tiny_model_dir))
+    engine = RolloutEngine(load_causal_lm(str(tiny_model_dir)), tok, max_batch_size=4)
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in PROMPTS]
+    return engine.generate(ids, SamplingParams(n=2, temperature=0.8, max_new_tokens=12, seed=3))
+
+
+def test_the_trainers_logprobs_are_the_engines_bit_for_bit(sampled, tiny_model_dir):
+    model = load_causal_lm(str(tiny_model_dir))  # the trainer's own copy of the weights
+    batch, mask = Batch({k: sampled[k] for k in KEYS}), sampled["response_mask"].bool()
+    exact, _ = response_logprobs_exact(model, batch, 0.8)
+    assert torch.equal(exact[mask], sampled["rollout_logprobs"][mask])
+    assert mask.sum() > 30 and bool((exact[~mask] == 0).all())
+    with torch.no_grad():  # the ordinary forward (torch's matmuls and attention) is not: that is the point
+        ordinary, _ = response_logprobs(model, batch, 0.8)
+    gap = (ordinary[mask] - sampled["rollout_logprobs"][mask]).abs().max()
+    assert 0 < gap < 1e-4
+    # one row alone gives the same bits as in the batch (the trainer's batching does not matter either)
+    alone, _ = response_logprobs_exact(model, batch.index(slice(2, 3)), 0.8)
+    assert torch.equal(alone[0], exact[2])
+
+
+def test_its_gradients_are_the_ordinary_forwards(sampled, tiny_model_dir):
+    batch, mask = Batch({k: sampled[k] for k in KEYS}), sampled["response_mask"]
+    grads = []
+    for fn in (response_logprobs_exact, lambda m, b, t: response_logprobs(m, b, t, remove_padding=False)):
+        model = load_causal_lm(str(tiny_model_dir))
+        logp, _ = fn(model, batch, 0.8)
+        ((logp * mask).sum() / mask.sum()).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert grads[0].abs().max() > 0
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
+
+
+def run_steps(tmp_path, tiny_model_dir, name: str, *overrides: str) -> dict[int, dict]:
+    from tests.test_checkpoint import fit_run, write_run
+
+    conf = write_run(tmp_path, tiny_model_dir, total_steps=3, save_freq=0)
+    return fit_run(conf, tmp_path / name, "rollout.exact_logprobs=true", *overrides)
+
+
+def test_a_run_reads_no_gap_and_skipping_the_old_pass_changes_nothing(tmp_path, tiny_model_dir):
+    """Three GRPO steps through core's step (one rank, the engine beside the actor): the rollout-vs-trainer gap is
+    0 at every step; with the old-log-prob pass skipped (the rollout's log-probs taken as the old ones) every
+    metric but the gap's (not measured then) and the timings is the same."""
+    with_pass = run_steps(tmp_path, tiny_model_dir, "pass")
+    assert all(with_pass[s]["rollout/logprob_diff_max"] == 0.0 for s in (1, 2, 3)), with_pass
+    skipped = run_steps(tmp_path, tiny_model_dir, "skipped", "algo.bypass_mode=true")
+    gap = ("rollout/logprob_diff", "timing_s/", "perf/")
+    for s in (1, 2, 3):
+        want = {k: v for k, v in with_pass[s].items() if not k.startswith(gap)}
+        got = {k: v for k, v in skipped[s].items() if not k.startswith(gap)}
+        assert got == want, (s, {k: (got.get(k), want.get(k)) for k in want if got.get(k) != want[k]})
+    assert with_pass[3]["actor/grad_norm"] > 0 and with_pass[1]["reward/std"] > 0
+
+
+def test_what_the_exact_forward_does_not_cover_is_refused_before_ray():
+    from pathlib import Path
+
+    from core.checks import problems
+    from core.run import load_run_config
+
+    grpo = Path(__file__).resolve().parents[2] / "recipes/grpo"
+    fp32 = ["rollout.exact_logprobs=true", "actor.dtype=float32", "rollout.dtype=float32"]
+    assert problems(load_run_config(grpo, "demo_cpu", fp32)) == []
+    for extra, named in ((["actor.dtype=bfloat16"], "actor.dtype=bfloat16"), (["algo.sampling.top_p=0.9"], "top_p=0.9"),
+                         (["actor.lora.rank=8"], "lora.rank=8"), (["rollout.backend=vllm"], "rollout.backend=vllm")):
+        found = [p for p in problems(load_run_config(grpo, "demo_cpu", fp32 + extra)) if "exact_logprobs" in p]
+        assert len(found) == 1 and named in found[0], (extra, found)

@@ -58,7 +58,9 @@ def assert_stopped_at_the_limit(fn, warm: str, stuck: str):
     assert timed(fn, [warm])[1] < 60  # starts (or reuses) the worker and loads fn in it: not what is measured
     err, took = timed(fn, [stuck])
     assert isinstance(err, RewardError) and "sample 0 (data_source='ds') timed out" in str(err), err
-    assert 0.9 * LIMIT <= took <= 1.1 * LIMIT, f"stopped after {took:.2f} s, limit {LIMIT} s"
+    # the limit stopped it, not the call's end (~6 s in C, math_verify's own 5 s alarm, never for "hang"); the upper
+    # bound leaves room for a loaded 2-core host (1.57 s was seen beside a kernel build), far below what it guards
+    assert 0.9 * LIMIT <= took <= 2.5 * LIMIT, f"stopped after {took:.2f} s, limit {LIMIT} s"
 
 
 def test_the_limit_holds_for_a_call_busy_in_c():

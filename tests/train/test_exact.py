@@ -89,3 +89,14 @@ def test_what_the_exact_forward_does_not_cover_is_refused_before_ray():
                          (["actor.lora.rank=8"], "lora.rank=8"), (["rollout.backend=vllm"], "rollout.backend=vllm")):
         found = [p for p in problems(load_run_config(grpo, "demo_cpu", fp32 + extra)) if "exact_logprobs" in p]
         assert len(found) == 1 and named in found[0], (extra, found)
+
+
+@pytest.mark.heavy  # a Ray run, ~1 min
+def test_two_fsdp_ranks_read_no_gap(tmp_path, tiny_model_dir):
+    """The actor on 2 FSDP2 ranks (each forward gathers the full weights, then runs the exact kernels on its rows),
+    the engine beside each: the gap is 0 at every step."""
+    from tests.test_checkpoint import fit_run, write_run
+
+    conf = write_run(tmp_path, tiny_model_dir, total_steps=2, save_freq=0, backend="ray")
+    got = fit_run(conf, tmp_path / "out", "rollout.exact_logprobs=true")
+    assert [got[s]["rollout/logprob_diff_max"] for s in (1, 2)] == [0.0, 0.0], got

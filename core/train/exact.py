@@ -118,16 +118,18 @@ AttentionInterface.register(NAME, exact_attention)
 AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS.get("sdpa", sdpa_mask))
 
 
-def _rms_eps(m: torch.nn.Module, own: Callable) -> float | None:
+def _rms_eps(m: torch.nn.Module) -> float | None:
     """A Llama-style RMSNorm's epsilon where the engine's kernel reproduces the module (as ``cpu_kernels.install``
-    checks it before the engine uses it: a norm of other math keeps its own code on both sides), else None."""
+    checks it before the engine uses it: a norm of other math keeps its own code on both sides), else None. Checked
+    on a random input and weight (the module's own may be a shard: FSDP2 gathers it only inside the forward)."""
     w, eps = getattr(m, "weight", None), getattr(m, "variance_epsilon", getattr(m, "eps", None))
     if not (type(m).__name__.lower().endswith("rmsnorm") and isinstance(w, torch.Tensor) and w.dim() == 1
             and isinstance(eps, float)):
         return None
-    x = torch.randn(2, 3, w.shape[0], generator=torch.Generator().manual_seed(0), dtype=w.dtype)
+    g = torch.Generator().manual_seed(0)
+    x, w = (torch.randn(2, 3, w.shape[0], generator=g, dtype=w.dtype), torch.randn(w.shape[0], generator=g, dtype=w.dtype))
     with torch.no_grad():
-        want, got = own(x), torch.ops.hybridrl_cpu.rms_norm(x, w.detach(), eps)
+        want, got = _own_forward(m, {"weight": w}, x), torch.ops.hybridrl_cpu.rms_norm(x, w, eps)
     return eps if bool((want - got).abs().max() <= 1e-2 * want.abs().max()) else None
 
 
@@ -142,11 +144,13 @@ def _swaps(model: torch.nn.Module) -> list[tuple[torch.nn.Module, Callable]]:
     """(module, exact forward) for every linear, RMSNorm and gated MLP activation of ``model``; the gradients come
     from each class's own forward (not from a forward the rollout engine installed on a shared model)."""
     out = []
-    for m in model.modules():
-        own = type(m).forward.__get__(m)
+    norms = getattr(model, "_exact_norms", None)
+    if norms is None:  # which norms the kernel reproduces: checked once per model
+        norms = model._exact_norms = {name: _rms_eps(m) for name, m in model.named_modules()}
+    for name, m in model.named_modules():
         if isinstance(m, torch.nn.Linear):
             out.append((m, lambda x, m=m: _Linear.apply(x, m.weight, m.bias)))
-        elif (eps := _rms_eps(m, own)) is not None:
+        elif (eps := norms.get(name)) is not None:
             out.append((m, lambda x, m=m, eps=eps: _KernelValue.apply(
                 lambda x_, w_: torch.ops.hybridrl_cpu.rms_norm(x_.contiguous(), w_, eps),
                 lambda x_, w_: _own_forward(m, {"weight": w_}, x_), x, m.weight)))

@@ -12,7 +12,9 @@ ordinary forward differs in the last bits.
 ``exact_forward(model)`` switches a model's modules to those kernels for the values and leaves the gradients to
 the modules' own math (each backward recomputes the module's ordinary forward and differentiates it): the
 gradient is the ordinary one at the exact forward's point. ``response_logprobs_exact`` is the teacher-forced
-log-prob pass on it. CPU, fp32 and bf16, where ``core.kernels.cpu`` builds (else ``available`` says why not).
+log-prob pass on it. CPU fp32, where ``core.kernels.cpu`` builds (else ``available`` says why not); the config
+check (``core.checks``) refuses what is not shown yet: bf16 (its packed linear needs AVX512-BF16), LoRA, Ulysses,
+the agent loop, image inputs.
 """
 
 from __future__ import annotations

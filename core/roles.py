@@ -53,8 +53,8 @@ def policy_spec(actor: ActorConfig, exact: bool = False) -> RoleSpec:
         from core.train.megatron_actor import MegatronActor
 
         return RoleSpec(MegatronActor, {"cfg": actor}, mp_size=actor.megatron.tp * actor.megatron.pp)
-    kwargs = {"cfg": actor, "exact": True} if exact else {"cfg": actor}
-    return RoleSpec(FSDPActor, kwargs, mp_size=actor.ulysses_sp)  # a sequence-parallel group shares rows
+    # a sequence-parallel group shares rows
+    return RoleSpec(FSDPActor, {"cfg": actor, "exact": exact}, mp_size=actor.ulysses_sp)
 
 
 def critic_spec(critic: CriticConfig) -> RoleSpec:

@@ -143,8 +143,9 @@ def _exact_problems(cfg: "RunConfig") -> list[str]:
              if role in cfg.placement.roles and cfg.placement.roles[role] in cfg.placement.pools}
     wants = [(cfg.rollout.backend != "embedded", f"rollout.backend={cfg.rollout.backend}", "rollout.backend=embedded"),
              (any(d != "cpu" for d in pools.values()), f"pool devices {pools}", "CPU pools for actor and rollout"),
-             ((a.dtype, cfg.rollout.dtype) != ("float32", "float32"),
-              f"actor.dtype={a.dtype}, rollout.dtype={cfg.rollout.dtype}", "actor.dtype=float32 rollout.dtype=float32"),
+             (a.dtype != cfg.rollout.dtype or a.dtype not in ("auto", "float32", "bfloat16"),
+              f"actor.dtype={a.dtype}, rollout.dtype={cfg.rollout.dtype}",
+              "one dtype for actor and rollout, float32 or bfloat16"),
              (a.strategy != "fsdp" or a.ulysses_sp != 1 or a.lora.rank > 0,
               f"actor.strategy={a.strategy}, ulysses_sp={a.ulysses_sp}, lora.rank={a.lora.rank}",
               "the FSDP actor without Ulysses or LoRA"),

@@ -41,7 +41,9 @@ Each kernel's contract, per path (``isa()``; tests/kernels/test_cpu_kernels.py a
 - ``train_attention_fwd`` / ``_bwd`` (the bf16 training passes' attention, ``core.train.train_attention``):
   AVX512-BF16 only; mean error to the fp32 attention of the same bf16 inputs at most 1.3x SDPA's bf16 one, values
   and gradients; masked keys weigh exactly 0 and get no gradient.
-- ``linear_packed``: AVX512-BF16 only (``linear_native()``); elsewhere the engine does not pack with it.
+- ``linear_packed`` (bf16): vdpbf16ps on AVX512-BF16 (``linear_native()``), the same sums in vdpbf16ps's order
+  elsewhere (bit-identical to a sequential fp32 reference of that order); the engine packs with it where it beats
+  oneDNN (AVX-512) and, for ``rollout.exact_logprobs``, everywhere.
 Training (any x86-64 path, bf16 and fp32):
 - ``head_fold`` / ``head_grad`` (the fused LM head's per-block work, ``core.train.lm_head``): the textbook
   log-probs, entropies and gradients within 1e-5 (fp32), the standard path's within bf16 rounding.

@@ -51,7 +51,7 @@ class RolloutEngine:
 
     def __init__(self, model, tokenizer, max_batch_size: int = 64, decode_attention: bool = True,
                  share_prefix: bool = True, pack_weights: bool | None = None, decode_graphs: bool | None = None,
-                 single_copy: bool = False):
+                 single_copy: bool = False, exact: bool = False):
         """``decode_attention``: switch the model to ``core.rollout.attention`` (batched matmuls for one-token
         decode steps, SDPA for everything else) -- the model object itself is switched, for every caller.
         ``share_prefix``: prefill the token prefix common to all prompts of a call once (a chat template's
@@ -62,7 +62,9 @@ class RolloutEngine:
         on a GPU and run eagerly elsewhere (tests); None = on a GPU only.
         ``single_copy``: for an engine that owns its model -- each packed linear's weight is kept only in its packed
         rows (``PackedLinears.release_weights``: about half the weight memory, and a sync writes each weight once);
-        ``weights`` still gives every weight's values."""
+        ``weights`` still gives every weight's values.
+        ``exact``: every linear on our packed kernel wherever it builds, even where oneDNN's is faster (bf16 on AVX2):
+        the arithmetic the trainer's exact forward reproduces (``rollout.exact_logprobs``, ``core.train.exact``)."""
         self.model, self.tokenizer, self.max_batch_size = model.eval(), tokenizer, max_batch_size
         self.share_prefix = share_prefix
         if decode_attention:
@@ -80,9 +82,9 @@ class RolloutEngine:
         self.graphs = DecodeGraphs(self) if use_graphs else None
         # by name, walked once: walking the module tree takes ~2 ms, and a weight sync looks names up per bucket
         self.params = dict(model.named_parameters())
-        if pack_weights or (pack_weights is None and can_pack(model)):
+        if pack_weights or exact or (pack_weights is None and can_pack(model)):
             calibrate = lambda: model(input_ids=torch.tensor([[self.pad_id] * 2], device=self.device), use_cache=False)
-            self.packed = PackedLinears(model, calibrate, rows_hint=max_batch_size)
+            self.packed = PackedLinears(model, calibrate, rows_hint=max_batch_size, exact=exact)
         # bf16 or fp32 on CPU: norms, gated MLPs and rotary on fused kernels where they reproduce them (cpu_kernels)
         # on a GPU: norms as one kernel each (a graphed decode step there is bound by kernel count: gpu_kernels)
         self.fused = (cpu_kernels.install(model) if self.device.type == "cpu"

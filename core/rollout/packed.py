@@ -8,8 +8,11 @@ gate/up) weights replaces three (or two) calls. The packed formats:
   step with their weights streamed from DRAM: 19 ms, against 26 ms on oneDNN's packed format. fp32 sums rounded
   once to bf16 as oneDNN does, up to the order of the additions: within a bf16 rounding of the fp32 product
   (tests/rollout/test_packed.py).
-- bf16, oneDNN's (``mkldnn._reorder_linear_weight`` + ``_linear_pointwise``) where ours is not built or the CPU
-  lacks AVX512-BF16 (oneDNN still runs bf16 natively on AMX): bit-identical to ``F.linear`` (tests).
+  Without AVX512-BF16 the same sums in the instruction's order on 16-lane vectors: on AVX-512 1.4-1.6x faster than
+  oneDNN's bf16 (2-core Xeon without bf16 hardware, 64 rows x 576..3072 columns), so chosen there too; on AVX2
+  slower, so used only for ``rollout.exact_logprobs`` (batch-invariant: each output one sum in one order).
+- bf16, oneDNN's (``mkldnn._reorder_linear_weight`` + ``_linear_pointwise``) where ours is not built or not chosen
+  (AVX2; oneDNN runs bf16 natively on AMX): bit-identical to ``F.linear`` (tests).
 - fp32 (the engine's dtype on CPUs without bf16 hardware), ours, ``csrc/fp32.cpp``: AVX2 + FMA on a [K][16
   columns] layout, 6 x 16 register blocks, the next tile prefetched the same way; fp32 sums in another order than
   MKL's, so within a few fp32 ulps of ``F.linear`` (tests), not bit-identical.
@@ -37,8 +40,8 @@ import torch
 
 
 def can_pack(model: torch.nn.Module) -> bool:
-    """CPU weights that a packed kernel runs here: bf16 on a CPU with bf16 dot products (our kernel, or oneDNN on
-    avx512_bf16 / AMX); fp32 where our fp32 kernel is built (AVX2 + FMA)."""
+    """CPU weights that a packed kernel runs here: bf16 where ours or oneDNN's runs it (``kernel_usable``), fp32 where
+    our fp32 kernel is built (AVX2 + FMA)."""
     p = next(model.parameters())
     if p.device.type != "cpu":
         return False
@@ -47,14 +50,18 @@ def can_pack(model: torch.nn.Module) -> bool:
     return p.dtype == torch.bfloat16 and (kernel_usable() or _onednn_usable())
 
 
-def kernel_usable(dtype: torch.dtype = torch.bfloat16) -> bool:
-    """Our packed linear for ``dtype`` is built for this CPU: bf16 needs AVX512-BF16 (``csrc/linear.cpp``), fp32
-    AVX2 + FMA (``csrc/fp32.cpp``)."""
+def kernel_usable(dtype: torch.dtype = torch.bfloat16, exact: bool = False) -> bool:
+    """Our packed linear for ``dtype`` runs here: fp32 needs AVX2 + FMA (``csrc/fp32.cpp``); bf16
+    (``csrc/linear.cpp``) runs wherever the kernels build, and is chosen where it is the faster one -- AVX512-BF16,
+    and AVX-512 without it (the same sums emulated: 1.4-1.6x oneDNN's bf16 at a SmolLM2 decode step's shapes) --
+    or, with ``exact``, everywhere (AVX2: the emulated sums, slower than oneDNN, but batch-invariant)."""
     from core.kernels import cpu as cpu_kernels
 
     if not cpu_kernels.available():
         return False
-    return torch.ops.hybridrl_cpu.linear_f32_native() if dtype == torch.float32 else torch.ops.hybridrl_cpu.linear_native()
+    if dtype == torch.float32:
+        return torch.ops.hybridrl_cpu.linear_f32_native()
+    return exact or cpu_kernels.isa() in ("avx512_bf16", "avx512")
 
 
 def _onednn_usable() -> bool:
@@ -156,12 +163,12 @@ class PackedLinears:
     """Every ``nn.Linear`` of ``model`` switched to packed (and, for siblings, fused) weights."""
 
     def __init__(self, model: torch.nn.Module, calibrate: Callable[[], object], rows_hint: int,
-                 kernel: bool = True):
+                 kernel: bool = True, exact: bool = False):
         """``calibrate`` runs one small forward of ``model`` (any input); ``rows_hint`` is the usual number of
         rows per matmul (the engine's batch), which oneDNN uses to choose its blocking; ``kernel``: our packed
-        format where usable (True), or oneDNN's (False)."""
+        format where usable (True), or oneDNN's (False); ``exact``: ours wherever it builds (``kernel_usable``)."""
         self.model = model
-        kernel = kernel and kernel_usable(next(model.parameters()).dtype)
+        kernel = kernel and kernel_usable(next(model.parameters()).dtype, exact)
         self.groups = [_Group(g, rows_hint, kernel) for g in _siblings(model, calibrate)]
         self._by_param: dict[int, list[_Group]] = {}
         for g in self.groups:

@@ -53,7 +53,8 @@ class RolloutWorker:
             return
         model = load_causal_lm(cfg.model, dtype=resolve_dtype(cfg.dtype, ctx.device), device=ctx.device)
         self.engine = RolloutEngine(model, load_tokenizer(cfg.model), cfg.max_batch_size,
-                                    decode_graphs=None if cfg.cuda_graphs else False, single_copy=True)
+                                    decode_graphs=None if cfg.cuda_graphs else False, single_copy=True,
+                                    exact=cfg.exact_logprobs)
 
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """n samples for each prompt row (key ``prompt``: chat lists); every non-tensor column is repeated."""

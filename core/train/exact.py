@@ -12,9 +12,9 @@ ordinary forward differs in the last bits.
 ``exact_forward(model)`` switches a model's modules to those kernels for the values and leaves the gradients to
 the modules' own math (each backward recomputes the module's ordinary forward and differentiates it): the
 gradient is the ordinary one at the exact forward's point. ``response_logprobs_exact`` is the teacher-forced
-log-prob pass on it. CPU fp32, where ``core.kernels.cpu`` builds (else ``available`` says why not); the config
-check (``core.checks``) refuses what is not shown yet: bf16 (its packed linear needs AVX512-BF16), LoRA, Ulysses,
-the agent loop, image inputs.
+log-prob pass on it. CPU, fp32 or bf16 (one dtype on both sides; bf16 linears on the packed kernel's
+vdpbf16ps-order sums, native or not), where ``core.kernels.cpu`` builds (else ``available`` says why not); the
+config check (``core.checks``) refuses what is not shown yet: LoRA, Ulysses, the agent loop, image inputs.
 """
 
 from __future__ import annotations
@@ -33,12 +33,14 @@ from core.protocol import Batch
 NAME = "hybridrl_exact"
 
 
-def available() -> str:
-    """'' where the exact forward runs, else why not."""
+def available(dtype: torch.dtype = torch.float32) -> str:
+    """'' where the exact forward runs in ``dtype``, else why not."""
     if not cpu_kernels.available():
         return "our CPU kernels are not built here (HYBRIDRL_CPU_KERNELS=0, or no compiler)"
-    if not torch.ops.hybridrl_cpu.linear_f32_native():
+    if dtype == torch.float32 and not torch.ops.hybridrl_cpu.linear_f32_native():
         return "our packed fp32 linear needs AVX2 + FMA"
+    if dtype not in (torch.float32, torch.bfloat16):
+        return f"{dtype} is neither fp32 nor bf16"
     return ""
 
 

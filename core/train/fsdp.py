@@ -48,11 +48,11 @@ class FSDPActor(FSDPEngine, PolicyWorker):
         ``rollout.exact_logprobs``)."""
         from core.models import resolve_dtype
 
-        if exact and (why := exact_unavailable()):
-            raise RuntimeError(f"rank {ctx.rank}: rollout.exact_logprobs cannot run here: {why}")
         self.ctx, self.cfg, self.exact = ctx, cfg, exact
         torch.manual_seed(cfg.seed)
         self.compute_dtype = resolve_dtype(cfg.dtype, ctx.device)
+        if exact and (why := exact_unavailable(self.compute_dtype)):
+            raise RuntimeError(f"rank {ctx.rank}: rollout.exact_logprobs cannot run here: {why}")
         self.model = load_sharded_causal_lm(cfg.model, ctx, self.compute_dtype, cfg.offload, "actor",
                                             cfg.gradient_checkpointing, lora=cfg.lora)
         # Ulysses: groups of ulysses_sp consecutive ranks share rows (dispatch gives them the same chunk)

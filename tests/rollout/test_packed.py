@@ -1,6 +1,6 @@
 """Packed and sibling-fused linears (core.rollout.packed): found groups; oneDNN's format bit-identical to F.linear,
-ours (csrc/linear.cpp) within a bf16 rounding of the fp32 product on every row and column remainder; re-pack on
-update."""
+ours (csrc/linear.cpp) within a bf16 rounding of the fp32 product on every row and column remainder, its sums in
+vdpbf16ps's order; re-pack on update."""
 
 from collections import Counter
 
@@ -15,10 +15,10 @@ from core.models import load_causal_lm, load_tokenizer
 
 needs_bf16 = pytest.mark.skipif(
     not can_pack(torch.nn.Linear(2, 2).to(torch.bfloat16)),
-    reason="this CPU's oneDNN has no native bf16 (no avx512_bf16 / AMX): the engine does not pack here")
+    reason="no packed bf16 linear is chosen on this CPU (AVX2, oneDNN without native bf16): the engine does not pack")
 
 
-needs_kernel = pytest.mark.skipif(not kernel_usable(), reason="our packed linear is not built or has no AVX512-BF16")
+needs_kernel = pytest.mark.skipif(not kernel_usable(exact=True), reason="our CPU kernels are not built here")
 needs_onednn = pytest.mark.skipif(not _onednn_usable(), reason="this CPU's oneDNN has no native bf16")
 needs_built = pytest.mark.skipif(not cpu_kernels.available(), reason="our CPU kernels are not built here")
 
@@ -46,6 +46,26 @@ def test_our_packed_linear_is_within_a_bf16_rounding_of_the_fp32_product(rows, k
     assert ((y.double() - exact).abs() <= bf16_ulp(exact) + noise).all()
     # most outputs are exactly the fp32 product correctly rounded
     assert (y == exact.float().to(torch.bfloat16)).double().mean() > 0.95
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows,k,n", [(1, 64, 16), (13, 96, 100), (9, 32, 48), (20, 10, 17)])
+def test_our_bf16_sums_follow_vdpbf16ps_order_and_a_row_is_alone(rows, k, n):
+    """Each output: per k pair, the odd then the even product added to an fp32 sum (a bf16 product is exact in
+    fp32: each addition is the only rounding), plus the bias, rounded once -- vdpbf16ps's documented order, which
+    the path without AVX512-BF16 follows bit for bit; so a row's outputs do not depend on the other rows."""
+    g = torch.Generator().manual_seed(rows + k)
+    x, w, b = (torch.randn(*shape, generator=g).to(torch.bfloat16) for shape in ((rows, k), (n, k), (n,)))
+    y = torch.ops.hybridrl_cpu.linear_packed(x, torch.ops.hybridrl_cpu.pack_linear(w), b, n)
+    acc = torch.zeros(rows, n)
+    for kp in range(k // 2):
+        for i in (2 * kp + 1, 2 * kp):
+            acc = acc + x[:, i, None].float() * w[None, :, i].float()
+    want = (acc + b.float()).to(torch.bfloat16)
+    if cpu_kernels.isa() != "avx512_bf16":  # the native instruction: within a bf16 rounding (the test above)
+        assert torch.equal(y, want)
+    alone = torch.ops.hybridrl_cpu.linear_packed(x[-1:].clone(), torch.ops.hybridrl_cpu.pack_linear(w), b, n)
+    assert torch.equal(alone[0], y[-1])
 
 
 @pytest.mark.skipif(not kernel_usable(torch.float32), reason="our fp32 packed linear needs AVX2 + FMA")

@@ -1,5 +1,5 @@
 """``rollout.exact_logprobs`` (``core.train.exact``): the trainer's log-probs of the embedded engine's samples equal
-the engine's bit for bit (fp32, CPU kernels), its gradients are the ordinary ones, a run's rollout-vs-trainer gap
+the engine's bit for bit (fp32 and bf16, CPU kernels), its gradients are the ordinary ones, a run's rollout-vs-trainer gap
 reads 0, and skipping the old-log-prob pass (``algo.bypass_mode``) then changes no metric."""
 
 import pytest
@@ -21,14 +21,22 @@ KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 @pytest.fixture(scope="module")
 def sampled(tiny_model_dir):
     """n=2 samples of 3 prompts (two sharing a prefix the engine prefills once) at temperature 0.8, fp32."""
-    tok = load_tokenizer(str(tiny_model_dir))
-    engine = RolloutEngine(load_causal_lm(str(tiny_model_dir)), tok, max_batch_size=4)
+    return sample(tiny_model_dir, torch.float32)
+
+
+def sample(model_dir, dtype: torch.dtype) -> Batch:
+    tok = load_tokenizer(str(model_dir))
+    engine = RolloutEngine(load_causal_lm(str(model_dir), dtype=dtype), tok, max_batch_size=4, exact=True)
     ids = [tok(t, add_special_tokens=False)["input_ids"] for t in PROMPTS]
     return engine.generate(ids, SamplingParams(n=2, temperature=0.8, max_new_tokens=12, seed=3))
 
 
-def test_the_trainers_logprobs_are_the_engines_bit_for_bit(sampled, tiny_model_dir):
-    model = load_causal_lm(str(tiny_model_dir))  # the trainer's own copy of the weights
+@pytest.mark.parametrize("dtype, ordinary_gap", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
+def test_the_trainers_logprobs_are_the_engines_bit_for_bit(sampled, tiny_model_dir, dtype, ordinary_gap):
+    """bf16: the engine's linears on our packed kernel (vdpbf16ps where the CPU has AVX512-BF16, its sums in the
+    same order elsewhere), the trainer's on the same."""
+    sampled = sampled if dtype == torch.float32 else sample(tiny_model_dir, dtype)
+    model = load_causal_lm(str(tiny_model_dir), dtype=dtype)  # the trainer's own copy of the weights
     batch, mask = Batch({k: sampled[k] for k in KEYS}), sampled["response_mask"].bool()
     exact, _ = response_logprobs_exact(model, batch, 0.8)
     assert torch.equal(exact[mask], sampled["rollout_logprobs"][mask])
@@ -36,7 +44,7 @@ def test_the_trainers_logprobs_are_the_engines_bit_for_bit(sampled, tiny_model_d
     with torch.no_grad():  # the ordinary forward (torch's matmuls and attention) is not: that is the point
         ordinary, _ = response_logprobs(model, batch, 0.8)
     gap = (ordinary[mask] - sampled["rollout_logprobs"][mask]).abs().max()
-    assert 0 < gap < 1e-4
+    assert 0 < gap < ordinary_gap
     # one row alone gives the same bits as in the batch (the trainer's batching does not matter either)
     alone, _ = response_logprobs_exact(model, batch.index(slice(2, 3)), 0.8)
     assert torch.equal(alone[0], exact[2])
@@ -61,13 +69,16 @@ def run_steps(tmp_path, tiny_model_dir, name: str, *overrides: str) -> dict[int,
     return fit_run(conf, tmp_path / name, "rollout.exact_logprobs=true", *overrides)
 
 
-def test_a_run_reads_no_gap_and_skipping_the_old_pass_changes_nothing(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_run_reads_no_gap_and_skipping_the_old_pass_changes_nothing(tmp_path, tiny_model_dir, dtype):
     """Three GRPO steps through core's step (one rank, the engine beside the actor): the rollout-vs-trainer gap is
     0 at every step; with the old-log-prob pass skipped (the rollout's log-probs taken as the old ones) every
-    metric but the gap's (not measured then) and the timings is the same."""
-    with_pass = run_steps(tmp_path, tiny_model_dir, "pass")
+    metric but the gap's (not measured then) and the timings is the same. bf16: the actor's fp32 master weights
+    computed in bf16, the engine's weights synced into bf16."""
+    dtypes = f"actor.dtype={dtype}", f"rollout.dtype={dtype}"
+    with_pass = run_steps(tmp_path, tiny_model_dir, "pass", *dtypes)
     assert all(with_pass[s]["rollout/logprob_diff_max"] == 0.0 for s in (1, 2, 3)), with_pass
-    skipped = run_steps(tmp_path, tiny_model_dir, "skipped", "algo.bypass_mode=true")
+    skipped = run_steps(tmp_path, tiny_model_dir, "skipped", "algo.bypass_mode=true", *dtypes)
     gap = ("rollout/logprob_diff", "timing_s/", "perf/")
     for s in (1, 2, 3):
         want = {k: v for k, v in with_pass[s].items() if not k.startswith(gap)}
@@ -91,12 +102,14 @@ def test_what_the_exact_forward_does_not_cover_is_refused_before_ray():
         assert len(found) == 1 and named in found[0], (extra, found)
 
 
-@pytest.mark.heavy  # a Ray run, ~1 min
-def test_two_fsdp_ranks_read_no_gap(tmp_path, tiny_model_dir):
+@pytest.mark.heavy  # a Ray run, ~1 min each
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_two_fsdp_ranks_read_no_gap(tmp_path, tiny_model_dir, dtype):
     """The actor on 2 FSDP2 ranks (each forward gathers the full weights, then runs the exact kernels on its rows),
     the engine beside each: the gap is 0 at every step."""
     from tests.test_checkpoint import fit_run, write_run
 
     conf = write_run(tmp_path, tiny_model_dir, total_steps=2, save_freq=0, backend="ray")
-    got = fit_run(conf, tmp_path / "out", "rollout.exact_logprobs=true")
+    got = fit_run(conf, tmp_path / "out", "rollout.exact_logprobs=true", f"actor.dtype={dtype}",
+                  f"rollout.dtype={dtype}")
     assert [got[s]["rollout/logprob_diff_max"] for s in (1, 2)] == [0.0, 0.0], got

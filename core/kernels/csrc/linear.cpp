@@ -11,6 +11,12 @@
 // in L3, and without the prefetch the matmuls wait on DRAM (64 rows: 26 ms -> 19 ms a step, oneDNN 26 ms).
 // Rounding: fp32 sums (vdpbf16ps: no intermediate rounding of the products), plus the bias, rounded once to bf16
 // (ties to even) -- as oneDNN and F.linear, up to the order of the fp32 additions.
+//
+// Without AVX512-BF16 (`emulated`): the same layout and the same sums in vdpbf16ps's documented order -- per k pair
+// the odd product, then the even one, each added to the fp32 sum (a bf16 x bf16 product is exact in fp32, so each
+// addition is the only rounding) -- on 16-lane GCC vectors (zmm on AVX-512, ymm pairs on AVX2): a row's outputs are
+// the same numbers whatever the batch, as on the native path. Subnormals aside (vdpbf16ps flushes them; this keeps
+// them), the two paths give the same bits.
 #include "kernels.h"
 
 namespace hybridrl {
@@ -61,6 +67,59 @@ void rows(int64_t mr, const uint16_t* x, int64_t K, const uint16_t* tile, uint16
     HYBRIDRL_ROWS(5) HYBRIDRL_ROWS(6) HYBRIDRL_ROWS(7) HYBRIDRL_ROWS(8)
 #undef HYBRIDRL_ROWS
   }
+}
+#else
+// 16 fp32 / int32 lanes as GCC vectors (one zmm on AVX-512, two ymm on AVX2)
+typedef float vf16 __attribute__((vector_size(64)));
+typedef uint32_t vu16 __attribute__((vector_size(64)));
+#if defined(__AVX512F__)
+constexpr int64_t kRowsEmulated = 8;  // 8 rows x 48 columns of sums: 24 of the 32 zmm
+constexpr int kColsEmulated = 3;      // 16-column groups per block: a whole tile
+#else
+constexpr int64_t kRowsEmulated = 6;  // 6 rows x 16 columns of sums: 12 of AVX2's 16 ymm
+constexpr int kColsEmulated = 1;
+#endif
+
+// block<MR, NB> without vdpbf16ps, over NB of the tile's `groups` 16-column groups (from the tile's column 16 g0):
+// the odd, then the even product of each k pair added to the fp32 sums
+template <int MR, int NB>
+inline void emulated_block(const uint16_t* x, int64_t K, const uint16_t* tile, int64_t groups, int64_t g0, uint16_t* y,
+                           int64_t N, int64_t cols, const float* bias) {
+  vf16 acc[MR][NB] = {};
+  const vu16 high = vu16{} + 0xffff0000u;
+  for (int64_t kp = 0; kp < K / 2; ++kp) {
+    vf16 even[NB], odd[NB];
+    for (int j = 0; j < NB; ++j) {
+      vu16 w;
+      std::memcpy(&w, tile + (kp * groups + g0 + j) * 32, 64);
+      even[j] = (vf16)(w << 16);
+      odd[j] = (vf16)(w & high);
+    }
+    for (int r = 0; r < MR; ++r) {
+      const float x_even = bf16_to_f32(x[r * K + 2 * kp]), x_odd = bf16_to_f32(x[r * K + 2 * kp + 1]);
+      for (int j = 0; j < NB; ++j) {
+        acc[r][j] = acc[r][j] + x_odd * odd[j];
+        acc[r][j] = acc[r][j] + x_even * even[j];
+      }
+    }
+  }
+  const int64_t c0 = 16 * g0, n = std::min<int64_t>(16 * NB, cols - c0);
+  for (int r = 0; r < MR; ++r)
+    for (int64_t c = 0; c < n; ++c)
+      y[r * N + c0 + c] = f32_to_bf16(acc[r][c / 16][c % 16] + (bias ? bias[c0 + c] : 0.f));
+}
+
+// rows [0, mr) of x against a tile of `groups` 16-column groups
+template <int NB>
+void emulated_rows(int64_t mr, const uint16_t* x, int64_t K, const uint16_t* tile, int64_t groups, uint16_t* y,
+                   int64_t N, int64_t cols, const float* bias) {
+  for (int64_t g0 = 0; g0 < groups && 16 * g0 < cols; g0 += NB) switch (mr) {
+#define HYBRIDRL_ROWS(R) \
+  case R: if constexpr (R <= kRowsEmulated) emulated_block<R, NB>(x, K, tile, groups, g0, y, N, cols, bias); break;
+      HYBRIDRL_ROWS(1) HYBRIDRL_ROWS(2) HYBRIDRL_ROWS(3) HYBRIDRL_ROWS(4)
+      HYBRIDRL_ROWS(5) HYBRIDRL_ROWS(6) HYBRIDRL_ROWS(7) HYBRIDRL_ROWS(8)
+#undef HYBRIDRL_ROWS
+    }
 }
 #endif
 
@@ -328,14 +387,14 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const st
           else rows<1>(mr, X + m * K, K, tile, Y + m * N + c0, N, cols, bt, pf, hi - lo);
         }
 #else
-        for (int64_t m = m0; m < m1; ++m)  // scalar: the same fp32 sums, one output at a time
-          for (int64_t j = 0; j < cols; ++j) {
-            float s = 0.f;
-            for (int64_t kp = 0; kp < K / 2; ++kp)
-              s += bf16_to_f32(X[m * K + 2 * kp]) * bf16_to_f32(tile[(kp * wd + j) * 2]) +
-                   bf16_to_f32(X[m * K + 2 * kp + 1]) * bf16_to_f32(tile[(kp * wd + j) * 2 + 1]);
-            Y[m * N + c0 + j] = f32_to_bf16(s + (b ? b[c0 + j] : 0.f));
-          }
+        for (int64_t m = m0; m < m1; m += kRowsEmulated) {
+          const int64_t mr = std::min(kRowsEmulated, m1 - m);
+          const float* bt = b ? b + c0 : nullptr;
+          const int64_t groups = wd / 16;
+          if (kColsEmulated == 1 || groups == 1) emulated_rows<1>(mr, X + m * K, K, tile, groups, Y + m * N + c0, N, cols, bt);
+          else if (groups == 2) emulated_rows<2>(mr, X + m * K, K, tile, groups, Y + m * N + c0, N, cols, bt);
+          else emulated_rows<3>(mr, X + m * K, K, tile, groups, Y + m * N + c0, N, cols, bt);
+        }
 #endif
       }
     }

@@ -19,6 +19,8 @@ so both report tokens generated):
 Our per-phase split (median seconds of gen, old_logprob, ref, update_actor, sync_weights) is in each record.
 The dtype is the machine kind's (bf16 where the CPU has it; ``HYBRIDRL_CPU_BF16=0`` for fp32 there).
 Smoke size: the tiny random model, the short workload at 2 x 4 x 8, 1 step.
+``grpo_step_exact_vs_trl``: the short workload before and after ``rollout.exact_logprobs`` with the old-log-prob
+pass skipped, and TRL, in one run.
 TRL is an optional bench dependency (``pip install -e .[bench]``); without it this bench is skipped.
 """
 
@@ -80,19 +82,21 @@ def contains_answer(text: str, answer: str) -> float:
     return float(answer in re.findall(r"-?\d+", text))
 
 
-def grpo_specs(path: str, dtype: str, samples: int) -> dict[str, RoleSpec]:
-    """Actor (2 updates of half the samples, micro-batches of a quarter, KL loss), reference and rollout."""
+def grpo_specs(path: str, dtype: str, samples: int, exact: bool = False) -> dict[str, RoleSpec]:
+    """Actor (2 updates of half the samples, micro-batches of a quarter, KL loss), reference and rollout; ``exact``:
+    the actor's forward on the engine's kernels (``rollout.exact_logprobs``)."""
     actor = ActorConfig(model=path, dtype=dtype, ppo_mini_batch_size=samples // 2, micro_batch_size=samples // 4,
                         kl_loss_coef=KL, optim=OptimConfig(lr=LR, warmup_steps=0))
     ref = ActorConfig(model=path, dtype=dtype, trainable=False, micro_batch_size=samples // 4)
-    rollout = RolloutConfig(model=path, dtype=dtype, max_batch_size=samples, max_prompt_length=256)
-    return {"actor": RoleSpec(FSDPActor, {"cfg": actor}), "ref": RoleSpec(FSDPActor, {"cfg": ref}),
+    rollout = RolloutConfig(model=path, dtype=dtype, max_batch_size=samples, max_prompt_length=256, exact_logprobs=exact)
+    return {"actor": RoleSpec(FSDPActor, {"cfg": actor, "exact": exact}), "ref": RoleSpec(FSDPActor, {"cfg": ref}),
             "rollout": RoleSpec(RolloutWorker, {"cfg": rollout})}
 
 
-def grpo_step_config(n: int, new: int) -> AlgoConfig:
+def grpo_step_config(n: int, new: int, bypass: bool = False) -> AlgoConfig:
+    """``bypass``: no old-log-prob pass, the rollout's log-probs are the old ones (``algo.bypass_mode``)."""
     return AlgoConfig(sampling=SamplingParams(n=n, temperature=1.0, max_new_tokens=new),
-                      adv=AdvantageConfig(estimator="grpo"))
+                      adv=AdvantageConfig(estimator="grpo"), bypass_mode=bypass)
 
 
 def reward(source, text, truth, extra=None) -> float:
@@ -102,11 +106,13 @@ def reward(source, text, truth, extra=None) -> float:
 PHASES = ("gen", "reward", "old_logprob", "ref", "adv", "update_actor", "sync_weights")
 
 
-def ours_step_seconds(path: str, dtype: str, rows: list[dict], n: int, new: int, steps: int
+def ours_step_seconds(path: str, dtype: str, rows: list[dict], n: int, new: int, steps: int, exact: bool = False
                       ) -> tuple[float, float, dict[str, float]]:
-    """Median seconds per step after one warm-up step, the mean response length, and each phase's median seconds."""
-    group = LocalWorkerGroup(grpo_specs(path, dtype, len(rows) * n))
-    cfg = grpo_step_config(n, new)
+    """Median seconds per step after one warm-up step, the mean response length, and each phase's median seconds.
+    ``exact``: the actor's forward on the engine's kernels and the old-log-prob pass skipped (the rollout's
+    log-probs are then the trainer's, bit for bit)."""
+    group = LocalWorkerGroup(grpo_specs(path, dtype, len(rows) * n, exact))
+    cfg = grpo_step_config(n, new, bypass=exact)
     roles = Roles(actor=group.role("actor"), rollout=group.role("rollout"), ref=group.role("ref"))
     times, lengths, phases = [], [], {k: [] for k in PHASES}
     try:
@@ -216,3 +222,30 @@ def test_whole_grpo_step_vs_trl(full_size, report, tiny_model_dir, tmp_path, wor
                  ours_step_s=ours_s, trl_step_s=trl_s, ours_response_len=ours_len, trl_response_len=trl_len,
                  speedup_vs_trl=trl_s / ours_s, **{f"ours_{k}_s": v for k, v in phases.items()})
     assert rec["ours_step_s"] > 0 and rec["trl_step_s"] > 0
+
+
+def test_whole_grpo_step_with_the_old_pass_skipped_exactly_vs_trl(full_size, report, tiny_model_dir, tmp_path):
+    """The short workload three ways in one run: ours as above (before), ours with ``rollout.exact_logprobs`` and
+    the old-log-prob pass skipped (after: ``algo.bypass_mode``, exact because the trainer's log-probs are the
+    rollout's bit for bit), and TRL. The machine kind's dtype for all three."""
+    pytest.importorskip("trl", reason="TRL is an optional bench dependency: pip install -e '.[bench]'")
+    from core.train.exact import available
+
+    bf16 = default_dtype() == torch.bfloat16
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    if why := available(dtype):
+        pytest.skip(f"the exact forward: {why}")
+    path = resolve_model("SmolLM2-135M-Instruct") if full_size else str(tiny_model_dir)
+    (P, n, new, steps) = (8, 4, 32, 3) if full_size else (2, 4, 8, 1)
+    rows, name = arith_rows(P), str(dtype).removeprefix("torch.")
+    before_s, before_len, before = ours_step_seconds(path, name, rows, n, new, steps)
+    after_s, after_len, after = ours_step_seconds(path, name, rows, n, new, steps, exact=True)
+    release_host_memory()
+    trl_s, trl_len = trl_in_own_process(path, bf16, rows, n, new, steps, tmp_path / "trl")
+    rec = report("grpo_step_exact_vs_trl", tracked={"speedup_vs_trl_exact": "higher"} if full_size else None,
+                 model=path.rsplit("/", 1)[-1], bf16=bf16, prompts=P, n=n, max_new_tokens=new,
+                 ours_step_s=before_s, ours_exact_step_s=after_s, trl_step_s=trl_s, ours_response_len=before_len,
+                 ours_exact_response_len=after_len, trl_response_len=trl_len, speedup_vs_trl=trl_s / before_s,
+                 speedup_vs_trl_exact=trl_s / after_s, exact_vs_ordinary=before_s / after_s,
+                 **{f"ours_{k}_s": v for k, v in before.items()}, **{f"ours_exact_{k}_s": v for k, v in after.items()})
+    assert rec["ours_old_logprob_s"] > 100 * rec["ours_exact_old_logprob_s"]  # the pass skipped: its phase is a no-op

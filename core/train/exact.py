@@ -23,12 +23,15 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 import torch
+import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 
 from core.kernels import cpu as cpu_kernels
 from core.models import keeps_logits
 from core.protocol import Batch
+from core.train.forward import trim_padding
+from core.train.shared_prompt import prompt_groups, shared_prompt_logits
 
 NAME = "hybridrl_exact"
 
@@ -102,18 +105,17 @@ def exact_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                     **kwargs) -> tuple[torch.Tensor, None]:
     """transformers' attention signature: q (B, H, L, D), k/v (B, KVH, T, D) -> (B, L, H, D), each query row on the
-    engine's decode kernel; its gradient is eager attention's (grouped heads repeated, fp32 softmax)."""
+    engine's decode kernel; its gradient is SDPA's (recomputed in backward: its fused CPU backward, not eager
+    attention's (B, H, L, T) tensors)."""
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     mask = _additive(attention_mask, query, key)
-    G = query.shape[1] // key.shape[1]
 
     def kernel(q, k, v):
         return torch.ops.hybridrl_cpu.decode_attention(q, k, v, mask, scale)
 
     def reference(q, k, v):
-        k, v = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
-        probs = (q @ k.transpose(-1, -2) * scale + mask).float().softmax(-1).to(q.dtype)
-        return (probs @ v).transpose(1, 2)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), scale=scale,
+                                                                enable_gqa=True).transpose(1, 2)
 
     return _KernelValue.apply(kernel, reference, query, key, value), None
 
@@ -208,26 +210,41 @@ class _TokenLogprobs(torch.autograd.Function):
         return (g * (grad[:, None] / ctx.temperature)).to(logits.dtype), None, None
 
 
-def response_logprobs_exact(model: torch.nn.Module, batch: Batch, temperature: float = 1.0, with_entropy: bool = False
+def response_logprobs_exact(model: torch.nn.Module, batch: Batch, temperature: float = 1.0, with_entropy: bool = False,
+                            remove_padding: bool = True, share_prompt: bool = False
                             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(response_t | context) (B, Tr) under logits / temperature, as the engine computed them when it sampled
     (``rollout_logprobs``): the body and the LM head on the engine's kernels, the log-softmax on the sampler's; and
     the entropy when asked (torch's arithmetic: it is no engine output). Differentiable. Keys: input_ids,
     attention_mask, position_ids, responses; zeros after a response's end. The whole model is called (its root
-    hooks -- FSDP's gather, the one-rank compute copies -- run), the LM head on the response positions only."""
+    hooks -- FSDP's gather, the one-rank compute copies -- run), the LM head on the response positions only.
+    ``remove_padding`` and ``share_prompt``: the ordinary forward's layouts (``core.train.forward``), the same bits
+    -- every kernel computes a token from its own row and its live keys only, so neither the columns dropped nor
+    the prompt encoded once for its group's responses changes a number."""
     batch.require("input_ids", "attention_mask", "position_ids", "responses")
     if "multi_modal_inputs" in batch:
         raise ValueError("rollout.exact_logprobs covers text models; this batch has image inputs")
+    full = batch["responses"].shape[1]
+    if remove_padding:
+        batch = trim_padding(batch)
     (B, T), Tr = batch["input_ids"].shape, batch["responses"].shape[1]
-    keep = {"logits_to_keep": torch.arange(T - Tr - 1, T - 1)} if keeps_logits(model) else {}
+    groups = prompt_groups(batch) if share_prompt and keeps_logits(model) else None
     with exact_forward(model):
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                       position_ids=batch["position_ids"], use_cache=False, **keep).logits
-    logits = (logits if keep else logits[:, T - Tr - 1:T - 1]).reshape(B * Tr, -1)
+        if groups is not None and len(groups) < len(batch):
+            logits = shared_prompt_logits(model, batch, groups)
+        else:
+            keep = {"logits_to_keep": torch.arange(T - Tr - 1, T - 1)} if keeps_logits(model) else {}
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                           position_ids=batch["position_ids"], use_cache=False, **keep).logits
+            logits = logits if keep else logits[:, T - Tr - 1:T - 1]
+    logits = logits.reshape(B * Tr, -1)
     mask = batch["attention_mask"][:, -Tr:].to(torch.float32)
     logp = _TokenLogprobs.apply(logits, batch["responses"].reshape(-1), temperature).view(B, Tr) * mask
-    if not with_entropy:
-        return logp, None
-    x = logits.float() / temperature
-    entropy = (x.logsumexp(-1) - (x.softmax(-1) * x).sum(-1)).view(B, Tr) * mask
+    entropy = None
+    if with_entropy:
+        x = logits.float() / temperature
+        entropy = (x.logsumexp(-1) - (x.softmax(-1) * x).sum(-1)).view(B, Tr) * mask
+    if Tr < full:  # trimmed response columns are padding: zero log-prob and entropy there
+        logp = F.pad(logp, (0, full - Tr))
+        entropy = F.pad(entropy, (0, full - Tr)) if entropy is not None else None
     return logp, entropy

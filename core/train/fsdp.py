@@ -73,7 +73,8 @@ class FSDPActor(FSDPEngine, PolicyWorker):
     # ------------------------------------------------------------------------------------ engine hooks
     def _forward(self, mb: Batch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.exact:
-            return response_logprobs_exact(self.model, mb, self.cfg.temperature, with_entropy)
+            return response_logprobs_exact(self.model, mb, self.cfg.temperature, with_entropy, self.cfg.remove_padding,
+                                           self.cfg.share_prompt)
         if self.sp is not None:
             return sp_logprobs(self.model, mb, self.sp, self.cfg.temperature, with_entropy)
         return response_logprobs(self.model, mb, self.cfg.temperature, with_entropy, self.cfg.remove_padding,

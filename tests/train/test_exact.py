@@ -38,9 +38,12 @@ def test_the_trainers_logprobs_are_the_engines_bit_for_bit(sampled, tiny_model_d
     sampled = sampled if dtype == torch.float32 else sample(tiny_model_dir, dtype)
     model = load_causal_lm(str(tiny_model_dir), dtype=dtype)  # the trainer's own copy of the weights
     batch, mask = Batch({k: sampled[k] for k in KEYS}), sampled["response_mask"].bool()
-    exact, _ = response_logprobs_exact(model, batch, 0.8)
+    exact, _ = response_logprobs_exact(model, batch, 0.8, remove_padding=False)
     assert torch.equal(exact[mask], sampled["rollout_logprobs"][mask])
     assert mask.sum() > 30 and bool((exact[~mask] == 0).all())
+    # the ordinary forward's layouts: all-padding columns dropped; each prompt encoded once for its n responses
+    for layout in ({"remove_padding": True}, {"remove_padding": True, "share_prompt": True}):
+        assert torch.equal(response_logprobs_exact(model, batch, 0.8, **layout)[0], exact), layout
     with torch.no_grad():  # the ordinary forward (torch's matmuls and attention) is not: that is the point
         ordinary, _ = response_logprobs(model, batch, 0.8)
     gap = (ordinary[mask] - sampled["rollout_logprobs"][mask]).abs().max()
@@ -50,10 +53,12 @@ def test_the_trainers_logprobs_are_the_engines_bit_for_bit(sampled, tiny_model_d
     assert torch.equal(alone[0], exact[2])
 
 
-def test_its_gradients_are_the_ordinary_forwards(sampled, tiny_model_dir):
+@pytest.mark.parametrize("share_prompt", [False, True])
+def test_its_gradients_are_the_ordinary_forwards(sampled, tiny_model_dir, share_prompt):
     batch, mask = Batch({k: sampled[k] for k in KEYS}), sampled["response_mask"]
     grads = []
-    for fn in (response_logprobs_exact, lambda m, b, t: response_logprobs(m, b, t, remove_padding=False)):
+    for fn in (lambda m, b, t: response_logprobs_exact(m, b, t, share_prompt=share_prompt),
+               lambda m, b, t: response_logprobs(m, b, t, remove_padding=False)):
         model = load_causal_lm(str(tiny_model_dir))
         logp, _ = fn(model, batch, 0.8)
         ((logp * mask).sum() / mask.sum()).backward()
@@ -113,3 +118,25 @@ def test_two_fsdp_ranks_read_no_gap(tmp_path, tiny_model_dir, dtype):
     got = fit_run(conf, tmp_path / "out", "rollout.exact_logprobs=true", f"actor.dtype={dtype}",
                   f"rollout.dtype={dtype}")
     assert [got[s]["rollout/logprob_diff_max"] for s in (1, 2)] == [0.0, 0.0], got
+
+
+@pytest.mark.heavy  # two Ray runs, ~1 min each
+def test_one_step_off_reads_no_gap_where_the_versions_agree_and_the_staleness_elsewhere(tmp_path, tiny_model_dir):
+    """One step off (the actor and the rollout on a pool each): step 1 trains on samples of the weights it starts
+    from (gap exactly 0; skipping the pass there changes no metric); later steps' samples are a version behind, so
+    the gap is the policy's change alone -- what ``algo.bypass_mode`` then takes as pi_old is the behaviour
+    policy's probability, bit for bit."""
+    from tests.test_checkpoint import fit_run, write_run
+
+    conf = write_run(tmp_path, tiny_model_dir, total_steps=3, save_freq=0, backend="ray")
+    off = ("rollout.exact_logprobs=true", "trainer.async.mode=one_step_off",
+           "placement.pools.main={nnodes: 1, slots_per_node: 1}", "+placement.pools.gen={nnodes: 1, slots_per_node: 1}",
+           "placement.roles={actor: main, rollout: gen}")
+    with_pass = fit_run(conf, tmp_path / "pass", *off)
+    skipped = fit_run(conf, tmp_path / "skipped", "algo.bypass_mode=true", *off)
+    assert with_pass[1]["rollout/logprob_diff_max"] == 0.0
+    assert with_pass[1]["rollout/tis_weight_mean"] == 1.0  # the off-policy correction's weights: exactly 1
+    assert with_pass[3]["rollout/logprob_diff_max"] > 0, with_pass[3]
+    gap = ("rollout/logprob_diff", "rollout/tis_", "timing_s/", "perf/")  # bypass runs no truncated IS
+    want = {k: v for k, v in with_pass[1].items() if not k.startswith(gap)}
+    assert {k: v for k, v in skipped[1].items() if not k.startswith(gap)} == want

@@ -278,7 +278,10 @@ at::Tensor pack_linear(const at::Tensor& weight) {
               "pack_linear: a 2-D bf16 or fp32 weight");
   TORCH_CHECK(weight.scalar_type() == at::kFloat || weight.size(1) % 2 == 0,
               "pack_linear: in_features must be even, got ", weight.size(1));
-  auto out = at::zeros({padded(weight.size(0)) * weight.size(1)}, weight.options());
+  // padding columns (N rounded up to 16) must read zero; with none, every value is written below: no zero-fill
+  const bool pad = weight.size(0) % 16 != 0;
+  auto out = pad ? at::zeros({padded(weight.size(0)) * weight.size(1)}, weight.options())
+                 : at::empty({weight.size(0) * weight.size(1)}, weight.options());
   if (weight.size(0) > 0) pack_linear_into(out, weight, 0, weight.size(0));
   return out;
 }

@@ -180,9 +180,11 @@ def _inference(x: torch.Tensor) -> bool:
     return not torch.is_grad_enabled() and x.dtype in KERNEL_DTYPES and x.device.type == "cpu"
 
 
-def _reproduces(want, got) -> bool:
+def reproduces(want, got) -> bool:
+    """``got`` (a kernel's output, or a tuple of them) stands for ``want``: same shapes and dtypes, within 1% of the
+    largest value -- a kernel of other math (Gemma's ``1 + weight``) is far off, rounding is not."""
     if not isinstance(want, torch.Tensor):
-        return all(_reproduces(w, g) for w, g in zip(want, got))
+        return all(reproduces(w, g) for w, g in zip(want, got))
     return (want.shape == got.shape and want.dtype == got.dtype
             and bool((want.float() - got.float()).abs().max() <= 1e-2 * want.float().abs().max()))
 
@@ -227,7 +229,7 @@ def swap_forward(module: torch.nn.Module, forward, width: int, dtype: torch.dtyp
     """Install ``forward`` on ``module`` (1) if it reproduces the module's own on a random (2, 3, width) input."""
     x = _random(2, 3, width, dtype=dtype).to(device)
     with torch.no_grad():
-        if not _reproduces(module.forward(x), forward(x)):
+        if not reproduces(module.forward(x), forward(x)):
             return 0
     module.forward = forward
     return 1
@@ -259,7 +261,7 @@ def _install_rotary(model: torch.nn.Module) -> int:
             k = _random(2, 2, 3, D, seed=2, dtype=dtype)
             cos, sin = _random(2, 3, D, seed=3, dtype=dtype).div_(3), _random(2, 3, D, seed=4, dtype=dtype).div_(3)
             with torch.no_grad():
-                if not _reproduces(own(q, k, cos, sin), fused(q, k, cos, sin)):
+                if not reproduces(own(q, k, cos, sin), fused(q, k, cos, sin)):
                     return 0
         modeling.apply_rotary_pos_emb = fused
         return 1

@@ -30,7 +30,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from core.kernels import cpu as cpu_kernels
 from core.models import keeps_logits
 from core.protocol import Batch
-from core.train.forward import trim_padding
+from core.train.forward import _normalise, trim_padding
 from core.train.shared_prompt import prompt_groups, shared_prompt_logits
 
 NAME = "hybridrl_exact"
@@ -125,18 +125,16 @@ AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS.get("sdpa", s
 
 
 def _rms_eps(m: torch.nn.Module) -> float | None:
-    """A Llama-style RMSNorm's epsilon where the engine's kernel reproduces the module (as ``cpu_kernels.install``
-    checks it before the engine uses it: a norm of other math keeps its own code on both sides), else None. Checked
-    on a random input and weight (the module's own may be a shard: FSDP2 gathers it only inside the forward)."""
-    w, eps = getattr(m, "weight", None), getattr(m, "variance_epsilon", getattr(m, "eps", None))
-    if not (type(m).__name__.lower().endswith("rmsnorm") and isinstance(w, torch.Tensor) and w.dim() == 1
-            and isinstance(eps, float)):
+    """A Llama-style RMSNorm's epsilon where the engine's kernel reproduces the module (``cpu_kernels.install``'s
+    test: a norm of other math keeps its own code on both sides), else None. Checked on a random input and weight
+    (the module's own may be a shard: FSDP2 gathers it only inside the forward)."""
+    if (parts := cpu_kernels.rms_norm_parts(m)) is None:
         return None
-    g = torch.Generator().manual_seed(0)
-    x, w = (torch.randn(2, 3, w.shape[0], generator=g, dtype=w.dtype), torch.randn(w.shape[0], generator=g, dtype=w.dtype))
+    g, (w, eps) = torch.Generator().manual_seed(0), parts
+    x, w = torch.randn(2, 3, w.shape[0], generator=g, dtype=w.dtype), torch.randn(w.shape[0], generator=g, dtype=w.dtype)
     with torch.no_grad():
-        want, got = _own_forward(m, {"weight": w}, x), torch.ops.hybridrl_cpu.rms_norm(x, w, eps)
-    return eps if bool((want - got).abs().max() <= 1e-2 * want.abs().max()) else None
+        return eps if cpu_kernels.reproduces(_own_forward(m, {"weight": w}, x),
+                                             torch.ops.hybridrl_cpu.rms_norm(x, w, eps)) else None
 
 
 def _own_forward(m: torch.nn.Module, params: dict[str, torch.Tensor], *args):
@@ -215,7 +213,7 @@ def response_logprobs_exact(model: torch.nn.Module, batch: Batch, temperature: f
                             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(response_t | context) (B, Tr) under logits / temperature, as the engine computed them when it sampled
     (``rollout_logprobs``): the body and the LM head on the engine's kernels, the log-softmax on the sampler's; and
-    the entropy when asked (torch's arithmetic: it is no engine output). Differentiable. Keys: input_ids,
+    the entropy when asked (the ordinary forward's arithmetic: it is no engine output). Differentiable. Keys: input_ids,
     attention_mask, position_ids, responses; zeros after a response's end. The whole model is called (its root
     hooks -- FSDP's gather, the one-rank compute copies -- run), the LM head on the response positions only.
     ``remove_padding`` and ``share_prompt``: the ordinary forward's layouts (``core.train.forward``), the same bits
@@ -239,11 +237,9 @@ def response_logprobs_exact(model: torch.nn.Module, batch: Batch, temperature: f
             logits = logits if keep else logits[:, T - Tr - 1:T - 1]
     logits = logits.reshape(B * Tr, -1)
     mask = batch["attention_mask"][:, -Tr:].to(torch.float32)
-    logp = _TokenLogprobs.apply(logits, batch["responses"].reshape(-1), temperature).view(B, Tr) * mask
-    entropy = None
-    if with_entropy:
-        x = logits.float() / temperature
-        entropy = (x.logsumexp(-1) - (x.softmax(-1) * x).sum(-1)).view(B, Tr) * mask
+    ids = batch["responses"].reshape(-1)
+    logp = _TokenLogprobs.apply(logits, ids, temperature).view(B, Tr) * mask
+    entropy = _normalise(logits, ids, temperature, True)[1].view(B, Tr) * mask if with_entropy else None
     if Tr < full:  # trimmed response columns are padding: zero log-prob and entropy there
         logp = F.pad(logp, (0, full - Tr))
         entropy = F.pad(entropy, (0, full - Tr)) if entropy is not None else None

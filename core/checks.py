@@ -149,9 +149,7 @@ def _exact_problems(cfg: "RunConfig") -> list[str]:
              (a.strategy != "fsdp" or a.ulysses_sp != 1 or a.lora.rank > 0,
               f"actor.strategy={a.strategy}, ulysses_sp={a.ulysses_sp}, lora.rank={a.lora.rank}",
               "the FSDP actor without Ulysses or LoRA"),
-             (s.temperature <= 0 or s.top_p < 1.0 or s.top_k > 0,
-              f"algo.sampling temperature={s.temperature}, top_p={s.top_p}, top_k={s.top_k}",
-              "temperature sampling without top-k / top-p"),
+             (s.temperature <= 0, f"algo.sampling.temperature={s.temperature}", "temperature sampling"),
              (cfg.rollout.agent.enable, "rollout.agent.enable=true", "single-turn rollouts")]
     return [f"{why}engine's CPU kernels, which need {need}; got {got}" for bad, got, need in wants if bad]
 

@@ -344,7 +344,7 @@ class RolloutConfig:
     # the actor's forward on the embedded engine's own CPU kernels (core/train/exact.py): its log-probs of the
     # engine's samples equal rollout_logprobs bit for bit (the rollout/logprob_diff metrics read 0), so
     # algo.bypass_mode skips the old-log-prob pass exactly. CPU, fp32 or bf16 (one dtype for actor and rollout),
-    # temperature sampling without top-k / top-p
+    # temperature > 0 (top-k / top-p restrict the draw; the log-probs are the full distribution's)
     exact_logprobs: bool = False
     # multi-turn tool-calling rollouts (off: one response per sample, as generated)
     agent: AgentConfig = field(default_factory=AgentConfig)

@@ -258,4 +258,7 @@ class RolloutEngine:
             keep[:, banned] = False
         weights, total = unnormalised_probs_(x)  # x is gone from here on
         tok = sample_inverse_cdf(weights if keep is None else weights * keep, u)
+        if logits.device.type == "cpu" and cpu_kernels.available():
+            # under the full distribution on the sampler kernel's arithmetic: what the trainer's exact forward gives
+            return tok, torch.ops.hybridrl_cpu.token_logprobs(logits.contiguous(), 1.0 / params.temperature, tok)
         return tok, (weights.gather(-1, tok[:, None]).squeeze(-1) / total).log()

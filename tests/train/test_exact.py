@@ -24,11 +24,20 @@ def sampled(tiny_model_dir):
     return sample(tiny_model_dir, torch.float32)
 
 
-def sample(model_dir, dtype: torch.dtype) -> Batch:
+def sample(model_dir, dtype: torch.dtype, **params) -> Batch:
     tok = load_tokenizer(str(model_dir))
     engine = RolloutEngine(load_causal_lm(str(model_dir), dtype=dtype), tok, max_batch_size=4, exact=True)
     ids = [tok(t, add_special_tokens=False)["input_ids"] for t in PROMPTS]
-    return engine.generate(ids, SamplingParams(n=2, temperature=0.8, max_new_tokens=12, seed=3))
+    return engine.generate(ids, SamplingParams(n=2, temperature=0.8, max_new_tokens=12, seed=3, **params))
+
+
+def test_top_k_and_top_p_restrict_the_draw_not_the_logprobs(tiny_model_dir):
+    """Sampled with top-k and top-p, the engine's log-probs are still the full distribution's on the sampler
+    kernel's arithmetic: the exact forward's, bit for bit."""
+    sampled = sample(tiny_model_dir, torch.float32, top_k=5, top_p=0.9)
+    batch, mask = Batch({k: sampled[k] for k in KEYS}), sampled["response_mask"].bool()
+    exact, _ = response_logprobs_exact(load_causal_lm(str(tiny_model_dir)), batch, 0.8)
+    assert torch.equal(exact[mask], sampled["rollout_logprobs"][mask]) and mask.sum() > 30
 
 
 @pytest.mark.parametrize("dtype, ordinary_gap", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
@@ -101,7 +110,9 @@ def test_what_the_exact_forward_does_not_cover_is_refused_before_ray():
     grpo = Path(__file__).resolve().parents[2] / "recipes/grpo"
     fp32 = ["rollout.exact_logprobs=true", "actor.dtype=float32", "rollout.dtype=float32"]
     assert problems(load_run_config(grpo, "demo_cpu", fp32)) == []
-    for extra, named in ((["actor.dtype=bfloat16"], "actor.dtype=bfloat16"), (["algo.sampling.top_p=0.9"], "top_p=0.9"),
+    assert problems(load_run_config(grpo, "demo_cpu", fp32 + ["algo.sampling.top_p=0.9"])) == []
+    for extra, named in ((["actor.dtype=bfloat16"], "actor.dtype=bfloat16"),
+                         (["algo.sampling.temperature=0"], "temperature=0"),
                          (["actor.lora.rank=8"], "lora.rank=8"), (["rollout.backend=vllm"], "rollout.backend=vllm")):
         found = [p for p in problems(load_run_config(grpo, "demo_cpu", fp32 + extra)) if "exact_logprobs" in p]
         assert len(found) == 1 and named in found[0], (extra, found)

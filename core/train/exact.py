@@ -14,7 +14,8 @@ the modules' own math (each backward recomputes the module's ordinary forward an
 gradient is the ordinary one at the exact forward's point. ``response_logprobs_exact`` is the teacher-forced
 log-prob pass on it. CPU, fp32 or bf16 (one dtype on both sides; bf16 linears on the packed kernel's
 vdpbf16ps-order sums, native or not), where ``core.kernels.cpu`` builds (else ``available`` says why not); the
-config check (``core.checks``) refuses what is not shown yet: LoRA, Ulysses, the agent loop, image inputs.
+config check (``core.checks``) refuses what is not shown yet: LoRA, Ulysses, the agent loop. Image prompts: the
+vision tower's linears on the same kernels, its full attention on SDPA as the engine runs it.
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ from typing import Callable, Iterator
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 
 from core.kernels import cpu as cpu_kernels
 from core.models import keeps_logits
+from core.data.vision_inputs import collate, mrope_positions
 from core.protocol import Batch
 from core.train.forward import _normalise, trim_padding
 from core.train.shared_prompt import prompt_groups, shared_prompt_logits
@@ -107,6 +110,10 @@ def exact_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     """transformers' attention signature: q (B, H, L, D), k/v (B, KVH, T, D) -> (B, L, H, D), each query row on the
     engine's decode kernel; its gradient is SDPA's (recomputed in backward: its fused CPU backward, not eager
     attention's (B, H, L, T) tensors)."""
+    if attention_mask is None and not getattr(module, "is_causal", True):
+        # a vision tower's full attention over one image's patches: the engine runs it on SDPA (the prefill's
+        # vision inputs), whose result for an image does not depend on the other images beside it
+        return sdpa_attention_forward(module, query, key, value, None, scaling=scaling, dropout=dropout, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     mask = _additive(attention_mask, query, key)
 
@@ -220,20 +227,21 @@ def response_logprobs_exact(model: torch.nn.Module, batch: Batch, temperature: f
     -- every kernel computes a token from its own row and its live keys only, so neither the columns dropped nor
     the prompt encoded once for its group's responses changes a number."""
     batch.require("input_ids", "attention_mask", "position_ids", "responses")
-    if "multi_modal_inputs" in batch:
-        raise ValueError("rollout.exact_logprobs covers text models; this batch has image inputs")
     full = batch["responses"].shape[1]
+    vision = collate(list(batch["multi_modal_inputs"])) if "multi_modal_inputs" in batch else {}
     if remove_padding:
         batch = trim_padding(batch)
     (B, T), Tr = batch["input_ids"].shape, batch["responses"].shape[1]
-    groups = prompt_groups(batch) if share_prompt and keeps_logits(model) else None
+    mrope = mrope_positions(model, batch["input_ids"], batch["attention_mask"], vision) if vision else None
+    positions = batch["position_ids"] if mrope is None else mrope[0]
+    groups = prompt_groups(batch) if share_prompt and keeps_logits(model) and not vision else None
     with exact_forward(model):
         if groups is not None and len(groups) < len(batch):
             logits = shared_prompt_logits(model, batch, groups)
         else:
             keep = {"logits_to_keep": torch.arange(T - Tr - 1, T - 1)} if keeps_logits(model) else {}
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           position_ids=batch["position_ids"], use_cache=False, **keep).logits
+                           position_ids=positions, use_cache=False, **keep, **vision).logits
             logits = logits if keep else logits[:, T - Tr - 1:T - 1]
     logits = logits.reshape(B * Tr, -1)
     mask = batch["attention_mask"][:, -Tr:].to(torch.float32)

@@ -151,3 +151,69 @@ def test_one_step_off_reads_no_gap_where_the_versions_agree_and_the_staleness_el
     gap = ("rollout/logprob_diff", "rollout/tis_", "timing_s/", "perf/")  # bypass runs no truncated IS
     want = {k: v for k, v in with_pass[1].items() if not k.startswith(gap)}
     assert {k: v for k, v in skipped[1].items() if not k.startswith(gap)} == want
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", pytest.param("smolvlm", marks=pytest.mark.heavy)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_image_prompts_logprobs_are_the_engines_bit_for_bit(tmp_path, family, dtype):
+    """Image prompts (one or two images of different sizes), a tiny Qwen2-VL (patches, M-RoPE) and the SmolVLM-class
+    model built from SmolLM2-135M: the vision tower's linears on the packed kernel on both sides, its full attention
+    on SDPA on both (an image's result does not depend on the images beside it), the language model as for text.
+    Each row alone gives the same bits as in the batch."""
+    from PIL import Image
+
+    from core.data.vision_inputs import vision_prompt_ids
+    from core.vision_models import load_vlm, smolvlm_from_smollm2, tiny_qwen_vl
+    from core.vision_processors import processor_for
+
+    path = str(tiny_qwen_vl(tmp_path / "m") if family == "qwen2_vl" else smolvlm_from_smollm2(tmp_path / "m"))
+    processor, colours = processor_for(path), [(255, 0, 0), (0, 0, 255), (0, 160, 0)]
+    chats, images = [], []
+    for i, colour in enumerate(colours):
+        imgs = [Image.new("RGB", (64 - 8 * i, 64), colour)] + ([Image.new("RGB", (32, 48), colours[-1 - i])] if i % 2 else [])
+        chats.append([{"role": "user", "content": "<image>" * len(imgs) + "What colours?"}])
+        images.append(imgs)
+    ids, vision = vision_prompt_ids(processor, chats, images)
+    engine = RolloutEngine(load_vlm(path, dtype), processor.tokenizer, max_batch_size=4, exact=True)
+    out = engine.generate(ids, SamplingParams(n=2, temperature=0.8, max_new_tokens=10, seed=3), vision=vision)
+    batch = Batch({k: out[k] for k in KEYS})
+    batch["multi_modal_inputs"] = [v for v in vision for _ in range(2)]
+    mask, model = out["response_mask"].bool(), load_vlm(path, dtype)
+    exact, _ = response_logprobs_exact(model, batch, 0.8)
+    assert torch.equal(exact[mask], out["rollout_logprobs"][mask]) and mask.sum() > 40
+    alone, _ = response_logprobs_exact(model, batch.index(slice(3, 4)), 0.8)  # the row with two images
+    assert torch.equal(alone[0], exact[3])
+    with torch.no_grad():
+        ordinary, _ = response_logprobs(model, batch, 0.8)
+    assert (ordinary[mask] - out["rollout_logprobs"][mask]).abs().max() > 0
+
+
+@pytest.mark.heavy  # a Ray run of image prompts, ~1 min
+def test_image_prompts_on_two_fsdp_ranks_read_no_gap(ray_shared, tmp_path):
+    """The tiny Qwen2-VL's image prompts through core's step on 2 Ray ranks (actor FSDP2 world size 2, the rollout
+    beside it), rows with one or two images split over the ranks: the gap is 0 before and after an update that
+    moves the vision tower."""
+    from core.config import ActorConfig, OptimConfig, PlacementConfig, PoolConfig, RolloutConfig
+    from core.loop import Roles, prompts_from_rows, step
+    from core.placement import place
+    from core.rollout.worker import RolloutWorker
+    from core.train.fsdp import FSDPActor
+    from core.vision_models import tiny_qwen_vl
+    from core.worker import RoleSpec
+    from tests.test_vlm_step import ALGO, image_rows, length_reward
+
+    path = str(tiny_qwen_vl(tmp_path / "m"))
+    actor = ActorConfig(model=path, dtype="float32", ppo_mini_batch_size=8, micro_batch_size=2,
+                        optim=OptimConfig(lr=1e-3, warmup_steps=0))
+    rollout = RolloutConfig(model=path, dtype="float32", max_prompt_length=96, exact_logprobs=True)
+    specs = {"actor": RoleSpec(FSDPActor, {"cfg": actor, "exact": True}),
+             "rollout": RoleSpec(RolloutWorker, {"cfg": rollout})}
+    placement = place(PlacementConfig({"main": PoolConfig(slots_per_node=2)}, {"actor": "main", "rollout": "main"}),
+                      specs)
+    try:
+        roles, rows = Roles(actor=placement["actor"], rollout=placement["rollout"]), image_rows(tmp_path)
+        metrics = [step(roles, prompts_from_rows(rows), ALGO, length_reward)[1] for _ in range(2)]
+    finally:
+        placement.shutdown()
+    assert [m["rollout/logprob_diff_max"] for m in metrics] == [0.0, 0.0], metrics
+    assert metrics[1]["actor/grad_norm"] > 0

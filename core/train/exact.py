@@ -20,6 +20,7 @@ vision tower's linears on the same kernels, its full attention on SDPA as the en
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
@@ -91,9 +92,29 @@ class _Linear(torch.autograd.Function):
         return gx, gw, gb
 
 
+# the last mask converted: (transformers' mask or None, L, T, the fp32 additive mask), both tensors by weak
+# reference. Every layer of a forward gets the same mask object, and each layer's backward keeps what its forward
+# used: one shared conversion, not one per layer (30 copies of (B, 1, L, T) fp32 held until backward for
+# SmolLM2), and nothing held once the layers are done with it
+_last_mask: tuple = (None, -1, -1, lambda: None)
+
+
 def _additive(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """The kernel's fp32 additive mask (B|1, 1, L, T) from transformers' (boolean, float or None = causal)."""
+    """The kernel's fp32 additive mask (B|1, 1, L, T) from transformers' (boolean, float or None = causal), converted
+    once for all the layers that get the same mask."""
+    global _last_mask
     L, T = q.shape[2], k.shape[2]
+    ref, l_, t_, out_ref = _last_mask
+    out = out_ref()
+    same = ref is None if mask is None else ref is not None and ref() is mask  # a dead reference matches nothing
+    if out is not None and (L, T) == (l_, t_) and same:
+        return out
+    out = _convert(mask, L, T)
+    _last_mask = (None if mask is None else weakref.ref(mask), L, T, weakref.ref(out))
+    return out
+
+
+def _convert(mask: torch.Tensor | None, L: int, T: int) -> torch.Tensor:
     if mask is None:
         allowed = torch.ones(L, T, dtype=torch.bool).tril(T - L)[None, None]
     elif mask.dtype == torch.bool:

@@ -62,6 +62,25 @@ def test_the_trainers_logprobs_are_the_engines_bit_for_bit(sampled, tiny_model_d
     assert torch.equal(alone[0], exact[2])
 
 
+def test_one_forward_converts_its_mask_once_for_all_layers(sampled, tiny_model_dir, monkeypatch):
+    """Every layer gets transformers' same mask: one fp32 conversion serves them all (each layer's backward keeps
+    it), where one per layer was held (B, 1, L, T) x layers until backward."""
+    import core.train.exact as exact
+
+    made, convert = [], exact._convert
+    monkeypatch.setattr(exact, "_convert", lambda *a: made.append(a[1:]) or convert(*a))
+    model = load_causal_lm(str(tiny_model_dir))
+    assert model.config.num_hidden_layers > 1
+    response_logprobs_exact(model, Batch({k: sampled[k] for k in KEYS}), 0.8, remove_padding=False)
+    assert len(made) == 1
+    # a causal call (no mask) after the last mask object is gone, its conversion still held: the causal mask
+    q = torch.zeros(1, 1, 3, 8)
+    gone = torch.ones(1, 1, 3, 3, dtype=torch.bool).tril()
+    held = exact._additive(gone.logical_not(), q, q)
+    del gone
+    assert torch.equal(exact._additive(None, q, q), convert(None, 3, 3)) and held.min() < 0
+
+
 @pytest.mark.parametrize("share_prompt", [False, True])
 def test_its_gradients_are_the_ordinary_forwards(sampled, tiny_model_dir, share_prompt):
     batch, mask = Batch({k: sampled[k] for k in KEYS}), sampled["response_mask"]

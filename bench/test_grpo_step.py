@@ -232,12 +232,11 @@ def test_whole_grpo_step_with_the_old_pass_skipped_exactly_vs_trl(full_size, rep
     from core.train.exact import available
 
     bf16 = default_dtype() == torch.bfloat16
-    dtype = torch.bfloat16 if bf16 else torch.float32
-    if why := available(dtype):
+    if why := available(default_dtype()):
         pytest.skip(f"the exact forward: {why}")
     path = resolve_model("SmolLM2-135M-Instruct") if full_size else str(tiny_model_dir)
     (P, n, new, steps) = (8, 4, 32, 3) if full_size else (2, 4, 8, 1)
-    rows, name = arith_rows(P), str(dtype).removeprefix("torch.")
+    rows, name = arith_rows(P), "bfloat16" if bf16 else "float32"
     before_s, before_len, before = ours_step_seconds(path, name, rows, n, new, steps)
     after_s, after_len, after = ours_step_seconds(path, name, rows, n, new, steps, exact=True)
     release_host_memory()

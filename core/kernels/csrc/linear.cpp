@@ -394,9 +394,13 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const st
           const int64_t mr = std::min(kRowsEmulated, m1 - m);
           const float* bt = b ? b + c0 : nullptr;
           const int64_t groups = wd / 16;
-          if (kColsEmulated == 1 || groups == 1) emulated_rows<1>(mr, X + m * K, K, tile, groups, Y + m * N + c0, N, cols, bt);
-          else if (groups == 2) emulated_rows<2>(mr, X + m * K, K, tile, groups, Y + m * N + c0, N, cols, bt);
-          else emulated_rows<3>(mr, X + m * K, K, tile, groups, Y + m * N + c0, N, cols, bt);
+          if constexpr (kColsEmulated == 1) {
+            emulated_rows<1>(mr, X + m * K, K, tile, groups, Y + m * N + c0, N, cols, bt);
+          } else {
+            if (groups == 1) emulated_rows<1>(mr, X + m * K, K, tile, groups, Y + m * N + c0, N, cols, bt);
+            else if (groups == 2) emulated_rows<2>(mr, X + m * K, K, tile, groups, Y + m * N + c0, N, cols, bt);
+            else emulated_rows<3>(mr, X + m * K, K, tile, groups, Y + m * N + c0, N, cols, bt);
+          }
         }
 #endif
       }

@@ -31,7 +31,7 @@ from core.streaming import RolloutStream
 from core.protocol import Batch
 from core.replicas import RolloutReplicas
 from core.rewards import ScoredBatch, default_compute_score, sample_names, score_batch
-from core.roles import sync_across_pools
+from core.roles import check_across_pools, sync_across_pools
 from core.rollout.worker import RolloutWorker
 from core.worker_group import Pending, RoleGroup
 
@@ -281,6 +281,14 @@ def sync_rollout(roles: Roles, timeout_s: float) -> dict[str, float]:
     if roles.rollout.group is roles.actor.group:
         return roles.rollout.call_all(RolloutWorker.sync_weights, timeout_s=timeout_s)[0]
     return sync_across_pools(roles.actor, roles.rollout, timeout_s)
+
+
+def check_rollout(roles: Roles, timeout_s: float) -> dict[str, float]:
+    """The rollout engines' weight digests against the trainer's (at a checkpoint, with delta syncs); a mismatch
+    is logged and every weight sent again."""
+    if roles.rollout.group is roles.actor.group:
+        return roles.rollout.call_all(RolloutWorker.check_weights, timeout_s=timeout_s)[0]
+    return check_across_pools(roles.actor, roles.rollout, timeout_s)
 
 
 def step_metrics(batch: Batch, updates: dict[str, float], timer: Timer, num_failed: int,

@@ -6,10 +6,12 @@ colocated, each process syncs itself: ``core.rollout.worker.RolloutWorker.sync_w
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import replace
+from typing import Callable
 
 from core.config import ActorConfig, CriticConfig, LoraConfig, PolicyLossConfig, RunConfig, TeacherConfig
-from core.rollout.weight_sync import WeightSyncError
+from core.rollout.weight_sync import SyncSpec, SyncStats, WeightSyncError, due_check
 from core.rollout.worker import RolloutWorker
 from core.train.critic import FSDPCritic
 from core.train.fsdp import FSDPActor
@@ -17,6 +19,7 @@ from core.train.lora import LoraReference
 from core.train.policy import PolicyWorker
 from core.train.reward_model import RewardModelWorker
 from core.worker import RoleSpec
+from core.weight_delta import Bucket
 from core.worker_group import RoleGroup
 
 
@@ -90,19 +93,88 @@ def role_specs(cfg: RunConfig) -> dict[str, RoleSpec]:
     return specs
 
 
-def sync_across_pools(actor: RoleGroup, rollout: RoleGroup, timeout_s: float | None = None) -> dict:
+def sync_across_pools(actor: RoleGroup, rollout: RoleGroup, timeout_s: float | None = None,
+                      transit: Callable[[list[Bucket]], list[Bucket]] | None = None, full: bool = False) -> dict:
     """Actor pool -> rollout pool, bucket by bucket through the controller (buckets of the rollout config's
-    ``sync_bucket_megabytes``); returns the colocated sync's metrics keys but memory, which is per process."""
+    ``sync_bucket_megabytes``); returns the colocated sync's metrics keys but memory, which is per process.
+
+    With ``rollout.sync_delta`` (an FSDP actor without LoRA) each actor rank sends its own shard of each bucket,
+    as a delta against what every rollout rank holds where they all hold the same sync (``core.weight_delta``);
+    a bucket that fails its checks, or a digest that differs from the trainer's (every ``sync_hash_every`` delta
+    syncs), is logged and every weight is sent again. ``transit``: what the link does to each bucket on its way
+    (tests flip a byte in it); ``full``: every weight, as values."""
+    specs = rollout.call_all(RolloutWorker.sync_spec, timeout_s=timeout_s)
+    spec = specs[0]
+    if not (spec.delta and actor.call_rank0(PolicyWorker.sends_shards, timeout_s=timeout_s)):
+        return _sync_gathered(actor, rollout, spec, timeout_s) | {"sync/full": 1.0}
+    base = spec.holds if len({s.holds for s in specs}) == 1 and not full else None
+    metrics, sync_id, problem = _sync_shards(actor, rollout, spec, base, spec.changed_only and not full, timeout_s,
+                                             transit)
+    checked = not problem and base is not None and due_check(spec.unchecked + 1, spec.hash_every)
+    if checked:
+        problem, metrics["sync/hash_checked"] = _digests_differ(actor, rollout, spec, timeout_s), 1.0
+    resyncs = 0
+    if problem:
+        print(f"weight sync: {problem}; sending every weight again (full resync)", flush=True)
+        metrics, sync_id, problem = _sync_shards(actor, rollout, spec, None, False, timeout_s, None)
+        if problem:
+            raise WeightSyncError(f"full resync: {problem}")
+        resyncs = 1
+    counts = metrics["sync/full"] == 0.0 and not checked  # a delta not yet covered by a digest comparison
+    rollout.call_all(RolloutWorker.finish_sync, sync_id, counts, timeout_s=timeout_s)
+    return metrics | {"sync/resyncs": float(resyncs)}
+
+
+def check_across_pools(actor: RoleGroup, rollout: RoleGroup, timeout_s: float | None = None) -> dict:
+    """The rollout pool's weight digest against the trainer's (at a checkpoint); a mismatch is logged and every
+    weight sent again. Nothing to compare unless delta syncs are on."""
+    spec = rollout.call_rank0(RolloutWorker.sync_spec, timeout_s=timeout_s)
+    if not (spec.delta and spec.holds and actor.call_rank0(PolicyWorker.sends_shards, timeout_s=timeout_s)):
+        return {}
+    problem = _digests_differ(actor, rollout, spec, timeout_s)
+    if not problem:
+        return {"sync/hash_checked": 1.0}
+    print(f"weight sync: {problem}; sending every weight again (full resync)", flush=True)
+    return sync_across_pools(actor, rollout, timeout_s, full=True) | {"sync/hash_checked": 1.0, "sync/resyncs": 1.0}
+
+
+def _sync_shards(actor: RoleGroup, rollout: RoleGroup, spec: SyncSpec, base: str | None, changed_only: bool,
+                 timeout_s: float | None, transit) -> tuple[dict, str, str | None]:
+    """Every bucket of the plan from every actor rank's shard to every rollout rank: (metrics, the sync's id, the
+    first problem a rollout rank found, which stops it)."""
+    t0, stats, sync_id = time.perf_counter(), SyncStats(), uuid.uuid4().hex
+    for names in actor.call_rank0(PolicyWorker.bucket_plan, spec.bucket_bytes, changed_only, timeout_s=timeout_s):
+        buckets = actor.call_all(PolicyWorker.shard_bucket, names, spec.dtype, base, sync_id, timeout_s=timeout_s)
+        if transit is not None:
+            buckets = transit(buckets)
+        problems = [p for _, p in rollout.call_all(RolloutWorker.load_buckets, buckets, timeout_s=timeout_s) if p]
+        if problems:
+            return {}, sync_id, problems[0]
+        stats.add(buckets)
+    return stats.metrics(time.perf_counter() - t0, base is not None), sync_id, None
+
+
+def _digests_differ(actor: RoleGroup, rollout: RoleGroup, spec: SyncSpec, timeout_s: float | None) -> str | None:
+    names = [n for b in actor.call_rank0(PolicyWorker.bucket_plan, spec.bucket_bytes, timeout_s=timeout_s) for n in b]
+    trainer = actor.call_all(PolicyWorker.weights_sha256, spec.dtype, timeout_s=timeout_s)[0]
+    engines = rollout.call_all(RolloutWorker.weights_sha256, names, timeout_s=timeout_s)
+    wrong = [r for r, d in enumerate(engines) if d != trainer]
+    return (f"rollout rank {wrong[0]}'s weight digest {engines[wrong[0]][:12]} differs from the trainer's "
+            f"{trainer[:12]}" if wrong else None)
+
+
+def _sync_gathered(actor: RoleGroup, rollout: RoleGroup, spec: SyncSpec, timeout_s: float | None) -> dict:
+    """Full tensors, each bucket gathered on actor rank 0 (a LoRA actor's merged weights, Megatron's)."""
     t0 = time.perf_counter()
-    names, dtype, bucket_bytes, changed_only = rollout.call_rank0(RolloutWorker.sync_spec, timeout_s=timeout_s)
-    plan = actor.call_rank0(PolicyWorker.bucket_plan, bucket_bytes, changed_only, timeout_s=timeout_s)
-    missing = sorted(set(names) - {n for bucket in plan for n in bucket}) if names and not changed_only else []
+    plan = actor.call_rank0(PolicyWorker.bucket_plan, spec.bucket_bytes, spec.changed_only, timeout_s=timeout_s)
+    missing = (sorted(set(spec.names) - {n for bucket in plan for n in bucket}) if spec.names and not spec.changed_only
+               else [])
     if missing:
         raise WeightSyncError(f"rollout weights the actor does not have: {missing[:5]}"
                               f"{'...' if len(missing) > 5 else ''}")
     sent, peak = 0, 0
     for bucket_names in plan:
-        bucket = actor.call_all(PolicyWorker.gather_bucket, bucket_names, dtype, timeout_s=timeout_s)[0]
+        bucket = actor.call_all(PolicyWorker.gather_bucket, bucket_names, spec.dtype, timeout_s=timeout_s)[0]
         size = rollout.call_all(RolloutWorker.load_weights, bucket, timeout_s=timeout_s)[0]
         sent, peak = sent + size, max(peak, size)
         del bucket

@@ -29,7 +29,7 @@ def resume(cfg: RunConfig, out: Path, roles: Roles, stream: PromptStream, kl_ctr
     state = checkpoint.driver_state(resumed)
     for name, group, worker in trained_roles(roles):
         group.call_all(worker.load_checkpoint, str(resumed / name))
-    sync_rollout(roles, cfg.algo.sync_timeout_s)
+    synced = sync_rollout(roles, cfg.algo.sync_timeout_s)  # fresh engines: a full sync
     stream.restore(state["stream"])
     if roles.ahead is not None:
         roles.ahead.restore(resumed, state["step"])
@@ -37,7 +37,8 @@ def resume(cfg: RunConfig, out: Path, roles: Roles, stream: PromptStream, kl_ctr
         roles.stream.restore(resumed)
     if kl_ctrl is not None:
         kl_ctrl.load_state_dict(state["kl_ctrl"])
-    print(f"resumed from {resumed} (step {state['step']})", flush=True)
+    print(f"resumed from {resumed} (step {state['step']}); rollout weights synced "
+          f"{'in full' if synced.get('sync/full', 1.0) else 'as a delta'} ({synced['sync/megabytes']:.1f} MB)", flush=True)
     return state["step"], rewind_metrics(out / "metrics.jsonl", state["step"])
 
 

@@ -22,7 +22,7 @@ from core import determinism
 from core.checks import check_data_sources, check_files, check_inputs, check_run
 from core.config import ConfigError, RunConfig, reads
 from core.data.prompt_stream import PromptStream
-from core.loop import Roles, kl_controller, prompts_from_rows, step, validate
+from core.loop import Roles, check_rollout, kl_controller, prompts_from_rows, step, validate
 from core.one_step_off import RolloutAhead
 from core.streaming import RolloutStream
 from core.plan_report import dp_size, effective_sizes
@@ -99,9 +99,11 @@ def _fit(cfg: RunConfig, step_fn: Callable | None, given: reads.Given | None, si
                     metrics[determinism.DIGEST_KEY] = roles.actor.call_all(PolicyWorker.weights_sha256)[0]
                 if val_prompts is not None and due(i + 1, t.test_freq, t.total_steps):
                     metrics |= held_out(cfg, roles, val_prompts, reward_fn, out, i + 1)
+                saved = bool(t.save_freq) and due(i + 1, t.save_freq, t.total_steps)
+                if saved:  # the rollout engines' weights against the trainer's (delta syncs)
+                    metrics |= check_rollout(roles, cfg.algo.sync_timeout_s)
                 log.record(metrics)  # written before a stop below: nothing of the step is lost
                 nonfinite = count_nonfinite(metrics, nonfinite, t.max_nonfinite_grad_steps, out)
-                saved = bool(t.save_freq) and due(i + 1, t.save_freq, t.total_steps)
                 preempt.step_ended()
                 if saved or preempt.requested:
                     save(out, i + 1, roles, stream, kl_ctrl, cfg, keep)

@@ -18,7 +18,7 @@ sys.path.insert(0, str(FIXTURES))
 from make_checkpoint_v1 import MODEL, run_config  # noqa: E402
 
 # wall times and memory readings differ between any two runs
-VOLATILE = ("timing_s/", "perf/", "sync/seconds", "sync/peak_memory", "sync/retained_memory")
+VOLATILE = ("timing_s/", "perf/", "sync/")  # a resumed run's first weight sync is full
 
 
 def test_a_checkpoint_of_the_old_layout_resumes_to_the_metrics_it_was_saved_with(tmp_path):

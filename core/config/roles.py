@@ -324,6 +324,13 @@ class RolloutConfig:
     sync_bucket_megabytes: Count = 64
     # verify every synced tensor after the copy (slower)
     debug_sync: bool = False
+    # after the first sync, send only the bits of the weights that changed (core/weight_delta.py: each actor rank
+    # encodes its own shard, CRC-checked per bucket; a full sync after a restart or a failed check). An FSDP actor
+    # without LoRA; others always send full weights
+    sync_delta: bool = True
+    # compare a digest of the rollout engine's weights with the trainer's every this many delta syncs, and at every
+    # checkpoint (0: at checkpoints only); a mismatch is logged and every weight is sent again
+    sync_hash_every: Count = 10
     # free the KV cache after each generate call, so the colocated trainer gets that memory for its phases
     # (the next call allocates it again)
     sleep_after_generate: bool = True

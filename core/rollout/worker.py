@@ -18,7 +18,9 @@ from core.rollout.engine import RolloutEngine, replica_seed
 from core.rollout.sampling import sequence_seeds
 from core.rollout.stream import StreamState
 from core.rollout.vllm_engine import request_seeds
-from core.rollout.weight_sync import sync_weights
+from core.memory import peak_memory
+from core.rollout.weight_sync import DeltaReceiver, SyncSpec, due_check, engine_dtype, sync_shards, sync_weights
+from core.weight_delta import Bucket
 from core.worker import WorkerContext
 
 
@@ -35,6 +37,8 @@ class RolloutWorker:
 
         self.ctx, self.cfg = ctx, cfg
         self.synced = False  # once a sync has sent every weight, later ones send only what an update can change
+        self._receiver: DeltaReceiver | None = None  # delta syncs: what the engine holds (``receiver``)
+        self.syncs = 0
         self.stream: StreamState | None = None  # trainer.async.mode=streaming: the run across steps
         self.agents = None  # rollout.agent.runner: this replica's rollout server, its address, the agent program
         # image prompts: placeholders expanded into image tokens, pixel values (a vision-language model's folder)
@@ -206,24 +210,43 @@ class RolloutWorker:
         """The embedded engine's current weights on CPU (tests, debugging)."""
         return {n: p.detach().cpu().clone() for n, p in self.engine.weights().items()}
 
-    def sync_spec(self) -> tuple[list[str] | None, str, int, bool]:
+    @property
+    def receiver(self) -> DeltaReceiver:
+        if self._receiver is None:
+            self._receiver = DeltaReceiver(self.engine)
+        return self._receiver
+
+    def sync_spec(self) -> SyncSpec:
         """What a sync from another pool must send: the engine's parameter names (None: whatever the actor has,
-        the engine maps them), its dtype, the bucket bytes, and whether only what an update changes (an earlier
-        sync sent the rest)."""
-        return (self.engine.weight_names(), str(self.engine.dtype).removeprefix("torch."),
-                self.cfg.sync_bucket_megabytes << 20, self.synced)
+        the engine maps them), its dtype, the bucket bytes, whether only what an update can change (an earlier
+        sync sent the rest), and the delta-sync state (``core.rollout.weight_sync.DeltaReceiver``)."""
+        return SyncSpec(self.engine.weight_names(), engine_dtype(self.engine),
+                        self.cfg.sync_bucket_megabytes << 20, self.synced, self.cfg.sync_delta,
+                        self.cfg.sync_hash_every, self.receiver.holds, self.receiver.unchecked)
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
         """One bucket of full weights sent from another pool (``core.roles.sync_across_pools``); bytes written."""
+        self.receiver.holds = None  # not a shard-bucket sync: a delta has no base until the next full one
         return self.engine.update_weights(named_tensors)
 
-    def finish_sync(self) -> None:
+    def load_buckets(self, buckets: list[Bucket]) -> tuple[int, str | None]:
+        """One bucket of a shard-bucket sync from another pool, every actor rank's part (``DeltaReceiver.load``):
+        bytes written, or the check it failed (nothing of the bucket written)."""
+        return self.receiver.load(buckets)
+
+    def finish_sync(self, sync_id: str | None = None, counts: bool = False) -> None:
         """After the last bucket from another pool (``RolloutEngine.finish_update``); a stream's next tokens are
-        the new version's."""
+        the new version's. ``sync_id``: a shard-bucket sync's, which the engine now holds (``DeltaReceiver.finish``)."""
         self.engine.finish_update()
+        if sync_id is not None:
+            self.receiver.finish(sync_id, counts)
         self.synced = True
         if self.stream is not None:
             self.stream.reweighted()
+
+    def weights_sha256(self, names: list[str]) -> str:
+        """The digest of the engine's weights ``names`` in this order (vLLM, SGLang: of the weights as last synced)."""
+        return self.receiver.sha256(names)
 
     @torch.no_grad()
     def sync_weights(self) -> dict:
@@ -232,9 +255,59 @@ class RolloutWorker:
         if actor is None:
             raise RuntimeError("sync_weights needs the actor colocated in this process; with the rollout on its own "
                                "pool the controller syncs through core.roles.sync_across_pools")
-        metrics = sync_weights(actor, self.engine, self.cfg.sync_bucket_megabytes << 20, self.cfg.debug_sync,
-                               changed_only=self.synced)
+        if self.cfg.sync_delta and actor.sends_shards():
+            metrics = self._sync_shards(actor)
+        else:
+            metrics = sync_weights(actor, self.engine, self.cfg.sync_bucket_megabytes << 20, self.cfg.debug_sync,
+                                   changed_only=self.synced) | {"sync/full": 1.0}
         self.synced = True
         if self.stream is not None:
             self.stream.reweighted()
         return metrics
+
+    def _sync_shards(self, actor) -> dict:
+        """A colocated delta sync (every rank's buckets all-gathered), full where a check fails on any rank."""
+        self.syncs += 1
+        bucket_bytes, sync_id = self.cfg.sync_bucket_megabytes << 20, str(self.syncs)
+        with peak_memory(self.engine.device) as mem:
+            metrics, problem = sync_shards(actor, self.receiver, bucket_bytes, self.synced, True, sync_id, _everyone)
+            problems = [p for p in _everyone(problem) if p]
+            if problems:
+                print(f"weight sync: {problems[0]}; sending every weight again (full resync)", flush=True)
+                metrics, _ = sync_shards(actor, self.receiver, bucket_bytes, False, False, sync_id, _everyone)
+            elif due_check(self.receiver.unchecked, self.cfg.sync_hash_every):
+                metrics |= self.check_weights()
+        return metrics | {"sync/resyncs": float(bool(problems)) + metrics.get("sync/resyncs", 0.0),
+                          "sync/peak_memory_megabytes": mem.peak_bytes / 2**20,
+                          "sync/retained_memory_megabytes": mem.end_bytes / 2**20}
+
+    @torch.no_grad()
+    def check_weights(self) -> dict:
+        """Collective, colocated: the engine's weight digest against the trainer's on every rank (every
+        ``rollout.sync_hash_every`` delta syncs and at checkpoints); a mismatch on any rank is logged and every
+        weight sent again. Nothing to compare unless delta syncs are on."""
+        actor = self.ctx.colocated.get("actor")
+        if not (self.cfg.sync_delta and self.receiver.holds and actor is not None and actor.sends_shards()):
+            return {}
+        bucket_bytes = self.cfg.sync_bucket_megabytes << 20
+        names = [n for b in actor.bucket_plan(bucket_bytes) for n in b]
+        same = self.receiver.sha256(names) == actor.weights_sha256(engine_dtype(self.engine))
+        wrong = [r for r, ok in enumerate(_everyone(same)) if not ok]
+        if not wrong:
+            return {"sync/hash_checked": 1.0}
+        print(f"weight sync: rank {wrong[0]}'s engine weight digest differs from the trainer's; sending every "
+              "weight again (full resync)", flush=True)
+        self.syncs += 1
+        sync_shards(actor, self.receiver, bucket_bytes, False, False, str(self.syncs), _everyone)
+        return {"sync/hash_checked": 1.0, "sync/resyncs": 1.0}
+
+
+def _everyone(obj) -> list:
+    """Every rank's ``obj`` (all-gathered over the process group the colocated roles share)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():  # one rank in the driver's process (trainer.backend=local)
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out

@@ -27,7 +27,21 @@ from core.train.micro_batches import global_counts
 from core.train.sharding import FSDPEngine, IdleOffload, adamw_with_warmup, load_sharded_causal_lm
 from core.train.ulysses import sequence_parallel, sp_logprobs
 from core.protocol import Batch
+from core.weight_delta import Bucket, encode
 from core.worker import WorkerContext
+
+
+def local_shard(p: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A parameter's rows on this rank and the flat offset of the first in the full tensor: FSDP2 shards dim 0 in
+    chunks of ceil(rows / ranks) (``torch.chunk``), so rank r holds rows from r * chunk on (fewer, or none, at the
+    end)."""
+    if not hasattr(p, "to_local"):
+        return p.detach(), 0
+    local, mesh, rows = p.to_local(), p.device_mesh, p.shape[0]
+    first = min(mesh.get_local_rank() * -(-rows // mesh.size()), rows)
+    if local.shape[0] != min(-(-rows // mesh.size()), rows - first) or local.shape[1:] != p.shape[1:]:
+        raise RuntimeError(f"unexpected FSDP2 shard {tuple(local.shape)} of {tuple(p.shape)}: not dim-0 chunks")
+    return local, first * (p.numel() // max(rows, 1))
 
 
 def full_tensor(p: torch.Tensor) -> torch.Tensor:
@@ -69,6 +83,8 @@ class FSDPActor(FSDPEngine, PolicyWorker):
         self.lora_units: dict[str, list[str]] = {}
         for name, _ in self.model.named_parameters() if cfg.lora.rank else ():
             self.lora_units.setdefault(lora.export_name(name), []).append(name)
+        # delta syncs: each weight's shard as the rollout engine holds it, and the sync that sent it
+        self.shadows: dict[str, tuple[str, torch.Tensor]] = {}
 
     # ------------------------------------------------------------------------------------ engine hooks
     def _forward(self, mb: Batch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -129,6 +145,25 @@ class FSDPActor(FSDPEngine, PolicyWorker):
                 if self.ctx.rank == 0:
                     out.append((n, full.to("cpu", getattr(torch, dtype) if dtype else full.dtype)))
         return out if self.ctx.rank == 0 else None
+
+    def sends_shards(self) -> bool:
+        return not self.lora_scales  # an adapted linear's W + scale B A needs the full adapters
+
+    @torch.no_grad()
+    def shard_bucket(self, names: list[str], dtype: str, base: str | None, sync_id: str) -> Bucket:
+        params, cast = dict(self.model.named_parameters()), getattr(torch, dtype)
+        parts, changed, total = [], 0, 0
+        with self.idle.on_gpu(park=False):
+            for n in names:
+                local, offset = local_shard(params[n])
+                new = local.detach().to(dtype=cast, copy=True).reshape(-1)
+                shadow = self.shadows.get(n)
+                part, c = encode(n, tuple(params[n].shape), offset, new, shadow and shadow[1],
+                                 delta=base is not None and shadow is not None and shadow[0] == base)
+                self.shadows[n] = (sync_id, new)
+                parts.append(part)
+                changed, total = changed + c, total + new.numel()
+        return Bucket(parts, base if any(p.k >= 0 for p in parts) else None, changed, total).seal()
 
     def _merged(self, names: list[str], params: dict) -> list[tuple[str, torch.Tensor]]:
         """Collective: the engine weights ``names`` (LoRA), each adapted one W + scale B A from the full tensors."""

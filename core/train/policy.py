@@ -27,6 +27,7 @@ from core.config import ActorConfig
 from core.train.micro_batches import (equalise_passes, global_counts, length_order, micro_batches, reshuffle_seed,
                                        restore_order)
 from core.protocol import Batch
+from core.weight_delta import Bucket
 from core.worker import WorkerContext
 
 
@@ -299,10 +300,24 @@ class PolicyWorker:
         receiving engine's, to halve the bytes that travel), the others None. For a rollout on another pool."""
         raise NotImplementedError
 
-    def weights_sha256(self) -> str:
+    def sends_shards(self) -> bool:
+        """Whether ``shard_bucket`` works here: each rank encodes its own shard of each weight (delta syncs)."""
+        return False
+
+    def shard_bucket(self, names: list[str], dtype: str, base: str | None, sync_id: str) -> Bucket:
+        """This rank's shard of each of ``names``, cast to ``dtype`` (the receiver's), encoded against what the
+        receiver holds (``core.weight_delta``): a delta where this rank's shadow of the weight is from sync
+        ``base``, else its values; the shadow becomes sync ``sync_id``'s. No collective."""
+        raise NotImplementedError
+
+    def weights_sha256(self, dtype: str | None = None) -> str:
         """Collective: the digest of the full weights (``core.determinism.weights_sha256`` over ``weight_buckets``),
-        the same on every rank; equal digests, equal weights bit for bit."""
-        return weights_sha256(self.weight_buckets())
+        the same on every rank; equal digests, equal weights bit for bit. ``dtype``: of the weights cast to it
+        (a receiving engine's)."""
+        buckets = self.weight_buckets()
+        if dtype is not None:
+            buckets = ([(n, t.to(getattr(torch, dtype))) for n, t in b] for b in buckets)
+        return weights_sha256(buckets)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """All full parameters on CPU in HF names (tests and export; a whole-model copy, unlike ``weight_buckets``)."""

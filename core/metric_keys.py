@@ -121,14 +121,14 @@ METRICS: list[tuple[str, str, list[tuple[str, str, str]]]] = [
          'the largest bucket'),
         ('sync/full', EVERY_STEP,
          '1 when every weight was sent as values (the first sync, after a resume or a failed check, '
-         '`rollout.sync_delta=false`, a LoRA or Megatron actor), 0 for a delta sync'),
-        ('sync/changed_fraction', '`rollout.sync_delta`',
+         '`rollout.sync_delta=never`, colocated under `auto`, a LoRA or Megatron actor), 0 for a delta sync'),
+        ('sync/changed_fraction', 'delta syncs (`rollout.sync_delta`)',
          "share of the synced weight values (in the rollout engine's dtype) that differ from the last sync's "
          '(1 on the first sync)'),
-        ('sync/resyncs', '`rollout.sync_delta`',
+        ('sync/resyncs', 'delta syncs (`rollout.sync_delta`)',
          'full resyncs this step: a bucket failed its CRC-32 or base check, or a weight digest differed from the '
          "trainer's (each is logged)"),
-        ('sync/hash_checked', '`rollout.sync_delta`, every `rollout.sync_hash_every` delta syncs and at checkpoints',
+        ('sync/hash_checked', 'delta syncs: every `rollout.sync_hash_every` and at checkpoints',
          "1: the rollout engines' weight digests were compared with the trainer's"),
         ('sync/<name>', EVERY_STEP,
          "the sync's memory readings (peak and retained process memory)"),

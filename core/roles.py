@@ -98,8 +98,8 @@ def sync_across_pools(actor: RoleGroup, rollout: RoleGroup, timeout_s: float | N
     """Actor pool -> rollout pool, bucket by bucket through the controller (buckets of the rollout config's
     ``sync_bucket_megabytes``); returns the colocated sync's metrics keys but memory, which is per process.
 
-    With ``rollout.sync_delta`` (an FSDP actor without LoRA) each actor rank sends its own shard of each bucket,
-    as a delta against what every rollout rank holds where they all hold the same sync (``core.weight_delta``);
+    Unless ``rollout.sync_delta=never`` (an FSDP actor without LoRA) each actor rank sends its own shard of each
+    bucket, as a delta against what every rollout rank holds where they all hold the same sync (``core.weight_delta``);
     a bucket that fails its checks, or a digest that differs from the trainer's (every ``sync_hash_every`` delta
     syncs), is logged and every weight is sent again. ``transit``: what the link does to each bucket on its way
     (tests flip a byte in it); ``full``: every weight, as values."""

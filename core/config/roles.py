@@ -325,9 +325,10 @@ class RolloutConfig:
     # verify every synced tensor after the copy (slower)
     debug_sync: bool = False
     # after the first sync, send only the bits of the weights that changed (core/weight_delta.py: each actor rank
-    # encodes its own shard, CRC-checked per bucket; a full sync after a restart or a failed check). An FSDP actor
-    # without LoRA; others always send full weights
-    sync_delta: bool = True
+    # encodes its own shard, CRC-checked per bucket; a full sync after a restart or a failed check). auto: where
+    # the sync crosses pools (split placement, other nodes); colocated, a delta costs more CPU than the in-process
+    # copy it saves. always, never. An FSDP actor without LoRA; others always send full weights
+    sync_delta: Literal["auto", "always", "never"] = "auto"
     # compare a digest of the rollout engine's weights with the trainer's every this many delta syncs, and at every
     # checkpoint (0: at checkpoints only); a mismatch is logged and every weight is sent again
     sync_hash_every: Count = 10

@@ -16,11 +16,12 @@ copies it in. The bucket travels through Ray's object store; at most one bucket 
 The first sync sends every weight; later ones only the weights an update can change (a LoRA actor's adapted
 linears: its frozen embedding and norms are already there).
 
-Delta syncs (``rollout.sync_delta``, an FSDP actor without LoRA): each actor rank encodes its own shard of each
-weight against what the receiver holds (``core.weight_delta``: only the changed bits travel) and no rank gathers
-full tensors; ``DeltaReceiver`` checks each bucket's CRC and base and writes the weights. A full sync (values)
-comes first, after a restart of either side, and after any check that fails; every ``rollout.sync_hash_every``
-delta syncs (and at every checkpoint) the receiver's weight digest is compared with the trainer's.
+Delta syncs (``rollout.sync_delta``: by default where the sync crosses pools; an FSDP actor without LoRA): each
+actor rank encodes its own shard of each weight against what the receiver holds (``core.weight_delta``: only the
+changed bits travel) and no rank gathers full tensors; ``DeltaReceiver`` checks each bucket's CRC and base and
+writes the weights. A full sync (values) comes first, after a restart of either side, and after any check that
+fails; every ``rollout.sync_hash_every`` delta syncs (and at every checkpoint) the receiver's weight digest is
+compared with the trainer's.
 
 This module holds the in-process mechanics only, so it imports no role (the roles import it).
 """
@@ -104,7 +105,7 @@ class SyncSpec:
     dtype: str                  # the engine's (weights travel cast to it)
     bucket_bytes: int
     changed_only: bool          # an earlier sync sent every weight: only those an update can change
-    delta: bool                 # rollout.sync_delta
+    delta: bool                 # rollout.sync_delta is not never
     hash_every: int             # rollout.sync_hash_every
     holds: str | None           # the shard-bucket sync whose weights the engine holds
     unchecked: int              # delta syncs since the last digest comparison

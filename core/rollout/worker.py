@@ -221,7 +221,7 @@ class RolloutWorker:
         the engine maps them), its dtype, the bucket bytes, whether only what an update can change (an earlier
         sync sent the rest), and the delta-sync state (``core.rollout.weight_sync.DeltaReceiver``)."""
         return SyncSpec(self.engine.weight_names(), engine_dtype(self.engine),
-                        self.cfg.sync_bucket_megabytes << 20, self.synced, self.cfg.sync_delta,
+                        self.cfg.sync_bucket_megabytes << 20, self.synced, self.cfg.sync_delta != "never",
                         self.cfg.sync_hash_every, self.receiver.holds, self.receiver.unchecked)
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
@@ -255,7 +255,7 @@ class RolloutWorker:
         if actor is None:
             raise RuntimeError("sync_weights needs the actor colocated in this process; with the rollout on its own "
                                "pool the controller syncs through core.roles.sync_across_pools")
-        if self.cfg.sync_delta and actor.sends_shards():
+        if self.cfg.sync_delta == "always" and actor.sends_shards():  # colocated: "auto" is full
             metrics = self._sync_shards(actor)
         else:
             metrics = sync_weights(actor, self.engine, self.cfg.sync_bucket_megabytes << 20, self.cfg.debug_sync,
@@ -287,7 +287,8 @@ class RolloutWorker:
         ``rollout.sync_hash_every`` delta syncs and at checkpoints); a mismatch on any rank is logged and every
         weight sent again. Nothing to compare unless delta syncs are on."""
         actor = self.ctx.colocated.get("actor")
-        if not (self.cfg.sync_delta and self.receiver.holds and actor is not None and actor.sends_shards()):
+        if not (self.cfg.sync_delta == "always" and self.receiver.holds and actor is not None
+                and actor.sends_shards()):
             return {}
         bucket_bytes = self.cfg.sync_bucket_megabytes << 20
         names = [n for b in actor.bucket_plan(bucket_bytes) for n in b]

@@ -6,7 +6,7 @@
   digests are compared every ``sync_hash_every`` deltas;
 - a byte flipped in a bucket on its way is caught by its CRC-32: the sync restarts in full and the engine still
   equals the trainer;
-- colocated (2 ranks, fp32 engine): the same equalities, deltas smaller than the full sync;
+- colocated (2 ranks, fp32 engine, ``sync_delta=always``): the same equalities, deltas smaller than the full sync;
 - a resumed run's first sync is full, and a checkpoint compares the digests.
 """
 
@@ -50,8 +50,24 @@ def test_the_docstrings_worked_example_sends_two_low_bytes():
     xor = torch.tensor([0, 0x1F3, 0x24, 0x3C000000, 0, 0x51, 0, 0x1A0], dtype=torch.int32)
     new = (old.view(torch.int32) ^ xor).view(torch.float32)
     part, changed = encode("w", (8,), 0, new, old)
-    assert (part.k, part.nbytes, changed) == (2, 24, 5)
-    assert part.index.tolist() == [3] and part.planes.numel() == 16
+    assert (part.k, part.nbytes, changed, part.gaps) == (2, 21, 5, 8)
+    assert part.index.tolist() == [4] and part.planes.numel() == 16  # position 3 as the gap from -1
+
+
+@pytest.mark.parametrize("where", [[0, 300, 70000, 70001], [254, 255, 509, 140000], list(range(0, 3000, 7))])
+def test_positions_far_apart_get_fillers_that_carry_unchanged_values(where):
+    old = torch.zeros(200000, dtype=torch.bfloat16)
+    new = old.clone()
+    new[where] = 1.0
+    part, changed = encode("w", (200000,), 0, new, old)
+    flat = old.clone()
+    apply(part, flat)
+    assert torch.equal(flat, new) and changed == len(where) and part.k == 0
+    assert part.values.numel() >= len(where) and part.nbytes <= len(where) * 6  # at most int32 positions + values
+    if len(where) > 100:  # gaps of 7: one byte each
+        assert part.gaps == 8 and part.nbytes == len(where) * 3
+    elif where[1] == 300:  # 300 and 69700 apart: 16-bit gaps, one filler (69700 > 65535): 5 x 4 < 4 x 6
+        assert part.gaps == 16 and part.values.numel() == 5
 
 
 def test_a_part_applies_at_its_offset_and_a_flipped_byte_changes_the_crc():
@@ -80,7 +96,8 @@ def _roles_and_batch(model_dir, engine_dtype: str, split: bool, hash_every: int 
                                                     loss=PolicyLossConfig())})
     rollout = RoleSpec(RolloutWorker, {"cfg": RolloutConfig(model=str(model_dir), dtype=engine_dtype,
                                                             max_prompt_length=32, sync_bucket_megabytes=0,
-                                                            sync_hash_every=hash_every)})
+                                                            sync_hash_every=hash_every,
+                                                            sync_delta="auto" if split else "always")})
     if split:  # half a CPU per rank: the session's Ray has 8
         groups = [WorkerGroup(ResourcePool(slots_per_node=2, cpus_per_slot=0.5), {"actor": actor}, name="train",
                               timeout_s=300),
@@ -213,9 +230,9 @@ def test_a_resumed_runs_first_sync_is_full_and_a_checkpoint_compares_the_digests
 
     conf = write_run(tmp_path, tiny_model_dir, total_steps=2, save_freq=2)
     out = tmp_path / "run"
-    fit_run(conf, out)
+    fit_run(conf, out, "rollout.sync_delta=always")  # colocated: deltas only when asked
     capsys.readouterr()
-    fit_run(conf, out, "trainer.total_steps=4")
+    fit_run(conf, out, "trainer.total_steps=4", "rollout.sync_delta=always")
     assert "(step 2); rollout weights synced in full" in capsys.readouterr().out
     rows = {m["step"]: m for m in read_metrics(out / "metrics.jsonl")}
     assert [rows[s]["sync/full"] for s in (1, 2, 3, 4)] == [1.0, 0.0, 0.0, 0.0]

@@ -141,16 +141,26 @@ def check_across_pools(actor: RoleGroup, rollout: RoleGroup, timeout_s: float | 
 def _sync_shards(actor: RoleGroup, rollout: RoleGroup, spec: SyncSpec, base: str | None, changed_only: bool,
                  timeout_s: float | None, transit) -> tuple[dict, str, str | None]:
     """Every bucket of the plan from every actor rank's shard to every rollout rank: (metrics, the sync's id, the
-    first problem a rollout rank found, which stops it)."""
+    first problem a rollout rank found, which stops it). On Ray a bucket goes from the actor ranks' object stores to
+    the rollout ranks without passing through the driver, and the actor encodes the next bucket while the rollout
+    loads this one (at most two in flight)."""
     t0, stats, sync_id = time.perf_counter(), SyncStats(), uuid.uuid4().hex
-    for names in actor.call_rank0(PolicyWorker.bucket_plan, spec.bucket_bytes, changed_only, timeout_s=timeout_s):
-        buckets = actor.call_all(PolicyWorker.shard_bucket, names, spec.dtype, base, sync_id, timeout_s=timeout_s)
+    plan = actor.call_rank0(PolicyWorker.bucket_plan, spec.bucket_bytes, changed_only, timeout_s=timeout_s)
+    encode = lambda names: actor.call_all_async(PolicyWorker.shard_bucket, names, spec.dtype, base, sync_id,  # noqa: E731
+                                                timeout_s=timeout_s)
+    upcoming = encode(plan[0]) if plan else None
+    for i in range(len(plan)):
+        pending, upcoming = upcoming, encode(plan[i + 1]) if i + 1 < len(plan) else None
+        buckets = pending.refs if transit is None and pending.refs is not None else pending()
         if transit is not None:
             buckets = transit(buckets)
-        problems = [p for _, p in rollout.call_all(RolloutWorker.load_buckets, buckets, timeout_s=timeout_s) if p]
+        loads = rollout.call_all(RolloutWorker.load_buckets, *buckets, timeout_s=timeout_s)
+        problems = [r.problem for r in loads if r.problem]
         if problems:
+            if upcoming is not None:
+                upcoming()  # let the encode in flight end before the next sync's
             return {}, sync_id, problems[0]
-        stats.add(buckets)
+        stats.add(loads[0])
     return stats.metrics(time.perf_counter() - t0, base is not None), sync_id, None
 
 

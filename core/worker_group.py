@@ -136,8 +136,10 @@ class Pending:
     """Calls started on some ranks: calling it waits for their results; ``ready()`` says, without waiting, whether
     they have all ended."""
 
-    def __init__(self, wait: Callable[[], Any], ready: Callable[[], bool]):
-        self._wait, self.ready = wait, ready
+    def __init__(self, wait: Callable[[], Any], ready: Callable[[], bool], refs: list | None = None):
+        """``refs``: on Ray, each call's result in the object store (another call given them as arguments reads
+        them from where they are, not through the driver); None in-process."""
+        self._wait, self.ready, self.refs = wait, ready, refs
 
     def __call__(self) -> Any:
         return self._wait()
@@ -159,6 +161,13 @@ class RoleGroup:
         name = _method_name(self.name, self.spec.cls, method)
         ranks = list(range(self.world_size))
         return self.group.run(self.name, name, ranks, [(args, kwargs)] * len(ranks), timeout_s)
+
+    def call_all_async(self, method: Callable, *args, timeout_s: float | None = None, **kwargs) -> Pending:
+        """``call_all`` started without waiting (in-process: run now); the ``Pending``'s ``refs`` can be another
+        role's call's arguments, so that results travel from rank to rank without the driver."""
+        name = _method_name(self.name, self.spec.cls, method)
+        ranks = list(range(self.world_size))
+        return self.group.submit(self.name, name, ranks, [(args, kwargs)] * len(ranks), timeout_s)
 
     def call_each(self, method: Callable, per_rank: list[tuple], timeout_s: float | None = None) -> list[Any]:
         """Rank r runs ``method(*per_rank[r])`` (its own arguments: e.g. its part of a checkpoint); results in rank
@@ -333,7 +342,7 @@ class WorkerGroup:
         refs = [self._hosts[r].execute.remote(role, method, *a, **kw) for r, (a, kw) in zip(ranks, calls)]
         return Pending(lambda: self._wait(refs, ranks, role, f"{self.specs[role].cls.__qualname__}.{method}",
                                           self.timeout_s if timeout_s is None else timeout_s),
-                       lambda: not ray.wait(refs, num_returns=len(refs), timeout=0)[1])
+                       lambda: not ray.wait(refs, num_returns=len(refs), timeout=0)[1], refs)
 
     def _wait(self, refs: list, ranks: list[int], role: str, method: str, timeout_s: float) -> list[Any]:
         """Results in order; the first failing rank raises at once, without waiting for its peers."""

@@ -131,10 +131,11 @@ class DeltaReceiver:
         self.unchecked = 0              # delta syncs since the last digest comparison
         self.base: str | None = None    # during a sync: the sync the engine held when it began
 
-    def load(self, buckets: list[Bucket]) -> tuple[int, str | None]:
+    def load(self, buckets: list[Bucket]) -> "Loaded":
         """Check every actor rank's bucket (CRC-32, base), then write each weight: its parts applied to a copy of
         what the engine holds, or to a new tensor when they are all values. Returns the bytes written, or the
-        problem (a bucket that fails a check: nothing of it written, and the engine no longer holds any sync)."""
+        problem (a bucket that fails a check: nothing of it written, and the engine no longer holds any sync), with
+        what the buckets carried."""
         if self.holds is not None:  # a sync begins: the engine is a mix of two syncs until finish()
             self.base, self.holds = self.holds, None
         for rank, b in enumerate(buckets):
@@ -145,7 +146,7 @@ class DeltaReceiver:
                        if b.base is not None and b.base != self.base else None)
             if problem:
                 self.base = None
-                return 0, problem
+                return Loaded(problem=problem)
         parts = defaultdict(list)
         for b in buckets:
             for p in b.parts:
@@ -161,7 +162,8 @@ class DeltaReceiver:
             written += self.engine.update_weights([(name, full)])
             if self.mirror is not None:
                 self.mirror[name] = full
-        return written, None
+        return Loaded(written, sum(b.nbytes for b in buckets), sum(b.changed for b in buckets),
+                      sum(b.total for b in buckets))
 
     def finish(self, sync_id: str | None, counts: bool) -> None:
         """The sync ``sync_id`` is complete; ``counts``: a delta sync no digest comparison has covered."""
@@ -186,13 +188,24 @@ def sync_shards(actor: WeightSource, receiver: DeltaReceiver, bucket_bytes: int,
     base = receiver.holds if delta else None
     for names in actor.bucket_plan(bucket_bytes, changed_only):
         buckets = gather(actor.shard_bucket(names, dtype, base, sync_id))
-        _, problem = receiver.load(buckets)
-        if problem:
-            return {}, problem
-        stats.add(buckets)
+        loaded = receiver.load(buckets)
+        if loaded.problem:
+            return {}, loaded.problem
+        stats.add(loaded)
     receiver.engine.finish_update()
     receiver.finish(sync_id, base is not None)
     return stats.metrics(time.perf_counter() - t0, base is not None), None
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A bucket of a shard-bucket sync at the receiver (``DeltaReceiver.load``): bytes written into the engine, and
+    what every actor rank's part carried -- bytes, values changed, values -- or the check that failed."""
+    written: int = 0
+    received: int = 0
+    changed: int = 0
+    total: int = 0
+    problem: str | None = None
 
 
 class SyncStats:
@@ -201,11 +214,10 @@ class SyncStats:
     def __init__(self):
         self.sent = self.buckets = self.peak = self.changed = self.total = 0
 
-    def add(self, buckets: list[Bucket]) -> None:
-        size = sum(b.nbytes for b in buckets)
-        self.sent, self.buckets, self.peak = self.sent + size, self.buckets + 1, max(self.peak, size)
-        self.changed += sum(b.changed for b in buckets)
-        self.total += sum(b.total for b in buckets)
+    def add(self, loaded: Loaded) -> None:
+        self.sent, self.buckets = self.sent + loaded.received, self.buckets + 1
+        self.peak = max(self.peak, loaded.received)
+        self.changed, self.total = self.changed + loaded.changed, self.total + loaded.total
 
     def metrics(self, seconds: float, delta: bool) -> dict:
         return {"sync/seconds": seconds, "sync/megabytes": self.sent / 2**20, "sync/buckets": self.buckets,

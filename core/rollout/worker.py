@@ -19,7 +19,7 @@ from core.rollout.sampling import sequence_seeds
 from core.rollout.stream import StreamState
 from core.rollout.vllm_engine import request_seeds
 from core.memory import peak_memory
-from core.rollout.weight_sync import DeltaReceiver, SyncSpec, due_check, engine_dtype, sync_shards, sync_weights
+from core.rollout.weight_sync import DeltaReceiver, Loaded, SyncSpec, due_check, engine_dtype, sync_shards, sync_weights
 from core.weight_delta import Bucket
 from core.worker import WorkerContext
 
@@ -229,10 +229,10 @@ class RolloutWorker:
         self.receiver.holds = None  # not a shard-bucket sync: a delta has no base until the next full one
         return self.engine.update_weights(named_tensors)
 
-    def load_buckets(self, buckets: list[Bucket]) -> tuple[int, str | None]:
+    def load_buckets(self, *buckets: Bucket) -> Loaded:
         """One bucket of a shard-bucket sync from another pool, every actor rank's part (``DeltaReceiver.load``):
-        bytes written, or the check it failed (nothing of the bucket written)."""
-        return self.receiver.load(buckets)
+        what it held, or the check it failed (nothing of the bucket written)."""
+        return self.receiver.load(list(buckets))
 
     def finish_sync(self, sync_id: str | None = None, counts: bool = False) -> None:
         """After the last bucket from another pool (``RolloutEngine.finish_update``); a stream's next tokens are

@@ -120,6 +120,17 @@ def engine_dtype(engine) -> str:
     return str(engine.dtype).removeprefix("torch.")
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """A bucket of a shard-bucket sync at the receiver (``DeltaReceiver.load``): bytes written into the engine, and
+    what every actor rank's part carried -- bytes, values changed, values -- or the check that failed."""
+    written: int = 0
+    received: int = 0
+    changed: int = 0
+    total: int = 0
+    problem: str | None = None
+
+
 class DeltaReceiver:
     """The engine's side of shard-bucket syncs: which sync's weights it holds, and (for an engine whose weights
     cannot be read by name: vLLM, SGLang) a copy of the weights as last synced, the base its deltas apply to."""
@@ -131,7 +142,7 @@ class DeltaReceiver:
         self.unchecked = 0              # delta syncs since the last digest comparison
         self.base: str | None = None    # during a sync: the sync the engine held when it began
 
-    def load(self, buckets: list[Bucket]) -> "Loaded":
+    def load(self, buckets: list[Bucket]) -> Loaded:
         """Check every actor rank's bucket (CRC-32, base), then write each weight: its parts applied to a copy of
         what the engine holds, or to a new tensor when they are all values. Returns the bytes written, or the
         problem (a bucket that fails a check: nothing of it written, and the engine no longer holds any sync), with
@@ -184,28 +195,19 @@ def sync_shards(actor: WeightSource, receiver: DeltaReceiver, bucket_bytes: int,
     returns every rank's bucket): a delta against what the receiver holds when ``delta``, else values. Returns
     the metrics, or the problem that stopped it (the caller syncs again with ``delta`` false)."""
     t0, dtype = time.perf_counter(), engine_dtype(receiver.engine)
-    stats = SyncStats()
+    stats, problem = SyncStats(), None
     base = receiver.holds if delta else None
     for names in actor.bucket_plan(bucket_bytes, changed_only):
-        buckets = gather(actor.shard_bucket(names, dtype, base, sync_id))
-        loaded = receiver.load(buckets)
-        if loaded.problem:
-            return {}, loaded.problem
-        stats.add(loaded)
+        buckets = gather(actor.shard_bucket(names, dtype, base, sync_id))  # every rank, to the end: a collective
+        loaded = receiver.load(buckets) if problem is None else None
+        problem = problem or loaded.problem
+        if problem is None:
+            stats.add(loaded)
+    if problem:
+        return {}, problem
     receiver.engine.finish_update()
     receiver.finish(sync_id, base is not None)
     return stats.metrics(time.perf_counter() - t0, base is not None), None
-
-
-@dataclass(frozen=True)
-class Loaded:
-    """A bucket of a shard-bucket sync at the receiver (``DeltaReceiver.load``): bytes written into the engine, and
-    what every actor rank's part carried -- bytes, values changed, values -- or the check that failed."""
-    written: int = 0
-    received: int = 0
-    changed: int = 0
-    total: int = 0
-    problem: str | None = None
 
 
 class SyncStats:

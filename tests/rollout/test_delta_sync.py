@@ -5,7 +5,7 @@
   engine's weights equal the trainer's cast bit for bit, the first sync is full and the later ones deltas, and the
   digests are compared every ``sync_hash_every`` deltas;
 - a byte flipped in a bucket on its way is caught by its CRC-32: the sync restarts in full and the engine still
-  equals the trainer;
+  equals the trainer; an update the engine never got is caught by the digest comparison of a checkpoint;
 - colocated (2 ranks, fp32 engine, ``sync_delta=always``): the same equalities, deltas smaller than the full sync;
 - a resumed run's first sync is full, and a checkpoint compares the digests.
 """
@@ -134,7 +134,7 @@ def test_split_placement_deltas_keep_the_engine_equal_to_the_trainer_and_a_flipp
         tiny_model_dir, ray_shared):
     from core.config import AlgoConfig, SamplingParams
     from core.loop import step
-    from core.roles import sync_across_pools
+    from core.roles import check_across_pools, sync_across_pools
     from core.rollout.worker import RolloutWorker
     from core.train.fsdp import FSDPActor
 
@@ -157,9 +157,7 @@ def test_split_placement_deltas_keep_the_engine_equal_to_the_trainer_and_a_flipp
         digest = roles.actor.call_all(FSDPActor.weights_sha256, "bfloat16")[0]
         assert roles.rollout.call_all(RolloutWorker.weights_sha256, names) == [digest]
 
-        # one more update, then a sync whose first bucket has a byte flipped on its way
-        step(roles, prompts, algo, _reward, update_actor=True)
-
+        # an update, then a sync whose first bucket has a byte flipped on its way
         def flip(buckets):
             part = next(p for b in buckets for p in b.parts if p.values.numel() or p.planes.numel())
             (part.values if part.values.numel() else part.planes).view(torch.uint8)[0] ^= 0x10
@@ -177,6 +175,13 @@ def test_split_placement_deltas_keep_the_engine_equal_to_the_trainer_and_a_flipp
         _engine_equals_trainer(roles)
         after = sync_across_pools(roles.actor, roles.rollout)  # the full resync is a base for deltas again
         assert after["sync/full"] == 0.0 and after["sync/changed_fraction"] == 0.0
+
+        # the trainer's weights move without a sync: a checkpoint's digest comparison finds it and resyncs
+        roles.actor.dp_split(FSDPActor.update, _trained_batch(roles, prompts, algo))
+        checked = check_across_pools(roles.actor, roles.rollout)
+        assert checked["sync/hash_checked"] == 1.0 and checked["sync/resyncs"] == 1.0 and checked["sync/full"] == 1.0
+        _engine_equals_trainer(roles)
+        assert check_across_pools(roles.actor, roles.rollout) == {"sync/hash_checked": 1.0}
     finally:
         for g in groups:
             g.shutdown()

@@ -113,6 +113,53 @@ def test_a_weight_update_moves_the_engine_to_the_new_weights(engine, model_dir, 
     assert not torch.equal(before, after)
 
 
+def test_delta_buckets_move_vllm_to_the_new_weights(engine, model_dir, tmp_path):
+    """A full shard-bucket sync, then a delta one (each weight in two shards, as two FSDP ranks send it, the new
+    values a small step away): the copy vLLM's deltas apply to equals the new weights bit for bit, and vLLM's
+    log-probs and greedy continuations are transformers' under them."""
+    from core.rollout.weight_sync import DeltaReceiver
+    from core.train.forward import response_logprobs
+    from core.models import load_causal_lm
+    from core.weight_delta import Bucket, encode
+
+    model = load_causal_lm(str(model_dir), dtype=torch.float32)
+    old = {n: p.detach().clone() for n, p in model.named_parameters()}
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():  # an AdamW-sized step: every fp32 value moves by a few hundred ulps
+            p.add_(1e-4 * torch.sign(torch.randn(p.shape, generator=g)))
+    new = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    def buckets(values, shadow, base):
+        ranks = [[], []]
+        for n, t in values.items():
+            flat, half = t.reshape(-1), t.shape[0] // 2 * (t.numel() // t.shape[0])
+            for r, (a, b) in enumerate(((0, half), (half, t.numel()))):
+                ranks[r].append(encode(n, tuple(t.shape), a, flat[a:b],
+                                       shadow[n].reshape(-1)[a:b] if shadow else None)[0])
+        return [Bucket(parts, base if any(p.k >= 0 for p in parts) else None).seal() for parts in ranks]
+
+    receiver = DeltaReceiver(engine)
+    assert receiver.mirror == {}  # vLLM: deltas apply to a copy of the weights as last synced
+    assert receiver.load(buckets(old, None, None)).problem is None  # a full sync of the old weights first
+    receiver.finish("s1", False)
+    loaded = receiver.load(buckets(new, old, "s1"))
+    assert loaded.problem is None and loaded.received < 0.8 * sum(t.numel() * 4 for t in new.values())
+    receiver.finish("s2", True)
+    engine.finish_update()
+    assert all(torch.equal(receiver.mirror[n], new[n]) for n in new)
+    batch = engine.generate(PROMPTS, sampling(11))
+    with torch.no_grad():
+        ours, _ = response_logprobs(model, batch, 1.0)
+    diff = ((ours - batch["rollout_logprobs"]).abs() * batch["response_mask"]).sum() / batch["response_mask"].sum()
+    assert float(diff) <= 1e-3, float(diff)
+    greedy = engine.generate(PROMPTS, sampling(0, temperature=0.0, n=1))["responses"]
+    with torch.no_grad():
+        for i, p in enumerate(PROMPTS):
+            want = model.generate(torch.tensor([p]), max_new_tokens=8, do_sample=False, min_new_tokens=8)[0, len(p):]
+            assert greedy[i].tolist() == want.tolist(), i
+
+
 ENGINE_OWNER = """
 import sys, time
 import psutil, torch

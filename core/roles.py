@@ -146,6 +146,7 @@ def _sync_shards(actor: RoleGroup, rollout: RoleGroup, spec: SyncSpec, base: str
     loads this one (at most two in flight)."""
     t0, stats, sync_id = time.perf_counter(), SyncStats(), uuid.uuid4().hex
     plan = actor.call_rank0(PolicyWorker.bucket_plan, spec.bucket_bytes, changed_only, timeout_s=timeout_s)
+    _check_covers(spec, plan, changed_only)
     encode = lambda names: actor.call_all_async(PolicyWorker.shard_bucket, names, spec.dtype, base, sync_id,  # noqa: E731
                                                 timeout_s=timeout_s)
     upcoming = encode(plan[0]) if plan else None
@@ -173,15 +174,18 @@ def _digests_differ(actor: RoleGroup, rollout: RoleGroup, spec: SyncSpec, timeou
             f"{trainer[:12]}" if wrong else None)
 
 
+def _check_covers(spec: SyncSpec, plan: list[list[str]], changed_only: bool) -> None:
+    missing = sorted(set(spec.names) - {n for bucket in plan for n in bucket}) if spec.names and not changed_only else []
+    if missing:
+        raise WeightSyncError(f"rollout weights the actor does not have: {missing[:5]}"
+                              f"{'...' if len(missing) > 5 else ''}")
+
+
 def _sync_gathered(actor: RoleGroup, rollout: RoleGroup, spec: SyncSpec, timeout_s: float | None) -> dict:
     """Full tensors, each bucket gathered on actor rank 0 (a LoRA actor's merged weights, Megatron's)."""
     t0 = time.perf_counter()
     plan = actor.call_rank0(PolicyWorker.bucket_plan, spec.bucket_bytes, spec.changed_only, timeout_s=timeout_s)
-    missing = (sorted(set(spec.names) - {n for bucket in plan for n in bucket}) if spec.names and not spec.changed_only
-               else [])
-    if missing:
-        raise WeightSyncError(f"rollout weights the actor does not have: {missing[:5]}"
-                              f"{'...' if len(missing) > 5 else ''}")
+    _check_covers(spec, plan, spec.changed_only)
     sent, peak = 0, 0
     for bucket_names in plan:
         bucket = actor.call_all(PolicyWorker.gather_bucket, bucket_names, spec.dtype, timeout_s=timeout_s)[0]

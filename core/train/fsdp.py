@@ -83,7 +83,7 @@ class FSDPActor(FSDPEngine, PolicyWorker):
         self.lora_units: dict[str, list[str]] = {}
         for name, _ in self.model.named_parameters() if cfg.lora.rank else ():
             self.lora_units.setdefault(lora.export_name(name), []).append(name)
-        # delta syncs: each weight's shard as the rollout engine holds it, and the sync that sent it
+        # delta syncs: each weight's shard as the rollout engine holds it (in its dtype), and the sync that sent it
         self.shadows: dict[str, tuple[str, torch.Tensor]] = {}
 
     # ------------------------------------------------------------------------------------ engine hooks
@@ -158,9 +158,10 @@ class FSDPActor(FSDPEngine, PolicyWorker):
                 local, offset = local_shard(params[n])
                 new = local.detach().to(dtype=cast, copy=True).reshape(-1)
                 shadow = self.shadows.get(n)
-                part, c = encode(n, tuple(params[n].shape), offset, new, shadow and shadow[1],
+                part, c = encode(n, tuple(params[n].shape), offset, new, shadow and shadow[1].to(new.device),
                                  delta=base is not None and shadow is not None and shadow[0] == base)
-                self.shadows[n] = (sync_id, new)
+                # beside the shards: on their device, or in host memory where they are offloaded
+                self.shadows[n] = (sync_id, new if self.cfg.offload == "none" else new.cpu())
                 parts.append(part)
                 changed, total = changed + c, total + new.numel()
         return Bucket(parts, base if any(p.k >= 0 for p in parts) else None, changed, total).seal()

@@ -118,6 +118,17 @@ def _reward(source, text, truth, extra=None):
     return sum(map(ord, text)) % 7 / 7  # differs between a prompt's samples: every step has a gradient
 
 
+def _steps(roles, prompts, algo, n: int) -> list[dict]:
+    """``n`` GRPO steps (each ends in a sync); after each the engine equals the trainer. Their metrics."""
+    from core.loop import step
+
+    rows = []
+    for _ in range(n):
+        rows.append(step(roles, prompts, algo, _reward)[1])
+        _engine_equals_trainer(roles)
+    return rows
+
+
 def _engine_equals_trainer(roles) -> None:
     from core.rollout.worker import RolloutWorker
     from core.train.fsdp import FSDPActor
@@ -133,7 +144,6 @@ def _engine_equals_trainer(roles) -> None:
 def test_split_placement_deltas_keep_the_engine_equal_to_the_trainer_and_a_flipped_byte_forces_a_full_sync(
         tiny_model_dir, ray_shared):
     from core.config import AlgoConfig, SamplingParams
-    from core.loop import step
     from core.roles import check_across_pools, sync_across_pools
     from core.rollout.worker import RolloutWorker
     from core.train.fsdp import FSDPActor
@@ -141,11 +151,7 @@ def test_split_placement_deltas_keep_the_engine_equal_to_the_trainer_and_a_flipp
     groups, roles, prompts = _roles_and_batch(tiny_model_dir, "bfloat16", split=True)
     algo = AlgoConfig(sampling=SamplingParams(n=2, temperature=1.0, max_new_tokens=8, seed=3))
     try:
-        rows = []
-        for s in range(5):
-            _, metrics = step(roles, prompts, algo, _reward)
-            rows.append(metrics)
-            _engine_equals_trainer(roles)
+        rows = _steps(roles, prompts, algo, 5)
         assert [m["sync/full"] for m in rows] == [1.0, 0.0, 0.0, 0.0, 0.0]
         # sync_hash_every=2: the digests compared at the 2nd and 4th delta (steps 3 and 5)
         assert [m.get("sync/hash_checked", 0.0) for m in rows] == [0.0, 0.0, 1.0, 0.0, 1.0]
@@ -206,16 +212,11 @@ def _trained_batch(roles, prompts, algo):
 @pytest.mark.ray
 def test_colocated_deltas_keep_the_engine_equal_to_the_trainer(tiny_model_dir, ray_shared):
     from core.config import AlgoConfig, SamplingParams
-    from core.loop import step
 
     groups, roles, prompts = _roles_and_batch(tiny_model_dir, "float32", split=False, hash_every=1)
     algo = AlgoConfig(sampling=SamplingParams(n=2, temperature=1.0, max_new_tokens=8, seed=3))
     try:
-        rows = []
-        for s in range(3):
-            _, metrics = step(roles, prompts, algo, _reward)
-            rows.append(metrics)
-            _engine_equals_trainer(roles)
+        rows = _steps(roles, prompts, algo, 3)
     finally:
         for g in groups:
             g.shutdown()

@@ -148,7 +148,9 @@ def test_two_nodes_give_the_metrics_of_one_node_and_split_placement_those_of_col
     colocated = train(cluster, conf, tmp_path / "colocated", *ONE_SLOT)
     assert colocated.returncode == 0, colocated.stderr[-3000:]
     s, c = (steady(read_metrics(tmp_path / d / "metrics.jsonl")) for d in ("split", "colocated"))
-    assert all(s[k]["sync/megabytes"] > 0 for k in s)
+    raw = {m["step"]: m for m in read_metrics(tmp_path / "split" / "metrics.jsonl")}
+    # every sync sent something; after the first, deltas (rollout.sync_delta=auto: the sync crosses pools)
+    assert all(raw[k]["sync/megabytes"] > 0 for k in raw) and [raw[k]["sync/full"] for k in sorted(raw)] == [1, 0, 0]
     # bucket counts differ by design; a rollout on a pool of its own counts replicas lost
     drop = lambda m: {k: v for k, v in m.items() if not k.startswith(("sync/", "rollout/replicas_lost",
                                                                       "rollout/groups_requeued"))}

@@ -122,9 +122,8 @@ def engine_dtype(engine) -> str:
 
 @dataclass(frozen=True)
 class Loaded:
-    """A bucket of a shard-bucket sync at the receiver (``DeltaReceiver.load``): bytes written into the engine, and
-    what every actor rank's part carried -- bytes, values changed, values -- or the check that failed."""
-    written: int = 0
+    """A bucket of a shard-bucket sync at the receiver (``DeltaReceiver.load``): what every actor rank's part
+    carried -- bytes, values changed, values -- or the check that failed."""
     received: int = 0
     changed: int = 0
     total: int = 0
@@ -144,9 +143,8 @@ class DeltaReceiver:
 
     def load(self, buckets: list[Bucket]) -> Loaded:
         """Check every actor rank's bucket (CRC-32, base), then write each weight: its parts applied to a copy of
-        what the engine holds, or to a new tensor when they are all values. Returns the bytes written, or the
-        problem (a bucket that fails a check: nothing of it written, and the engine no longer holds any sync), with
-        what the buckets carried."""
+        what the engine holds, or to a new tensor when they are all values. Returns what the buckets carried, or
+        the problem (a bucket that fails a check: nothing of it written, and the engine no longer holds any sync)."""
         if self.holds is not None:  # a sync begins: the engine is a mix of two syncs until finish()
             self.base, self.holds = self.holds, None
         for rank, b in enumerate(buckets):
@@ -162,7 +160,6 @@ class DeltaReceiver:
         for b in buckets:
             for p in b.parts:
                 parts[p.name].append(p)
-        written = 0
         for name, ps in parts.items():
             if all(p.k < 0 for p in ps) and sum(p.numel for p in ps) == math.prod(ps[0].shape):
                 full = torch.empty(ps[0].shape, dtype=ps[0].values.dtype)
@@ -170,11 +167,10 @@ class DeltaReceiver:
                 full = (self.mirror[name] if self.mirror is not None else self.engine.weight(name)).clone()
             for p in ps:
                 apply(p, full.view(-1))
-            written += self.engine.update_weights([(name, full)])
+            self.engine.update_weights([(name, full)])
             if self.mirror is not None:
                 self.mirror[name] = full
-        return Loaded(written, sum(b.nbytes for b in buckets), sum(b.changed for b in buckets),
-                      sum(b.total for b in buckets))
+        return Loaded(sum(b.nbytes for b in buckets), sum(b.changed for b in buckets), sum(b.total for b in buckets))
 
     def finish(self, sync_id: str | None, counts: bool) -> None:
         """The sync ``sync_id`` is complete; ``counts``: a delta sync no digest comparison has covered."""
